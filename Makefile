@@ -1,0 +1,47 @@
+# make run: the main job on Fashion-MNIST (installs first). make test: the test suite.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+FMNIST := /usr/share/datasets/fashion-mnist
+ARGS ?=
+
+.PHONY: install data run test test-slow test-all lint format bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+# The original Fashion-MNIST files from Debian, where apt is there and we are root; otherwise
+# lipt looks in dataset.data_dir and downloads with torchvision where the internet is reachable.
+data:
+	@if [ ! -d $(FMNIST) ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
+	fi
+
+run: install data
+	$(PY) train.py $(ARGS)
+
+test: install
+	$(PY) -m pytest -m "not slow" $(ARGS)
+
+test-slow: install data
+	$(PY) -m pytest -m "slow" $(ARGS)
+
+test-all: install data
+	$(PY) -m pytest $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf outputs multirun .pytest_cache .ruff_cache .mypy_cache

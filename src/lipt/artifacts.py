@@ -1,0 +1,136 @@
+"""Files other tools rely on: `summary.json`, `subset.npz` and model checkpoints.
+
+Every write goes to a temporary file in the same directory and is renamed into place, so a run
+killed mid-write never leaves a half-written file that a later run would read.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lipt.errors import UserError
+
+SUBSET_FORMAT_VERSION = 1
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    atomic_write_bytes(path, (json.dumps(payload, indent=2, sort_keys=False) + "\n").encode())
+
+
+# --- subset.npz ----------------------------------------------------------------------------
+
+
+def save_subset(path: Path, indices: Tensor, weights: Tensor, meta: Mapping[str, Any]) -> None:
+    """`indices` are positions in the data set's original training split (int64); `weights`
+    float32; `meta` identifies the data and split so another data set's subset is refused."""
+    buffer = io.BytesIO()
+    np.savez(
+        buffer,
+        indices=indices.detach().cpu().numpy().astype(np.int64),
+        weights=weights.detach().cpu().numpy().astype(np.float32),
+        meta=np.array(json.dumps({"format_version": SUBSET_FORMAT_VERSION, **meta})),
+    )
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def load_subset(path: Path) -> tuple[Tensor, Tensor, dict[str, Any]]:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"subset file {path} does not exist; set subset_path to a subset.npz")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            indices = data["indices"]
+            weights = data["weights"]
+            meta = json.loads(str(data["meta"]))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
+        raise UserError(
+            f"{path} is not a readable lipt subset file ({type(e).__name__}); re-run select.py"
+        ) from e
+    if indices.ndim != 1 or indices.shape != weights.shape or indices.dtype.kind not in "iu":
+        raise UserError(f"{path}: indices and weights must be 1-D arrays of the same length")
+    return torch.from_numpy(indices.astype(np.int64)), torch.from_numpy(weights.astype(np.float32)), meta
+
+
+def check_subset(
+    path: Path,
+    indices: Tensor,
+    weights: Tensor,
+    meta: Mapping[str, Any],
+    expected: Mapping[str, Any],
+    dataset_train_size: int,
+    val_indices: Tensor,
+) -> None:
+    """Refuse a subset made for other data, or one with out-of-range, duplicate or held-out
+    indices, or non-positive weights."""
+    for key, value in expected.items():
+        if meta.get(key) != value:
+            raise UserError(
+                f"{path} was made for {key}={meta.get(key)!r}, this run has {key}={value!r}; "
+                "select a subset for this data set (select.py) or fix the overrides"
+            )
+    if len(indices) == 0:
+        raise UserError(f"{path} holds an empty subset; re-run select.py")
+    if int(indices.min()) < 0 or int(indices.max()) >= dataset_train_size:
+        raise UserError(
+            f"{path} has indices outside 0..{dataset_train_size - 1}; it was made for other data"
+        )
+    if len(torch.unique(indices)) != len(indices):
+        raise UserError(f"{path} has duplicate indices; re-run select.py")
+    if bool(torch.isin(indices, val_indices).any()):
+        raise UserError(
+            f"{path} has indices in the validation split; it was made with another "
+            "dataset.val_size or dataset.split_seed"
+        )
+    if not bool(torch.isfinite(weights).all()) or bool((weights <= 0).any()):
+        raise UserError(f"{path} has non-positive or non-finite weights; re-run select.py")
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def save_checkpoint(path: Path, payload: Mapping[str, Any]) -> None:
+    """Tensors and plain Python values only, so `torch.load(weights_only=True)` reads it."""
+    buffer = io.BytesIO()
+    torch.save(dict(payload), buffer)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist; set ckpt_path to a pretrain.ckpt")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for truncated or foreign files
+        raise UserError(
+            f"{path} is not a readable checkpoint ({type(e).__name__}); re-run pretrain.py"
+        ) from e
+    if not isinstance(payload, dict) or "state_dict" not in payload:
+        raise UserError(f"{path} is not a lipt pretrain checkpoint (no state_dict)")
+    return payload

@@ -1,0 +1,94 @@
+"""Turn config nodes into objects: data module, models, Lightning module, trainer, loggers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from lipt.data import DataModule
+from lipt.module import Classifier
+
+
+def run_dir(cfg: DictConfig) -> Path:
+    path = Path(str(cfg.paths.output_dir))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def is_ddp_child() -> bool:
+    """True in the extra processes Lightning's DDP launcher starts by re-running the script."""
+    return os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0"
+
+
+def build_datamodule(cfg: DictConfig) -> DataModule:
+    d = cfg.dataset
+    dm = DataModule(
+        load=instantiate(d.load),
+        num_classes=d.num_classes,
+        channels=d.channels,
+        image_size=d.image_size,
+        mean=list(d.mean),
+        std=list(d.std),
+        val_size=d.val_size,
+        split_seed=d.split_seed,
+        batch_size=cfg.batch_size,
+        num_workers=d.num_workers,
+        crop_padding=d.crop_padding,
+        flip=d.flip,
+    )
+    dm.setup()
+    return dm
+
+
+def build_model(cfg: DictConfig, seed: int) -> nn.Module:
+    """The seeded random init: the same seed gives the same weights on every rank and job."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return instantiate(cfg.model)
+
+
+def build_classifier(cfg: DictConfig, model: nn.Module, **optim: Any) -> Classifier:
+    settings = {**OmegaConf.to_container(cfg.optim, resolve=True), **optim}  # type: ignore[dict-item]
+    return Classifier(model, num_classes=cfg.dataset.num_classes, **settings)
+
+
+def build_loggers(cfg: DictConfig) -> list:
+    loggers = []
+    for node in (cfg.get("logger") or {}).values():
+        if node is not None and "_target_" in node:
+            loggers.append(instantiate(node))
+    return loggers
+
+
+def build_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:
+    """The trainer from `cfg.trainer`, with `overrides` winning (e.g. a learner's max_epochs)."""
+    kwargs = {"default_root_dir": str(run_dir(cfg)), **overrides}
+    return instantiate(cfg.trainer, **kwargs)
+
+
+def quiet_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:
+    """A single-device trainer for inner stages (warm-up, learners): no logger, no checkpoints,
+    no progress bar clutter."""
+    settings = dict(
+        devices=1,
+        strategy="auto",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    settings.update(overrides)
+    return build_trainer(cfg, **settings)
+
+
+def state_dict_cpu(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}

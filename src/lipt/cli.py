@@ -1,0 +1,131 @@
+"""Entry points: `train.py`, `pretrain.py`, `select.py` and the `lipt-*` console scripts.
+
+Mistakes a user can fix end with one line on stderr and exit code 2, never a traceback: the
+overrides are composed and checked before Hydra starts the run (so nothing is written), and a
+`UserError` raised while running is reported the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lipt.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+def config_dir() -> Path:
+    """configs/ of the repository (lipt is installed editable), or $LIPT_CONFIG_DIR."""
+    env = os.environ.get("LIPT_CONFIG_DIR")
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+    if not (path / "train.yaml").is_file():
+        fail(f"no lipt configs at {path}; set LIPT_CONFIG_DIR to the repository's configs/")
+    return path
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split("\n")[0].split())
+    return text or type(e).__name__
+
+
+def _candidate_overrides(args: list[str]) -> list[list[str]]:
+    """Override lists to compose: sweeps (`a=1,2`) are expanded value by value, so a bad choice
+    anywhere in a multirun is caught before any job starts."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(args)
+    base = [o.input_line for o in parsed if not o.is_sweep_override()]
+    firsts = {}
+    sweeps = []
+    for o in parsed:
+        if o.is_sweep_override():
+            values = list(o.sweep_string_iterator())
+            firsts[o.key_or_group] = values[0] if values else None
+            sweeps.append((o, values))
+    head = [f"{k}={v}" for k, v in firsts.items() if v is not None]
+    candidates = [base + head]
+    for o, values in sweeps:
+        for value in values[1:]:
+            others = [f"{k}={v}" for k, v in firsts.items() if k != o.key_or_group and v is not None]
+            candidates.append(base + others + [f"{o.get_key_element()}={value}"])
+    return candidates
+
+
+def precheck(config_name: str, args: list[str]) -> None:
+    """Compose and validate the config from `args` as Hydra will; exit 2 on the first problem."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from lipt.config import validate
+
+    overrides = [a for a in args if not a.startswith("hydra.") and not a.startswith("hydra/")]
+    try:
+        candidates = _candidate_overrides(overrides)
+        for candidate in candidates:
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(str(config_dir()), version_base="1.3"):
+                cfg = compose(config_name, overrides=candidate, return_hydra_config=False)
+                cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
+                validate(cfg)
+    except (HydraException, OmegaConfBaseException, UserError) as e:
+        fail(_one_line(e) + ("" if isinstance(e, UserError) else _hint(e)))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _hint(e: BaseException) -> str:
+    text = str(e)
+    if "Could not find" in text or "Could not override" in text or "Key '" in text:
+        return " (see `--help` for the groups and options, `+key=value` adds a new key)"
+    return ""
+
+
+def launch(config_name: str, run: Callable[[DictConfig], Any]) -> None:
+    import hydra
+
+    args = sys.argv[1:]
+    flags = [a for a in args if a.startswith("-")]
+    overrides = [a for a in args if not a.startswith("-")]
+    # Hydra's own flags (--help, --cfg, --info, ...) go straight through; -m still gets checked.
+    if all(f in ("-m", "--multirun") for f in flags):
+        precheck(config_name, overrides)
+
+    @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
+    def main(cfg: DictConfig) -> Any:
+        try:
+            return run(cfg)
+        except UserError as e:
+            fail(_one_line(e))
+
+    main()
+
+
+def train_main() -> None:
+    from lipt.train import run
+
+    launch("train", run)
+
+
+def pretrain_main() -> None:
+    from lipt.pretrain import run
+
+    launch("pretrain", run)
+
+
+def select_main() -> None:
+    from lipt.select import run
+
+    launch("select", run)

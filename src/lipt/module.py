@@ -1,0 +1,91 @@
+"""The LightningModule used for main training, the full warm-up and each jigsaw learner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics.classification import MulticlassAccuracy
+
+
+class Classifier(L.LightningModule):
+    """Cross-entropy classifier with per-sample loss weights.
+
+    The weighted loss is normalised by the batch's weight sum (as CORDS does), so selectors whose
+    weights sum to the pool size do not silently multiply the learning rate. Optimiser defaults
+    follow the paper's appendix A: SGD lr 0.1, momentum 0.9, nesterov, weight decay 5e-4, cosine.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        nesterov: bool = True,
+        weight_decay: float = 5e-4,
+        scheduler: str = "cosine",
+    ) -> None:
+        super().__init__()
+        if scheduler not in ("cosine", "constant"):
+            raise ValueError(f"scheduler must be 'cosine' or 'constant', not {scheduler!r}")
+        self.save_hyperparameters(ignore=["model"])
+        self.model = model
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+        # Training samples passed forward and backward by this process (summed over ranks at
+        # the end of fit); kept in checkpoints so a resumed run keeps counting.
+        self.samples_seen = 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(x)
+
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        x, y, _, w = batch
+        per_sample = F.cross_entropy(self.model(x), y, reduction="none")  # [B]
+        loss = (w * per_sample).sum() / w.sum()
+        self.samples_seen += int(y.shape[0])
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
+        x, y, _ = batch
+        logits = self.model(x)
+        self.val_acc(logits, y)
+        self.log("val/loss", F.cross_entropy(logits, y), sync_dist=True)
+        self.log("val/acc", self.val_acc, prog_bar=True)
+
+    def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
+        x, y, _ = batch
+        self.test_acc(self.model(x), y)
+        self.log("test/acc", self.test_acc)
+
+    def configure_optimizers(self) -> Any:
+        hp = self.hparams
+        optimizer = torch.optim.SGD(
+            self.parameters(),
+            lr=hp.lr,
+            momentum=hp.momentum,
+            nesterov=hp.nesterov and hp.momentum > 0,
+            weight_decay=hp.weight_decay,
+        )
+        if hp.scheduler == "constant":
+            return optimizer
+        # Per-step cosine so that short runs (one epoch, a few jigsaw steps) still anneal.
+        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["samples_seen"] = self.samples_seen
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.samples_seen = int(checkpoint.get("samples_seen", 0))
+
+    def total_samples_seen(self) -> int:
+        """Samples over all ranks (call on every rank: it is a collective under DDP)."""
+        count = torch.tensor(float(self.samples_seen), device=self.device)
+        return int(self.trainer.strategy.reduce(count, reduce_op="sum").item())

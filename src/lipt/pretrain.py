@@ -1,0 +1,97 @@
+"""Stage 1: pre-train a model whose gradients rank the data (`pretrain` config group).
+
+`none` keeps the common initial model, `full` is the classic warm-up over the whole pool (the tax
+lipt cuts), `jigsaw` is the paper's method (lipt.jigsaw). `run` is `pretrain.py`'s body.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from lipt.artifacts import save_checkpoint, write_json
+from lipt.build import build_classifier, build_datamodule, build_model, quiet_trainer, run_dir
+from lipt.build import state_dict_cpu
+from lipt.config import validate
+from lipt.data import DataModule
+from lipt.errors import UserError
+from lipt.summary import summary_payload
+
+
+@dataclass
+class Pretrained:
+    """A pre-trained model and what it cost."""
+
+    model: nn.Module
+    seconds: float = 0.0
+    samples: int = 0  # training samples passed forward and backward
+    unique_samples: int = 0  # distinct training-set items read
+    report: dict[str, Any] = field(default_factory=dict)  # e.g. the jigsaw merge report
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 3),
+            "samples": self.samples,
+            "unique_samples": self.unique_samples,
+        }
+
+
+def pretrain_model(cfg: DictConfig, dm: DataModule, seed: int) -> Pretrained:
+    """Run the configured strategy from the common initial model of `seed`."""
+    start = time.perf_counter()
+    name = cfg.pretrain.name
+    model = build_model(cfg, seed)
+    if name == "none":
+        return Pretrained(model, time.perf_counter() - start)
+    if name == "full":
+        module = build_classifier(cfg, model)
+        with_seed(seed)
+        trainer = quiet_trainer(cfg, max_epochs=int(cfg.pretrain.epochs))
+        dm.set_subset(None)
+        trainer.fit(module, train_dataloaders=dm.train_dataloader())
+        return Pretrained(
+            model, time.perf_counter() - start, module.samples_seen, len(dm.pool_indices)
+        )
+    if name == "jigsaw":
+        from lipt.jigsaw import pretrain_jigsaw
+
+        result = pretrain_jigsaw(cfg, dm, model, seed)
+        result.seconds = time.perf_counter() - start
+        return result
+    raise UserError(f"pretrain.name={name!r} is unknown; use pretrain=none, full or jigsaw")
+
+
+def with_seed(seed: int) -> None:
+    L.seed_everything(seed, workers=True, verbose=False)
+
+
+def checkpoint_payload(cfg: DictConfig, dm: DataModule, model: nn.Module) -> dict[str, Any]:
+    """Tensors and plain values only (loadable with weights_only=True)."""
+    return {
+        "state_dict": state_dict_cpu(model),
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "data": dm.data_name,
+        "num_classes": int(cfg.dataset.num_classes),
+        "pretrain": str(cfg.pretrain.name),
+        "seed": int(cfg.seed),
+    }
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    validate(cfg)
+    out = run_dir(cfg)
+    dm = build_datamodule(cfg)
+    result = pretrain_model(cfg, dm, int(cfg.seed))
+    save_checkpoint(out / "pretrain.ckpt", checkpoint_payload(cfg, dm, result.model))
+    if result.report:
+        write_json(out / "merge_report.json", result.report)
+    summary = summary_payload(
+        cfg, dm, test_accuracy=None, subset_size=None, stages={"pretrain": result.stats()}
+    )
+    write_json(out / "summary.json", summary)
+    return summary

@@ -1,0 +1,73 @@
+"""Subset selectors: pure tensor functions over what a model said about the training pool.
+
+Each selector is `select_<name>(inputs, budget, *, generator, **hyper_params) -> Selection`;
+`select_balanced(fn, inputs, budget, generator=g)` runs one per class. Gradient selectors use
+the closed-form last-layer gradients of `lipt.selection.gradients`.
+"""
+
+from lipt.selection.ccs import select_ccs
+from lipt.selection.common import Selector, select_balanced, split_budget
+from lipt.selection.craig import select_craig
+from lipt.selection.glister import glister_pick_order, select_glister
+from lipt.selection.gradients import (
+    LastLayerGradient,
+    bias_gradients,
+    gradient_dots,
+    gradient_gram,
+    gradient_sq_norms,
+    gradient_sum,
+    last_layer_gradients,
+    model_outputs,
+)
+from lipt.selection.gradmatch import select_gradmatch
+from lipt.selection.scores import (
+    SCORES,
+    mean_score,
+    pool_score,
+    select_el2n,
+    select_grand,
+    select_random,
+    select_uncertainty,
+)
+from lipt.selection.types import PoolOutputs, Selection, SelectionInputs
+
+SELECTORS: dict[str, Selector] = {
+    "random": select_random,
+    "uncertainty": select_uncertainty,
+    "el2n": select_el2n,
+    "grand": select_grand,
+    "glister": select_glister,
+    "gradmatch": select_gradmatch,
+    "craig": select_craig,
+    "ccs": select_ccs,
+}
+
+__all__ = [
+    "SCORES",
+    "SELECTORS",
+    "LastLayerGradient",
+    "PoolOutputs",
+    "Selection",
+    "SelectionInputs",
+    "Selector",
+    "bias_gradients",
+    "glister_pick_order",
+    "gradient_dots",
+    "gradient_gram",
+    "gradient_sq_norms",
+    "gradient_sum",
+    "last_layer_gradients",
+    "mean_score",
+    "model_outputs",
+    "pool_score",
+    "select_balanced",
+    "select_ccs",
+    "select_craig",
+    "select_el2n",
+    "select_glister",
+    "select_gradmatch",
+    "select_grand",
+    "select_random",
+    "select_uncertainty",
+    "split_budget",
+]

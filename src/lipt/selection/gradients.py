@@ -1,0 +1,208 @@
+"""Closed-form per-sample gradients of the cross-entropy loss w.r.t. the last linear layer.
+
+For logits z = W h + b (W: [C, D], b: [C]) and per-sample loss L = CE(z, y):
+
+    dL/db = e = softmax(z) - onehot(y)          # [C]
+    dL/dW = outer(e, h)                         # [C, D]
+
+so gradients never need a per-sample autograd loop, and their inner products factorise:
+
+    g_i . g_j = (e_i . e_j) * (h_i . h_j + 1)   # weight + bias
+    g_i . G   = e_i . (G_W h_i + G_b)           # G = (G_W, G_b), e.g. a summed gradient
+
+The helpers below use these identities so that no [N, C*D] matrix is ever built; the work is
+done in row chunks of `chunk_size` so temporaries stay bounded for million-row pools.
+`model_outputs` runs a model over a loader to produce the logits and embeddings they need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from lipt.selection.types import PoolOutputs
+
+DEFAULT_CHUNK = 65536  # rows per chunk: 65536 x 512 float32 temporaries are 128 MiB
+
+
+def bias_gradients(logits: Tensor, targets: Tensor) -> Tensor:
+    """Per-sample dL/db = softmax(logits) - onehot(targets), [N, C] float32."""
+    z = logits.float() - logits.float().max(dim=1, keepdim=True).values  # [N, C], max 0
+    # Probabilities below e^-40 (~4e-18) are kept at that floor: it changes nothing that float32
+    # can resolve and keeps saturated models (GLISTER's Taylor steps) out of denormal floats,
+    # which are 10-100x slower on CPUs.
+    e = torch.softmax(z.clamp_min_(-40.0), dim=1)  # [N, C]
+    e[torch.arange(e.shape[0], device=e.device), targets] -= 1.0
+    return e
+
+
+def last_layer_gradients(
+    logits: Tensor, targets: Tensor, embeddings: Tensor | None = None
+) -> Tensor:
+    """Per-sample gradients of the (un-averaged) cross-entropy w.r.t. the final linear layer.
+
+    Without `embeddings`: the bias gradient [N, C]. With `embeddings` [N, D]: rows
+    `[vec(dL/dW) (row-major, W is [C, D]), dL/db]`, [N, C*D + C], the order of
+    `torch.nn.Linear`'s (weight, bias) parameters. This materialises [N, C*D]; selectors use
+    the structured helpers below instead, it is here for small inputs and for tests.
+    """
+    e = bias_gradients(logits, targets)  # [N, C]
+    if embeddings is None:
+        return e
+    h = embeddings.float()  # [N, D]
+    weight = e[:, :, None] * h[:, None, :]  # [N, C, D]
+    return torch.cat([weight.flatten(1), e], dim=1)  # [N, C*D + C]
+
+
+@dataclass(frozen=True)
+class LastLayerGradient:
+    """One last-layer gradient (e.g. a sum over samples): weight part [C, D] (None when only the
+    bias part is used) and bias part [C]."""
+
+    weight: Tensor | None  # [C, D]
+    bias: Tensor  # [C]
+
+    def sq_norm(self) -> Tensor:
+        sq = (self.bias.double() ** 2).sum()
+        if self.weight is not None:
+            sq = sq + (self.weight.double() ** 2).sum()
+        return sq
+
+    def scaled(self, factor: float) -> LastLayerGradient:
+        weight = None if self.weight is None else self.weight * factor
+        return LastLayerGradient(weight, self.bias * factor)
+
+
+def gradient_sum(
+    errors: Tensor, embeddings: Tensor | None = None, *, chunk_size: int = DEFAULT_CHUNK
+) -> LastLayerGradient:
+    """Sum over rows of the per-sample gradients: (sum_i e_i h_i^T, sum_i e_i)."""
+    bias = errors.sum(0)  # [C]
+    if embeddings is None:
+        return LastLayerGradient(None, bias)
+    weight = errors.new_zeros(errors.shape[1], embeddings.shape[1])  # [C, D]
+    for s in range(0, errors.shape[0], chunk_size):
+        weight += errors[s : s + chunk_size].T @ embeddings[s : s + chunk_size].to(errors.dtype)
+    return LastLayerGradient(weight, bias)
+
+
+def gradient_sq_norms(
+    errors: Tensor, embeddings: Tensor | None = None, *, chunk_size: int = DEFAULT_CHUNK
+) -> Tensor:
+    """||g_i||^2 per row, [N]: |e_i|^2 (bias only) or |e_i|^2 (|h_i|^2 + 1) (weight + bias)."""
+    sq = (errors**2).sum(1)  # [N]
+    if embeddings is None:
+        return sq
+    h_sq = torch.cat(
+        [
+            (embeddings[s : s + chunk_size].to(errors.dtype) ** 2).sum(1)
+            for s in range(0, embeddings.shape[0], chunk_size)
+        ]
+    )  # [N]
+    return sq * (h_sq + 1.0)
+
+
+def gradient_dots(
+    errors: Tensor,
+    grad: LastLayerGradient,
+    embeddings: Tensor | None = None,
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> Tensor:
+    """g_i . G per row, [N]: e_i . G_b, plus e_i . (G_W h_i) when weights are included."""
+    dots = errors @ grad.bias  # [N]
+    if embeddings is None or grad.weight is None:
+        assert embeddings is None and grad.weight is None, "mixed bias-only and full gradients"
+        return dots
+    parts = []
+    for s in range(0, errors.shape[0], chunk_size):
+        h = embeddings[s : s + chunk_size].to(errors.dtype)  # [chunk, D]
+        parts.append((errors[s : s + chunk_size] * (h @ grad.weight.T)).sum(1))  # e_i . G_W h_i
+    return dots + torch.cat(parts)
+
+
+def gradient_gram(
+    errors_a: Tensor,
+    errors_b: Tensor,
+    embeddings_a: Tensor | None = None,
+    embeddings_b: Tensor | None = None,
+) -> Tensor:
+    """Inner products g_i . g_j, [Na, Nb]: (E_a E_b^T) (* (H_a H_b^T + 1) with weights).
+
+    The caller bounds Na x Nb (partitions, single columns); nothing of size C*D is formed.
+    """
+    gram = errors_a @ errors_b.T  # [Na, Nb]
+    if embeddings_a is None or embeddings_b is None:
+        assert embeddings_a is None and embeddings_b is None, "mixed bias-only and full gradients"
+        return gram
+    return gram * (embeddings_a.to(gram.dtype) @ embeddings_b.to(gram.dtype).T + 1.0)
+
+
+def _restore_modes(model: nn.Module, modes: dict[nn.Module, bool]) -> None:
+    for module in model.modules():
+        module.training = modes[module]
+
+
+def model_outputs(
+    model: nn.Module, loader: Iterable[Any], device: torch.device | str | None = None
+) -> PoolOutputs:
+    """Logits and penultimate embeddings of `model` on every batch of `loader`.
+
+    `model` follows the lipt protocol (`model.embed(x) -> [B, D]`, `model.classifier` the final
+    `nn.Linear`); `loader` yields `(x, y, idx)` batches, idx being dataset positions, in any
+    order. Runs in eval mode under `torch.no_grad()` and restores every submodule's previous
+    train/eval flag. Rows of the result are sorted by idx (a shuffled loader must not map
+    scores to the wrong samples); tensors are float32/int64 on the CPU.
+    """
+    if device is None:
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+    embed = cast(Callable[[Tensor], Tensor], model.embed)
+    classifier = cast(nn.Module, model.classifier)
+    modes = {module: module.training for module in model.modules()}
+    logits, embeddings, targets, indices = [], [], [], []
+    model.eval()
+    try:
+        with torch.no_grad():
+            for batch in loader:
+                x, y, idx = batch[0], batch[1], batch[2]
+                h = embed(x.to(device))  # [B, D]
+                z = classifier(h)  # [B, C]
+                embeddings.append(h.float().cpu())
+                logits.append(z.float().cpu())
+                targets.append(torch.as_tensor(y).long().cpu())
+                indices.append(torch.as_tensor(idx).long().cpu())
+    finally:
+        _restore_modes(model, modes)
+    if not indices:
+        raise ValueError("model_outputs got an empty loader")
+
+    idx_all = torch.cat(indices)  # [N] in loader order
+    order = torch.argsort(idx_all)  # loader order -> ascending dataset position
+    idx_sorted = idx_all[order]
+    if len(idx_sorted) > 1 and bool((idx_sorted[1:] == idx_sorted[:-1]).any()):
+        raise ValueError(
+            "model_outputs: the loader yielded some dataset index twice (a padding "
+            "DistributedSampler?); score the pool with a plain, non-distributed loader"
+        )
+    return PoolOutputs(
+        logits=torch.cat(logits)[order],
+        embeddings=torch.cat(embeddings)[order],
+        targets=torch.cat(targets)[order],
+        indices=idx_sorted,
+    )
+
+
+def errors_of(pool: PoolOutputs) -> Tensor:
+    """Bias gradients e = softmax - onehot of a pool, [N, C]."""
+    return bias_gradients(pool.logits, pool.targets)
+
+
+def cross_entropy_sum(logits: Tensor, targets: Tensor) -> Tensor:
+    """Summed (not averaged) cross-entropy, the loss whose gradients the helpers describe."""
+    return F.cross_entropy(logits.float(), targets, reduction="sum")

@@ -1,0 +1,186 @@
+"""GradMatch (Killamsetty et al., "GRAD-MATCH: Gradient Matching based Data Subset Selection for
+Efficient Deep Model Training", ICML 2021, https://arxiv.org/abs/2103.00123).
+
+Orthogonal matching pursuit with non-negative weights and an L2 term:
+
+    min_{w >= 0, |supp w| <= k}  || sum_i w_i g_i - T ||^2 + lam ||w||^2
+
+where g_i are last-layer gradients of pool rows and T is the summed gradient of the target
+(the pool, or the held-out split). Everything is done on inner products (see
+`lipt.selection.gradients`): OMP needs the correlations g_i . r of every row with the residual
+r = T - sum_S w_j g_j, i.e. c_i - sum_S w_j K_ij with c_i = g_i . T and K_ij = g_i . g_j, so
+only the K columns of picked atoms are formed, never an [N, C*D] gradient matrix or an N x N
+Gram matrix. The pool is split into random partitions of at most `partition_size` rows with
+the budget spread proportionally, as GradMatch's per-batch/per-class variants do, to bound time.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lipt.errors import UserError
+from lipt.selection.common import (
+    check_budget,
+    check_choice,
+    finish,
+    random_partitions,
+    randperm,
+    split_budget,
+)
+from lipt.selection.gradients import (
+    DEFAULT_CHUNK,
+    LastLayerGradient,
+    errors_of,
+    gradient_dots,
+    gradient_gram,
+    gradient_sum,
+)
+from lipt.selection.types import Selection, SelectionInputs
+
+
+def nnls_from(quad: Tensor, c: Tensor, x: Tensor) -> Tensor:
+    """argmin_{x >= 0} x^T quad x - 2 c^T x over the support of a feasible start `x` (quad positive
+    definite, [m, m]): the inner loop of Lawson-Hanson. Solve on the passive set; if some
+    coordinate would turn non-positive, move from x towards the solution until the first one
+    hits zero, drop it and solve again. Returns x [m] (zeros for dropped coordinates)."""
+    m = x.shape[0]
+    passive = torch.ones(m, dtype=torch.bool, device=x.device)
+    for _ in range(m):
+        p = torch.nonzero(passive).flatten()
+        z = torch.zeros_like(x)
+        z[p] = torch.linalg.solve(quad[p][:, p], c[p])  # unconstrained optimum on the passive set
+        if bool((z[p] > 0).all()):
+            return z
+        neg = p[z[p] <= 0]
+        ratios = x[neg] / (x[neg] - z[neg])  # step fraction at which each reaches zero, in [0, 1)
+        first = torch.argmin(ratios)
+        x = (x + ratios[first] * (z - x)).clamp_min(0.0)
+        x[neg[first]] = 0.0
+        x[~passive] = 0.0
+        passive = x > 0
+        if not bool(passive.any()):
+            return x
+    return x
+
+
+def omp_nonneg(
+    errors: Tensor,
+    embeddings: Tensor | None,
+    target: LastLayerGradient,
+    k: int,
+    *,
+    lam: float,
+    eps: float,
+) -> tuple[Tensor, Tensor]:
+    """Non-negative OMP of `target` by at most k of the rows' gradients (in float64).
+
+    errors [P, C] and embeddings [P, D] (None: bias-only gradients) describe the rows' last-layer
+    gradients. Stops early when the residual is below eps * ||target|| or no unpicked row
+    correlates positively with it. A row is picked at most once (also when NNLS later sets
+    its weight to zero, then it leaves the support for good).
+    Returns (rows [m], weights [m] > 0) with m <= k.
+    """
+    P = errors.shape[0]
+    c = gradient_dots(errors, target, embeddings)  # [P] g_i . T
+    t_sq = target.sq_norm()
+    cols = errors.new_zeros(P, k)  # [P, k] columns K[:, j] = g_i . g_j of the support
+    support = torch.zeros(0, dtype=torch.long, device=errors.device)  # [m] rows
+    w = errors.new_zeros(0)  # [m]
+    available = torch.ones(P, dtype=torch.bool, device=errors.device)
+    eye = torch.eye(k, dtype=errors.dtype, device=errors.device)
+    while len(support) < k:
+        m = len(support)
+        K_ss = cols[support, :m]  # [m, m]
+        res_sq = t_sq - 2 * (c[support] @ w) + w @ (K_ss @ w)  # ||T - sum w_j g_j||^2
+        if res_sq <= (eps**2) * t_sq:
+            break
+        corr = (c - cols[:, :m] @ w).masked_fill(~available, -torch.inf)  # [P] g_i . r
+        j = int(torch.argmax(corr))
+        if not corr[j] > 0:
+            break
+        available[j] = False
+        cols[:, m] = gradient_gram(
+            errors,
+            errors[j : j + 1],
+            embeddings,
+            None if embeddings is None else embeddings[j : j + 1],
+        )[:, 0]
+        support = torch.cat([support, support.new_tensor([j])])
+        K_ss = cols[support, : m + 1]  # [m+1, m+1]
+        quad = K_ss + lam * eye[: m + 1, : m + 1]  # [m+1, m+1] normal matrix with the L2 term
+        w = nnls_from(quad, c[support], torch.cat([w, w.new_zeros(1)]))
+        keep = w > 0
+        if not bool(keep.all()):  # NNLS dropped atoms: compact the support and its columns
+            cols[:, : int(keep.sum())] = cols[:, : m + 1][:, keep]
+            support, w = support[keep], w[keep]
+    return support, w
+
+
+def select_gradmatch(
+    inputs: SelectionInputs,
+    budget: int,
+    *,
+    generator: torch.Generator,
+    lam: float = 0.5,
+    eps: float = 1e-4,
+    target: str = "train",
+    bias_only: bool = False,
+    partition_size: int = 4096,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> Selection:
+    """GradMatch-OMP subset with non-negative weights.
+
+    target="train" matches each partition's summed gradient; "val" matches the mean held-out
+    gradient times the partition size (falls back to "train" without `inputs.val`). Gradients
+    are weight+bias of the last layer, or bias only with `bias_only`. When OMP stops early
+    (residual below `eps` relative to the target, or no row left that helps), the partition's
+    remaining budget is filled with random unpicked rows weighted by the mean OMP weight.
+    Finally each partition's weights are rescaled to sum to its size, so all weights sum to
+    the pool size N and the weighted subset stands for the pool.
+    """
+    budget = check_budget(inputs, budget)
+    check_choice("gradmatch target", target, ("train", "val"))
+    if lam < 0 or eps < 0:
+        raise UserError(f"gradmatch lam and eps must be >= 0, got lam={lam}, eps={eps}")
+    pool = inputs.pool
+    device = pool.logits.device
+    E_all = errors_of(pool)  # [N, C]
+    H_all = None if bias_only else pool.embeddings
+
+    val_mean = None
+    if target == "val" and inputs.val is not None:
+        val = inputs.val
+        val_errors = errors_of(val).to(device)  # [Nv, C]
+        val_h = None if bias_only else val.embeddings.to(device)
+        val_mean = gradient_sum(val_errors, val_h, chunk_size=chunk_size).scaled(1.0 / len(val))
+
+    parts = random_partitions(len(pool), partition_size, generator)
+    shares = split_budget([len(p) for p in parts], budget)
+    rows, weights = [], []
+    for part, k in zip(parts, shares, strict=True):
+        if k == 0:
+            continue
+        part = part.to(device)
+        E = E_all[part].double()  # [P, C]
+        H = None if H_all is None else H_all[part].double()  # [P, D]
+        if val_mean is None:
+            goal = gradient_sum(E, H, chunk_size=chunk_size)
+        else:
+            goal = val_mean.scaled(float(len(part)))
+            goal = LastLayerGradient(
+                None if goal.weight is None else goal.weight.double(), goal.bias.double()
+            )
+        chosen, w = omp_nonneg(E, H, goal, k, lam=lam, eps=eps)
+
+        if len(chosen) < k:  # OMP converged early: back-fill at the scale of the OMP weights
+            free = torch.ones(len(part), dtype=torch.bool, device=device)
+            free[chosen] = False
+            free_rows = torch.nonzero(free).flatten()
+            fill = free_rows[randperm(len(free_rows), generator, device)[: k - len(chosen)]]
+            fill_weight = w.mean() if len(w) > 0 else w.new_tensor(1.0)
+            chosen = torch.cat([chosen, fill])
+            w = torch.cat([w, fill_weight.expand(len(fill))])
+        rows.append(part[chosen])
+        weights.append(w * (len(part) / w.sum()))  # the partition's weights sum to its size
+    return finish(torch.cat(rows), torch.cat(weights), budget)

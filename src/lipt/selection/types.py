@@ -1,0 +1,72 @@
+"""Data passed between the selection stage and the pure selectors.
+
+Selectors never see models, loaders or configs: they get what one or more models said about the
+training pool (logits and penultimate embeddings, in eval mode, on un-augmented inputs) and
+return positions into that pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class PoolOutputs:
+    """What one model says about N samples, rows in ascending order of `indices`."""
+
+    logits: Tensor  # [N, C] float32
+    embeddings: Tensor  # [N, D] float32, the input of the final linear layer
+    targets: Tensor  # [N] int64
+    indices: Tensor  # [N] int64, dataset positions of the rows (ascending)
+
+    def __post_init__(self) -> None:
+        n = self.logits.shape[0]
+        if not (self.embeddings.shape[0] == self.targets.shape[0] == self.indices.shape[0] == n):
+            raise ValueError(
+                f"PoolOutputs rows disagree: logits {tuple(self.logits.shape)}, embeddings "
+                f"{tuple(self.embeddings.shape)}, targets {tuple(self.targets.shape)}, "
+                f"indices {tuple(self.indices.shape)}"
+            )
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.logits.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.logits.shape[0])
+
+    def take(self, rows: Tensor) -> PoolOutputs:
+        """The outputs restricted to `rows` (positions into this object)."""
+        return PoolOutputs(
+            self.logits[rows], self.embeddings[rows], self.targets[rows], self.indices[rows]
+        )
+
+
+@dataclass(frozen=True)
+class SelectionInputs:
+    """Everything a selector may use. `pool` is scored; `val` is the held-out split."""
+
+    pool: PoolOutputs
+    val: PoolOutputs | None = None
+    # The same pool scored by further models (GraNd's `repeats`), same row order as `pool`.
+    extra_pools: tuple[PoolOutputs, ...] = field(default_factory=tuple)
+    # Weight matrix [C, D] and bias [C] of the final linear layer that produced `pool.logits`
+    # (GLISTER's Taylor update moves them). None where the selector does not need them.
+    classifier_weight: Tensor | None = None
+    classifier_bias: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Chosen rows of the pool (positions 0..N-1, unique) and their loss weights."""
+
+    rows: Tensor  # [k] int64
+    weights: Tensor  # [k] float32, > 0
+
+    def __post_init__(self) -> None:
+        assert self.rows.dtype == torch.int64, self.rows.dtype
+        assert self.weights.dtype == torch.float32, self.weights.dtype
+        assert self.rows.shape == self.weights.shape, (self.rows.shape, self.weights.shape)

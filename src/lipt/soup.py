@@ -1,0 +1,452 @@
+"""Model soups: merging the jigsaw learners into one dense model.
+
+Model soups (Wortsman et al., ICML 2022, https://arxiv.org/abs/2203.05482) average the weights
+of models trained from one common initialisation. LiPT (Ro et al., ICML 2023,
+https://proceedings.mlr.press/v202/ro23a.html, section 3.2 and appendix C) merges its jigsaw
+learners with a *greedy interpolation* soup: the learners are visited from best to worst
+held-out accuracy, and each is blended into the soup at the interpolation ratio alpha (searched
+on a grid over [0, 1]) that scores best, or left out if no ratio keeps the held-out score from
+falling.
+
+Everything here works on state dicts (``dict[str, Tensor]``) and an ``evaluate`` callable that
+maps a state dict to a held-out score (higher is better, e.g. accuracy on a validation split
+carved from the training set, never the test set). Floating tensors are averaged; integer and
+bool tensors (BatchNorm's ``num_batches_tracked``) are never averaged and never turned into
+floats: a soup takes them from its *first* argument (the first state dict of an average, the
+soup side of an interpolation, hence the best ingredient of a greedy soup).
+
+Averaged weights come with averaged, hence stale, BatchNorm statistics;
+`recompute_batchnorm_stats` re-estimates them on a few batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+__all__ = [
+    "RUNNING_MEAN",
+    "Evaluate",
+    "SoupResult",
+    "StateDict",
+    "alpha_grid",
+    "average_state_dicts",
+    "greedy_interp_soup",
+    "greedy_soup",
+    "interpolate",
+    "is_finite_state_dict",
+    "recompute_batchnorm_stats",
+    "uniform_soup",
+]
+
+StateDict = dict[str, Tensor]
+Evaluate = Callable[[StateDict], float]
+
+# Ratio "grid" of greedy_interp_soup that reproduces greedy_soup: alpha = 1/(k+1) with k
+# ingredients already in, i.e. the running mean of the kept ingredients.
+RUNNING_MEAN: Final = "running_mean"
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def _is_float(t: Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def _check_compatible(state_dicts: Sequence[StateDict]) -> None:
+    """Raise ValueError unless all state dicts have the same keys, shapes and dtypes."""
+    if not state_dicts:
+        raise ValueError("need at least one state dict")
+    first = state_dicts[0]
+    for key, value in first.items():
+        if not isinstance(value, Tensor):
+            raise ValueError(f"state dict entry {key!r} is a {type(value).__name__}, not a Tensor")
+    for i, sd in enumerate(state_dicts[1:], start=1):
+        if sd.keys() != first.keys():
+            missing = sorted(first.keys() - sd.keys())[:5]
+            extra = sorted(sd.keys() - first.keys())[:5]
+            raise ValueError(
+                f"state dict {i} has other keys than state dict 0 (missing {missing}, "
+                f"extra {extra}): soups need models of one architecture"
+            )
+        for key, ref in first.items():
+            value = sd[key]
+            if (
+                not isinstance(value, Tensor)
+                or value.shape != ref.shape
+                or value.dtype != ref.dtype
+            ):
+                got = (
+                    f"{tuple(value.shape)} {value.dtype}"
+                    if isinstance(value, Tensor)
+                    else type(value).__name__
+                )
+                raise ValueError(
+                    f"state dict {i}[{key!r}] is {got}, state dict 0 has "
+                    f"{tuple(ref.shape)} {ref.dtype}"
+                )
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Sum half/bfloat16 weights in float32 to avoid rounding the soup twice.
+    return torch.promote_types(dtype, torch.float32)
+
+
+def average_state_dicts(
+    state_dicts: Sequence[StateDict], weights: Sequence[float] | None = None
+) -> StateDict:
+    """Weighted average of state dicts (uniform when ``weights`` is None).
+
+    ``weights`` are normalised to sum to 1. Floating tensors are averaged (accumulated in at
+    least float32, returned in their own dtype, on the first state dict's device); integer and
+    bool tensors are copied from the *first* state dict and keep their dtype. The result shares
+    no storage with the inputs.
+
+    Raises:
+        ValueError: no state dicts, mismatched keys/shapes/dtypes, or bad weights (wrong count,
+            negative, non-finite, or summing to 0).
+    """
+    _check_compatible(state_dicts)
+    n = len(state_dicts)
+    if weights is None:
+        coeffs = [1.0 / n] * n
+    else:
+        raw = [float(w) for w in weights]
+        if len(raw) != n:
+            raise ValueError(f"got {len(raw)} weights for {n} state dicts")
+        if any(not math.isfinite(w) or w < 0 for w in raw) or sum(raw) <= 0:
+            raise ValueError(f"weights must be finite, >= 0 and not all 0, got {raw}")
+        total = sum(raw)
+        coeffs = [w / total for w in raw]
+
+    out: StateDict = {}
+    for key, ref in state_dicts[0].items():
+        if not _is_float(ref):
+            out[key] = ref.detach().clone()
+            continue
+        acc = torch.zeros(ref.shape, dtype=_accumulation_dtype(ref.dtype), device=ref.device)
+        for coeff, sd in zip(coeffs, state_dicts, strict=True):
+            acc.add_(sd[key].detach().to(device=ref.device, dtype=acc.dtype), alpha=coeff)
+        out[key] = acc.to(ref.dtype)
+    return out
+
+
+def interpolate(soup: StateDict, candidate: StateDict, alpha: float) -> StateDict:
+    """``(1 - alpha) * soup + alpha * candidate`` for floating tensors.
+
+    Integer and bool tensors are copied from ``soup``. The result shares no storage with the
+    inputs.
+
+    Raises:
+        ValueError: ``alpha`` outside [0, 1], or mismatched state dicts.
+    """
+    alpha = float(alpha)
+    if not 0.0 <= alpha <= 1.0:  # also rejects NaN
+        raise ValueError(f"interpolation ratio alpha must be in [0, 1], got {alpha}")
+    _check_compatible([soup, candidate])
+    out: StateDict = {}
+    for key, s in soup.items():
+        if not _is_float(s):
+            out[key] = s.detach().clone()
+            continue
+        dtype = _accumulation_dtype(s.dtype)
+        c = candidate[key].detach().to(device=s.device, dtype=dtype)
+        mixed = s.detach().to(dtype) * (1.0 - alpha) + c * alpha
+        out[key] = mixed.to(s.dtype)
+    return out
+
+
+def is_finite_state_dict(state_dict: StateDict) -> bool:
+    """True when no floating tensor holds NaN or inf (a diverged learner; leave it out)."""
+    return all(
+        bool(torch.isfinite(t).all())
+        for t in state_dict.values()
+        if isinstance(t, Tensor) and _is_float(t)
+    )
+
+
+# --------------------------------------------------------------------------- soups
+
+
+def _json_float(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+@dataclass
+class SoupResult:
+    """A merged model and how it was made.
+
+    ``kept`` lists ingredient indices (positions in the list given to the soup) in the order
+    they were added; ``ratios[j]`` is the alpha with which ``kept[j]`` was blended into the soup
+    (``soup = (1 - alpha) * soup + alpha * ingredient``; 1.0 for the first). ``weights`` gives
+    the resulting share of each kept ingredient in the soup.
+    """
+
+    state_dict: StateDict
+    kept: list[int]
+    ratios: list[float]
+    ingredient_scores: list[float]
+    soup_score: float
+    method: str = ""
+    # Every soup tried after the first ingredient: candidate, alpha, score, accepted.
+    trials: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def weights(self) -> list[float]:
+        """Share of each kept ingredient in the soup (sums to 1), same order as ``kept``."""
+        shares = [0.0] * len(self.ratios)
+        remaining = 1.0
+        for j in reversed(range(len(self.ratios))):
+            shares[j] = remaining * self.ratios[j]
+            remaining *= 1.0 - self.ratios[j]
+        return shares
+
+    def to_report(self) -> dict[str, Any]:
+        """A strict-JSON summary: no tensors, and non-finite scores (a NaN trial) as null."""
+        best = max(range(len(self.ingredient_scores)), key=self.ingredient_scores.__getitem__)
+        return {
+            "method": self.method,
+            "ingredient_scores": [_json_float(s) for s in self.ingredient_scores],
+            "best_ingredient": int(best),
+            "best_ingredient_score": _json_float(self.ingredient_scores[best]),
+            "kept": [int(i) for i in self.kept],
+            "ratios": [float(r) for r in self.ratios],
+            "weights": [float(w) for w in self.weights],
+            "soup_score": _json_float(self.soup_score),
+            "trials": [
+                {
+                    "candidate": int(t["candidate"]),
+                    "alpha": float(t["alpha"]),
+                    "score": _json_float(t["score"]),
+                    "accepted": bool(t["accepted"]),
+                }
+                for t in self.trials
+            ],
+        }
+
+
+def _score(evaluate: Evaluate, state_dict: StateDict) -> float:
+    # A NaN score must never win a comparison; -inf makes "NaN soup" lose every one.
+    score = float(evaluate(state_dict))
+    return -math.inf if math.isnan(score) else score
+
+
+def _score_ingredients(state_dicts: Sequence[StateDict], evaluate: Evaluate) -> list[float]:
+    """Each ingredient's held-out score, evaluated exactly once."""
+    _check_compatible(state_dicts)
+    scores = []
+    for i, sd in enumerate(state_dicts):
+        score = float(evaluate(sd))
+        if math.isnan(score):
+            raise ValueError(
+                f"evaluate returned NaN for ingredient {i}; leave diverged learners out first "
+                f"(is_finite_state_dict)"
+            )
+        scores.append(score)
+    return scores
+
+
+def _by_score(scores: Sequence[float]) -> list[int]:
+    """Indices from best to worst score; ties keep the input order (sorted is stable)."""
+    return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+def _clone(state_dict: StateDict) -> StateDict:
+    return {k: v.detach().clone() for k, v in state_dict.items()}
+
+
+def uniform_soup(state_dicts: Sequence[StateDict], evaluate: Evaluate) -> SoupResult:
+    """The uniform soup: the plain average of all ingredients.
+
+    ``evaluate`` runs once per ingredient (for the report) and once on the soup. Integer
+    buffers come from ingredient 0.
+    """
+    scores = _score_ingredients(state_dicts, evaluate)
+    soup = average_state_dicts(state_dicts)
+    n = len(state_dicts)
+    return SoupResult(
+        state_dict=soup,
+        kept=list(range(n)),
+        ratios=[1.0 / (k + 1) for k in range(n)],  # the running mean of n ingredients
+        ingredient_scores=scores,
+        soup_score=_score(evaluate, soup),
+        method="uniform",
+    )
+
+
+def greedy_soup(state_dicts: Sequence[StateDict], evaluate: Evaluate) -> SoupResult:
+    """The greedy soup of Wortsman et al. (2022, Algorithm 1 / recipe "greedy soup").
+
+    Ingredients are sorted by their own held-out score (best first, ties in input order). The
+    soup starts as the best one; each next ingredient is added if the *uniform average* of the
+    kept ingredients plus it scores >= the current soup, else skipped. The soup therefore never
+    scores below the best ingredient. ``evaluate`` runs once per ingredient and once per later
+    candidate (2n - 1 calls).
+    """
+    scores = _score_ingredients(state_dicts, evaluate)
+    order = _by_score(scores)
+    kept = [order[0]]
+    ratios = [1.0]
+    soup = _clone(state_dicts[order[0]])
+    soup_score = scores[order[0]]
+    trials: list[dict[str, Any]] = []
+    for i in order[1:]:
+        trial = average_state_dicts([state_dicts[j] for j in [*kept, i]])
+        score = _score(evaluate, trial)
+        accepted = score >= soup_score
+        alpha = 1.0 / (len(kept) + 1)
+        trials.append({"candidate": i, "alpha": alpha, "score": score, "accepted": accepted})
+        if accepted:
+            kept.append(i)
+            ratios.append(1.0 / len(kept))
+            soup, soup_score = trial, score
+    return SoupResult(soup, kept, ratios, scores, soup_score, method="greedy", trials=trials)
+
+
+def alpha_grid(num_steps: int = 20) -> list[float]:
+    """``[1/num_steps, 2/num_steps, ..., 1]``: the grid 0, 0.05, ..., 1 for 20 steps, minus 0.
+
+    (alpha = 0 leaves the soup unchanged, which is what dropping the candidate does.)
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    return [k / num_steps for k in range(1, num_steps + 1)]
+
+
+def _check_ratios(ratios: Sequence[float] | str) -> list[float]:
+    """The positive ratios of a grid, deduplicated, in the given order."""
+    if isinstance(ratios, str):
+        raise ValueError(f"unknown ratio schedule {ratios!r}; give {RUNNING_MEAN!r} or a list")
+    grid: list[float] = []
+    for r in ratios:
+        r = float(r)
+        if not 0.0 <= r <= 1.0:
+            raise ValueError(f"interpolation ratios must lie in [0, 1], got {r}")
+        # alpha = 0 is "no change", i.e. the skip the greedy rule already falls back on.
+        if r > 0.0 and r not in grid:
+            grid.append(r)
+    if not grid:
+        raise ValueError(f"the ratio grid {list(ratios)} has no alpha > 0")
+    return grid
+
+
+def greedy_interp_soup(
+    state_dicts: Sequence[StateDict],
+    evaluate: Evaluate,
+    ratios: Sequence[float] | Literal["running_mean"],
+) -> SoupResult:
+    """LiPT's greedy interpolation soup (Ro et al. 2023, section 3.2).
+
+    Ingredients are visited as in `greedy_soup` (best held-out score first). For each later
+    candidate every alpha of ``ratios`` is tried, ``interpolate(soup, candidate, alpha)``; the
+    best-scoring alpha is kept if its score is >= the current soup's, else the candidate is
+    dropped. The soup therefore never scores below the best ingredient. alpha = 0 is ignored
+    (it is the "drop" outcome). Ties between alphas go to the one nearest ``1/(k+1)`` (k =
+    ingredients already in: the share model soups would give it), then to grid order.
+
+    ``ratios="running_mean"`` tries only ``1/(k+1)``, which makes the soup the running mean of
+    the kept ingredients: the same kept set and (up to float rounding) the same weights as
+    `greedy_soup`.
+
+    ``evaluate`` runs once per ingredient and once per alpha > 0 (once for ``running_mean``)
+    per later candidate.
+
+    Raises:
+        ValueError: bad ratios (outside [0, 1], none > 0, unknown string) or state dicts.
+    """
+    running_mean = isinstance(ratios, str) and ratios == RUNNING_MEAN
+    grid = [] if running_mean else _check_ratios(ratios)
+    scores = _score_ingredients(state_dicts, evaluate)
+    order = _by_score(scores)
+    kept = [order[0]]
+    used = [1.0]
+    soup = _clone(state_dicts[order[0]])
+    soup_score = scores[order[0]]
+    trials: list[dict[str, Any]] = []
+    for i in order[1:]:
+        share = 1.0 / (len(kept) + 1)
+        # (sort key, index into trials, soup) of the best alpha so far
+        best: tuple[tuple[float, float], int, StateDict] | None = None
+        for alpha in [share] if running_mean else grid:
+            trial = interpolate(soup, state_dicts[i], alpha)
+            score = _score(evaluate, trial)
+            trials.append({"candidate": i, "alpha": alpha, "score": score, "accepted": False})
+            key = (score, -abs(alpha - share))
+            if best is None or key > best[0]:
+                best = (key, len(trials) - 1, trial)
+        assert best is not None
+        (best_score, _), best_trial, best_soup = best
+        if best_score >= soup_score:
+            trials[best_trial]["accepted"] = True
+            kept.append(i)
+            used.append(trials[best_trial]["alpha"])
+            soup, soup_score = best_soup, best_score
+    return SoupResult(soup, kept, used, scores, soup_score, method="greedy_interp", trials=trials)
+
+
+# --------------------------------------------------------------------------- BatchNorm
+
+
+def recompute_batchnorm_stats(
+    model: nn.Module, batches: Iterable[Tensor | Sequence[Tensor]]
+) -> None:
+    """Re-estimate every BatchNorm layer's running statistics on ``batches``.
+
+    A soup's weights are an average, but its BatchNorm running mean/var are averages of the
+    ingredients' statistics, which do not match the averaged weights. As in
+    ``torch.optim.swa_utils.update_bn``: reset the running stats, set ``momentum=None``
+    (cumulative average: each batch counts equally), forward every batch in train mode without
+    gradients, then restore each layer's momentum and each module's train/eval mode. A batch
+    may be an input tensor or a sequence whose first entry is the input (a ``(x, y)`` batch);
+    inputs are moved to the model's device. Layers with ``track_running_stats=False`` are left
+    alone.
+
+    Raises:
+        ValueError: ``batches`` is empty (the model is then left as it was).
+    """
+    layers = [
+        m
+        for m in model.modules()
+        if isinstance(m, _BatchNorm) and m.track_running_stats and m.running_mean is not None
+    ]
+    if not layers:
+        return
+    first_stats = layers[0].running_mean
+    assert isinstance(first_stats, Tensor)
+    device = first_stats.device
+    modes = {m: m.training for m in model.modules()}
+    momenta = {m: m.momentum for m in layers}
+    # Kept to undo the reset if no batch arrives or the forward fails.
+    saved = {m: {k: v.clone() for k, v in m.named_buffers(recurse=False)} for m in layers}
+    seen = 0
+    done = False
+    try:
+        for m in layers:
+            m.reset_running_stats()
+            m.momentum = None
+        model.train()
+        with torch.no_grad():
+            for batch in batches:
+                inputs = batch if isinstance(batch, Tensor) else batch[0]
+                model(inputs.to(device))
+                seen += 1
+        done = seen > 0
+    finally:
+        for m, momentum in momenta.items():
+            m.momentum = momentum
+        for module, training in modes.items():
+            module.training = training
+        if not done:
+            with torch.no_grad():
+                for m in layers:
+                    for k, v in m.named_buffers(recurse=False):
+                        v.copy_(saved[m][k])
+    if seen == 0:
+        raise ValueError("recompute_batchnorm_stats needs at least one batch")

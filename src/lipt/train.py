@@ -1,0 +1,123 @@
+"""Stage 3 and the whole pipeline (`train.py`): pre-train, select, train on the subset, test.
+
+Under DDP, Lightning re-runs the entry script in every extra rank with the same run directory:
+rank 0 pre-trains and selects before the trainer starts, writes subset.npz, and the extra ranks
+read it from there instead of recomputing it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig
+from torch import Tensor, nn
+
+from lipt.artifacts import check_subset, load_subset, save_subset, write_json
+from lipt.build import (
+    build_classifier,
+    build_datamodule,
+    build_loggers,
+    build_model,
+    build_trainer,
+    is_ddp_child,
+    run_dir,
+)
+from lipt.config import validate
+from lipt.data import DataModule
+from lipt.errors import UserError
+from lipt.select import choose_subset, needs_model, selection_models, subset_meta
+from lipt.summary import summary_payload
+
+SUBSET_FILE = "subset.npz"
+
+
+def load_checked_subset(cfg: DictConfig, dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
+    indices, weights, meta = load_subset(path)
+    expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
+    check_subset(path, indices, weights, meta, expected, len(dm.train_source), dm.val_indices)
+    return indices, weights
+
+
+def obtain_subset(
+    cfg: DictConfig, dm: DataModule, out: Path, stages: dict[str, Any]
+) -> tuple[tuple[Tensor, Tensor] | None, nn.Module | None]:
+    """(indices, weights) to train on (None: the whole pool), and the pre-trained model if one
+    was made here."""
+    if cfg.subset_path:
+        return load_checked_subset(cfg, dm, Path(str(cfg.subset_path))), None
+    if cfg.selector.name == "full":
+        return None, None
+    saved = out / SUBSET_FILE
+    # Extra DDP ranks, and a resumed run, read what rank 0 / the first attempt already chose.
+    if is_ddp_child() or (cfg.get("ckpt_path") and saved.is_file()):
+        return load_checked_subset(cfg, dm, saved), None
+    models = selection_models(cfg, dm, stages) if needs_model(cfg) else []
+    report = stages.pop("merge_report", None)
+    if report:
+        write_json(out / "merge_report.json", report)
+    start = time.perf_counter()
+    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed))
+    stages["select"] = {"seconds": round(time.perf_counter() - start, 3)}
+    save_subset(saved, indices, weights, subset_meta(cfg, dm))
+    return (indices, weights), (models[0] if models and cfg.pretrain.name != "none" else None)
+
+
+def resume_path(cfg: DictConfig, out: Path) -> str | None:
+    ckpt = cfg.get("ckpt_path")
+    if not ckpt:
+        return None
+    if ckpt == "last":
+        last = out / "checkpoints" / "last.ckpt"
+        if not last.is_file():
+            raise UserError(
+                f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
+            )
+        return str(last)
+    if not Path(str(ckpt)).is_file():
+        raise UserError(f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'")
+    return str(ckpt)
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    validate(cfg)
+    out = run_dir(cfg)
+    dm = build_datamodule(cfg)
+    stages: dict[str, Any] = {}
+    subset, pretrained = obtain_subset(cfg, dm, out, stages)
+    if subset is None:
+        dm.set_subset(None)
+    else:
+        dm.set_subset(*subset)
+
+    # Main training starts from the common initial model (paper, appendix A) unless asked.
+    # Extra DDP ranks keep the init: DDP copies rank 0's weights to them when fit starts.
+    model = build_model(cfg, int(cfg.seed))
+    if cfg.init_from == "pretrained" and not is_ddp_child():
+        if pretrained is None:
+            raise UserError(
+                "init_from=pretrained needs a model pre-trained in this run: use a pretrain "
+                "other than none and a selector that ranks with a model"
+            )
+        model = pretrained
+    module = build_classifier(cfg, model)
+    checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0)
+    trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=[checkpoint])
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=dm, ckpt_path=resume_path(cfg, out))
+    samples = module.total_samples_seen()
+    train_seconds = time.perf_counter() - start
+    test_accuracy = float(trainer.test(module, datamodule=dm, verbose=False)[0]["test/acc"])
+    subset_size = len(dm.pool_indices) if subset is None else len(subset[0])
+    stages["train"] = {
+        "seconds": round(train_seconds, 3),
+        "samples": samples,
+        "unique_samples": subset_size,
+    }
+    summary = summary_payload(cfg, dm, test_accuracy, subset_size, stages)
+    if trainer.is_global_zero:
+        write_json(out / "summary.json", summary)
+    return summary
+

@@ -1,0 +1,80 @@
+"""The entry scripts, run as a user runs them from the repository root."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, run_entry
+
+
+def test_select_py_does_not_shadow_the_standard_select_module():
+    # sys.path[0] is the repo root here, exactly as for `python train.py` or `python -m pytest`.
+    code = (
+        "import sys, select, subprocess; "
+        "assert hasattr(select, 'poll') or hasattr(select, 'select'), select; "
+        "assert 'site-packages' not in getattr(select, '__file__', 'builtin'); "
+        "print(subprocess.run([sys.executable, '-c', 'print(42)'], capture_output=True, text=True).stdout.strip())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "42"
+
+
+def test_dataloader_workers_start_from_the_repo_root(tmp_path):
+    # multiprocessing workers import subprocess/select too
+    code = (
+        "import torch\n"
+        "from torch.utils.data import DataLoader\n"
+        "if __name__ == '__main__':\n"
+        "    dl = DataLoader(list(range(8)), batch_size=4, num_workers=2)\n"
+        "    print(sum(int(b.sum()) for b in dl))\n"
+    )
+    script = tmp_path / "workers.py"
+    script.write_text(code)
+    out = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={"PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "28"
+
+
+@pytest.mark.parametrize("script", ["train.py", "pretrain.py", "select.py"])
+def test_entry_scripts_show_hydra_help(script):
+    out = run_entry(script, ["--help"], timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "selector" in out.stdout and "dataset" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["selector=nonexistent"], "selector"),
+        (["dataset=nope"], "dataset"),
+        (["fraction=0"], "fraction"),
+        (["fraction=1.5"], "fraction"),
+        (["fraction=abc"], "fraction"),
+        (["fraction=-1"], "fraction"),
+        (["dataset.data_dir=/no/such/dir"], "/no/such/dir"),
+        (["-m", "selector=random,nonexistent"], "selector"),
+        (["trainer.max_epochs=0"], "trainer.max_epochs"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
+    out = run_entry("train.py", [*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"], timeout=120)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    assert needle in lines[0] and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_console_scripts_are_installed():
+    bindir = __import__("pathlib").Path(sys.executable).parent
+    for name in ("lipt-train", "lipt-pretrain", "lipt-select"):
+        assert (bindir / name).is_file(), name
