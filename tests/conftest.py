@@ -35,15 +35,17 @@ FAST = [
 def make_cfg(tmp_path: Path) -> Callable[..., DictConfig]:
     def _make(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
         with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-            return compose(
-                config_name, overrides=[f"paths.output_dir={tmp_path}", *overrides]
-            )
+            return compose(config_name, overrides=[f"paths.output_dir={tmp_path}", *overrides])
 
     return _make
 
 
 def run_entry(
-    script: str, args: Sequence[str], cwd: Path = ROOT, timeout: float = 600, env: dict | None = None
+    script: str,
+    args: Sequence[str],
+    cwd: Path = ROOT,
+    timeout: float = 600,
+    env: dict | None = None,
 ) -> subprocess.CompletedProcess:
     """Run an entry script as a user would, from the repository root."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -117,7 +119,11 @@ def cifar100_dir(tmp_path: Path) -> Path:
     for name, n in (("train", 400), ("test", 100)):
         labels = rng.integers(0, 100, n)
         data = class_images(labels, 3, 32, seed=n).reshape(n, -1)
-        entry = {"fine_labels": labels.tolist(), "coarse_labels": (labels // 5).tolist(), "data": data}
+        entry = {
+            "fine_labels": labels.tolist(),
+            "coarse_labels": (labels // 5).tolist(),
+            "data": data,
+        }
         with open(base / name, "wb") as f:
             pickle.dump(entry, f)
     return root

@@ -27,7 +27,7 @@ def test_subset_round_trip_is_plain_numpy(tmp_path):
         assert data["indices"].dtype == np.int64 and data["indices"].tolist() == [3, 1, 7]
         assert data["weights"].dtype == np.float32
         assert json.loads(str(data["meta"]))["dataset"] == "x"
-    indices, weights, meta = load_subset(path)
+    indices, weights, _ = load_subset(path)
     assert indices.tolist() == [3, 1, 7] and weights.tolist() == [1.0, 2.0, 0.5]
 
 

@@ -29,14 +29,18 @@ def test_fashion_mnist_idx_files_load_with_seeded_split(make_cfg, fashion_mnist_
     # same split seed, same split; another seed, another split
     again = build_datamodule(cfg)
     assert torch.equal(again.val_indices, dm.val_indices)
-    other = build_datamodule(make_cfg([
-        "dataset.val_size=50", f"dataset.data_dir={fashion_mnist_dir}", "dataset.split_seed=1"
-    ]))
+    other = build_datamodule(
+        make_cfg(
+            ["dataset.val_size=50", f"dataset.data_dir={fashion_mnist_dir}", "dataset.split_seed=1"]
+        )
+    )
     assert not torch.equal(other.val_indices, dm.val_indices)
 
 
 def test_loaders_give_normalised_tensors_and_original_positions(make_cfg, fashion_mnist_dir):
-    dm = build_datamodule(make_cfg(["dataset.val_size=50", f"dataset.data_dir={fashion_mnist_dir}"]))
+    dm = build_datamodule(
+        make_cfg(["dataset.val_size=50", f"dataset.data_dir={fashion_mnist_dir}"])
+    )
     x, y, idx = next(iter(dm.pool_dataloader()))
     assert x.dtype == torch.float32 and x.shape[1:] == (1, 28, 28)
     assert torch.equal(idx[:5], dm.pool_indices[:5])
@@ -45,38 +49,65 @@ def test_loaders_give_normalised_tensors_and_original_positions(make_cfg, fashio
     expected = (dm.train_source.images[idx[0]].float() / 255 - 0.2860) / 0.3530
     assert torch.allclose(x[0], expected, atol=1e-5)
     dm.set_subset(dm.pool_indices[:10], torch.full((10,), 2.0))
-    xb, yb, ib, wb = next(iter(dm.train_dataloader()))
+    _, _, ib, wb = next(iter(dm.train_dataloader()))
     assert len(ib) == 10 and set(ib.tolist()) == set(dm.pool_indices[:10].tolist())
     assert torch.all(wb == 2.0)
 
 
 def test_cifar10_pickle_batches(make_cfg, cifar10_dir):
-    dm = build_datamodule(make_cfg(["dataset=cifar10", f"dataset.data_dir={cifar10_dir}",
-                                    "dataset.val_size=20", "dataset.num_workers=0"]))
+    dm = build_datamodule(
+        make_cfg(
+            [
+                "dataset=cifar10",
+                f"dataset.data_dir={cifar10_dir}",
+                "dataset.val_size=20",
+                "dataset.num_workers=0",
+            ]
+        )
+    )
     assert len(dm.train_source) == 200 and len(dm.splits.test) == 60
     with open(cifar10_dir / "cifar-10-batches-py" / "data_batch_2", "rb") as f:
         batch = pickle.load(f, encoding="latin1")
     # item 3 of batch 2 is item 43 of the split, in CHW order
-    assert torch.equal(dm.train_source.images[43], torch.from_numpy(batch["data"][3].reshape(3, 32, 32)))
+    assert torch.equal(
+        dm.train_source.images[43], torch.from_numpy(batch["data"][3].reshape(3, 32, 32))
+    )
     assert int(dm.train_source.labels[43]) == batch["labels"][3]
     x, _, _ = next(iter(dm.pool_dataloader()))
     assert x.shape[1:] == (3, 32, 32)
 
 
 def test_cifar100_uses_fine_labels(make_cfg, cifar100_dir):
-    dm = build_datamodule(make_cfg(["dataset=cifar100", f"dataset.data_dir={cifar100_dir}",
-                                    "dataset.val_size=50", "dataset.num_workers=0"]))
+    dm = build_datamodule(
+        make_cfg(
+            [
+                "dataset=cifar100",
+                f"dataset.data_dir={cifar100_dir}",
+                "dataset.val_size=50",
+                "dataset.num_workers=0",
+            ]
+        )
+    )
     with open(cifar100_dir / "cifar-100-python" / "train", "rb") as f:
         entry = pickle.load(f, encoding="latin1")
     assert dm.train_source.labels.tolist() == entry["fine_labels"]
 
 
 def test_imagefolder_tree(make_cfg, imagefolder_dir):
-    dm = build_datamodule(make_cfg([
-        "dataset=imagenet", f"dataset.data_dir={imagefolder_dir}", "dataset.num_classes=3",
-        "dataset.image_size=32", "dataset.resize=36", "dataset.val_size=9",
-        "dataset.num_workers=0", "dataset.crop_padding=4",
-    ]))
+    dm = build_datamodule(
+        make_cfg(
+            [
+                "dataset=imagenet",
+                f"dataset.data_dir={imagefolder_dir}",
+                "dataset.num_classes=3",
+                "dataset.image_size=32",
+                "dataset.resize=36",
+                "dataset.val_size=9",
+                "dataset.num_workers=0",
+                "dataset.crop_padding=4",
+            ]
+        )
+    )
     assert len(dm.train_source) == 90 and len(dm.splits.test) == 18
     assert sorted(set(dm.train_source.labels.tolist())) == [0, 1, 2]
     x, y, _ = next(iter(dm.pool_dataloader()))
@@ -89,13 +120,15 @@ def test_imagefolder_tree(make_cfg, imagefolder_dir):
 def test_corrupt_and_missing_files_are_user_errors(tmp_path, fashion_mnist_dir, make_cfg):
     bad = tmp_path / "bad-idx"
     bad.write_bytes(b"\x00\x00\x08\x03" + b"\x00" * 5)
-    with pytest.raises(UserError, match="truncated|corrupt|not an IDX"):
+    with pytest.raises(UserError, match=r"truncated|corrupt|not an IDX"):
         read_idx(bad)
     with pytest.raises(UserError, match="CIFAR-10 files missing"):
         build_datamodule(make_cfg(["dataset=cifar10", f"dataset.data_dir={tmp_path}"]))
     (fashion_mnist_dir / "train-labels-idx1-ubyte.gz").write_bytes(b"garbage")
     with pytest.raises(UserError):
-        build_datamodule(make_cfg([f"dataset.data_dir={fashion_mnist_dir}", "dataset.download=false"]))
+        build_datamodule(
+            make_cfg([f"dataset.data_dir={fashion_mnist_dir}", "dataset.download=false"])
+        )
 
 
 def test_randaugment_changes_pixels_only_in_train_transform(make_cfg):

@@ -13,10 +13,12 @@ from tests.conftest import ROOT, run_entry
 def test_select_py_does_not_shadow_the_standard_select_module():
     # sys.path[0] is the repo root here, exactly as for `python train.py` or `python -m pytest`.
     code = (
-        "import sys, select, subprocess; "
-        "assert hasattr(select, 'poll') or hasattr(select, 'select'), select; "
-        "assert 'site-packages' not in getattr(select, '__file__', 'builtin'); "
-        "print(subprocess.run([sys.executable, '-c', 'print(42)'], capture_output=True, text=True).stdout.strip())"
+        "import os, sys, select, subprocess\n"
+        "assert os.path.abspath(sys.path[0] or '.') == os.getcwd()\n"  # the shadowing setup
+        "assert hasattr(select, 'select'), select\n"
+        "assert getattr(select, '__file__', '') != os.path.abspath('select.py'), select\n"
+        "cmd = [sys.executable, '-c', 'print(42)']\n"
+        "print(subprocess.run(cmd, capture_output=True, text=True).stdout.strip())\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -37,7 +39,11 @@ def test_dataloader_workers_start_from_the_repo_root(tmp_path):
     script = tmp_path / "workers.py"
     script.write_text(code)
     out = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={"PYTHONPATH": str(ROOT)},
     )
     assert out.returncode == 0, out.stderr
@@ -66,7 +72,11 @@ def test_entry_scripts_show_hydra_help(script):
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
-    out = run_entry("train.py", [*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"], timeout=120)
+    out = run_entry(
+        "train.py",
+        [*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"],
+        timeout=120,
+    )
     assert out.returncode == 2, (out.stdout, out.stderr)
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, out.stderr

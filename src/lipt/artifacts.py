@@ -74,7 +74,11 @@ def load_subset(path: Path) -> tuple[Tensor, Tensor, dict[str, Any]]:
         ) from e
     if indices.ndim != 1 or indices.shape != weights.shape or indices.dtype.kind not in "iu":
         raise UserError(f"{path}: indices and weights must be 1-D arrays of the same length")
-    return torch.from_numpy(indices.astype(np.int64)), torch.from_numpy(weights.astype(np.float32)), meta
+    return (
+        torch.from_numpy(indices.astype(np.int64)),
+        torch.from_numpy(weights.astype(np.float32)),
+        meta,
+    )
 
 
 def check_subset(

@@ -45,20 +45,18 @@ def _candidate_overrides(args: list[str]) -> list[list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parsed = OverridesParser.create().parse_overrides(args)
-    base = [o.input_line for o in parsed if not o.is_sweep_override()]
-    firsts = {}
-    sweeps = []
-    for o in parsed:
-        if o.is_sweep_override():
-            values = list(o.sweep_string_iterator())
-            firsts[o.key_or_group] = values[0] if values else None
-            sweeps.append((o, values))
-    head = [f"{k}={v}" for k, v in firsts.items() if v is not None]
-    candidates = [base + head]
-    for o, values in sweeps:
-        for value in values[1:]:
-            others = [f"{k}={v}" for k, v in firsts.items() if k != o.key_or_group and v is not None]
-            candidates.append(base + others + [f"{o.get_key_element()}={value}"])
+    base = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
+    sweeps = {
+        o.get_key_element(): list(o.sweep_string_iterator())
+        for o in parsed
+        if o.is_sweep_override()
+    }
+    sweeps = {key: values for key, values in sweeps.items() if values}
+    firsts = [f"{key}={values[0]}" for key, values in sweeps.items()]
+    candidates = [base + firsts]
+    for key, values in sweeps.items():
+        others = [f"{k}={v[0]}" for k, v in sweeps.items() if k != key]
+        candidates += [base + others + [f"{key}={value}"] for value in values[1:]]
     return candidates
 
 
@@ -93,7 +91,11 @@ def _hint(e: BaseException) -> str:
     return ""
 
 
-def launch(config_name: str, run: Callable[[DictConfig], Any]) -> None:
+def launch(config_name: str, stage_module: str) -> None:
+    """Check the overrides, then hand over to Hydra, which calls `<stage_module>.run(cfg)`.
+    The stage (torch, Lightning) is imported only after the check, so bad input fails fast."""
+    import importlib
+
     import hydra
 
     args = sys.argv[1:]
@@ -105,6 +107,7 @@ def launch(config_name: str, run: Callable[[DictConfig], Any]) -> None:
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> Any:
+        run: Callable[[DictConfig], Any] = importlib.import_module(stage_module).run
         try:
             return run(cfg)
         except UserError as e:
@@ -114,18 +117,12 @@ def launch(config_name: str, run: Callable[[DictConfig], Any]) -> None:
 
 
 def train_main() -> None:
-    from lipt.train import run
-
-    launch("train", run)
+    launch("train", "lipt.train")
 
 
 def pretrain_main() -> None:
-    from lipt.pretrain import run
-
-    launch("pretrain", run)
+    launch("pretrain", "lipt.pretrain")
 
 
 def select_main() -> None:
-    from lipt.select import run
-
-    launch("select", run)
+    launch("select", "lipt.select")

@@ -57,6 +57,9 @@ def validate(cfg: DictConfig) -> None:
     if pretrain is not None and pretrain.get("name") == "jigsaw":
         for key in ("num_learners", "batches_per_learner", "local_epochs"):
             _number(cfg, f"pretrain.{key}", int, 1, 10**7, "use a positive integer")
+        from lipt.jigsaw_config import validate_jigsaw  # groups augment, prune, merge
+
+        validate_jigsaw(cfg)
     selector = cfg.get("selector")
     if selector is not None and "repeats" in selector:
         _number(cfg, "selector.repeats", int, 1, 1000, "use a positive integer")

@@ -64,7 +64,7 @@ class Classifier(L.LightningModule):
         self.log("test/acc", self.test_acc)
 
     def configure_optimizers(self) -> Any:
-        hp = self.hparams
+        hp: Any = self.hparams
         optimizer = torch.optim.SGD(
             self.parameters(),
             lr=hp.lr,

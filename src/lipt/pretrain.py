@@ -15,8 +15,14 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from lipt.artifacts import save_checkpoint, write_json
-from lipt.build import build_classifier, build_datamodule, build_model, quiet_trainer, run_dir
-from lipt.build import state_dict_cpu
+from lipt.build import (
+    build_classifier,
+    build_datamodule,
+    build_model,
+    quiet_trainer,
+    run_dir,
+    state_dict_cpu,
+)
 from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
@@ -32,6 +38,9 @@ class Pretrained:
     samples: int = 0  # training samples passed forward and backward
     unique_samples: int = 0  # distinct training-set items read
     report: dict[str, Any] = field(default_factory=dict)  # e.g. the jigsaw merge report
+    # Further checkpoints for pretrain.py to write, by path (relative: to the run dir), e.g.
+    # every jigsaw learner's; payloads load with torch.load(weights_only=True).
+    checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -84,10 +93,17 @@ def checkpoint_payload(cfg: DictConfig, dm: DataModule, model: nn.Module) -> dic
 
 def run(cfg: DictConfig) -> dict[str, Any]:
     validate(cfg)
+    if cfg.pretrain.name == "jigsaw" and cfg.pretrain.get("learners") is not None:
+        # One job of a learner multirun: no soup here (lipt.soup_callback merges at the end).
+        from lipt.jigsaw import run_learner_job
+
+        return run_learner_job(cfg)
     out = run_dir(cfg)
     dm = build_datamodule(cfg)
     result = pretrain_model(cfg, dm, int(cfg.seed))
     save_checkpoint(out / "pretrain.ckpt", checkpoint_payload(cfg, dm, result.model))
+    for path, payload in result.checkpoints.items():
+        save_checkpoint(out / path, payload)
     if result.report:
         write_json(out / "merge_report.json", result.report)
     summary = summary_payload(

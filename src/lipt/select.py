@@ -30,7 +30,7 @@ RESERVED_SELECTOR_KEYS = ("name", "balance", "needs_model", "repeats")
 
 
 def budget_for(cfg: DictConfig, pool_size: int) -> int:
-    budget = int(round(float(cfg.fraction) * pool_size))
+    budget = round(float(cfg.fraction) * pool_size)
     if budget < 1:
         raise UserError(
             f"fraction={cfg.fraction} of a pool of {pool_size} selects nothing; raise fraction"
@@ -90,12 +90,15 @@ def choose_subset(
     budget = budget_for(cfg, pool_size)
     generator = torch.Generator().manual_seed(seed)
     node = cfg.selector
-    fn = instantiate(OmegaConf.masked_copy(node, [k for k in node if k not in RESERVED_SELECTOR_KEYS]))
+    fn = instantiate(
+        OmegaConf.masked_copy(node, [k for k in node if k not in RESERVED_SELECTOR_KEYS])
+    )
     if models:
         device = next(models[0].parameters()).device
         pools = [model_outputs(m, dm.pool_dataloader(), device) for m in models]
         val = model_outputs(models[0], dm.val_dataloader(), device) if len(dm.val_indices) else None
-        head = models[0].classifier  # type: ignore[union-attr]
+        head = models[0].classifier
+        assert isinstance(head, nn.Linear), "lipt models end in a `classifier` nn.Linear"
         inputs = SelectionInputs(
             pool=pools[0],
             val=val,
@@ -116,7 +119,7 @@ def choose_subset(
     return indices[order], selection.weights[order].float()
 
 
-def _labels_only(dm: DataModule):  # noqa: ANN202 - PoolOutputs without running a model
+def _labels_only(dm: DataModule):
     from lipt.selection import PoolOutputs
 
     idx = dm.pool_indices

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 from torch import Tensor, nn
@@ -28,6 +29,7 @@ from lipt.build import (
 from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
+from lipt.reselect import Reselect
 from lipt.select import choose_subset, needs_model, selection_models, subset_meta
 from lipt.summary import summary_payload
 
@@ -103,8 +105,22 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             )
         model = pretrained
     module = build_classifier(cfg, model)
-    checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0)
-    trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=[checkpoint])
+    callbacks: list[L.Callback] = [
+        ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0)
+    ]
+    extra: dict[str, Any] = {}
+    reselect = None
+    if cfg.reselect_every > 0 and subset is not None and cfg.subset_path is None:
+        reselect = Reselect(
+            int(cfg.reselect_every),
+            dm,
+            lambda m, epoch: choose_subset(cfg, dm, [m], int(cfg.seed) + epoch),
+            out,
+            subset_meta(cfg, dm),
+        )
+        callbacks.append(reselect)
+        extra["reload_dataloaders_every_n_epochs"] = int(cfg.reselect_every)
+    trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=callbacks, **extra)
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=resume_path(cfg, out))
     samples = module.total_samples_seen()
@@ -114,10 +130,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     stages["train"] = {
         "seconds": round(train_seconds, 3),
         "samples": samples,
-        "unique_samples": subset_size,
+        "unique_samples": subset_size if reselect is None else len(reselect.unique),
     }
+    if reselect is not None:
+        stages["train"]["reselections"] = reselect.reselections
+        stages["train"]["reselect_seconds"] = round(reselect.seconds, 3)
     summary = summary_payload(cfg, dm, test_accuracy, subset_size, stages)
     if trainer.is_global_zero:
         write_json(out / "summary.json", summary)
     return summary
-

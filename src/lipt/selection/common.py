@@ -9,7 +9,8 @@ defaults so that Hydra can build one with `_partial_: true` and the stage calls
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Protocol
 
@@ -64,6 +65,21 @@ def finish(rows: Tensor, weights: Tensor | None, budget: int) -> Selection:
     assert rows.shape[0] < 2 or bool((rows[1:] != rows[:-1]).all()), "duplicate rows"
     assert bool(torch.isfinite(weights).all()) and bool((weights > 0).all()), "bad weights"
     return Selection(rows=rows.cpu(), weights=weights.cpu())
+
+
+@contextmanager
+def serial_loop(device: torch.device) -> Iterator[None]:
+    """One intra-op thread on the CPU while a greedy loop runs: its many tiny ops gain nothing
+    from threads but pay their synchronisation, which stalls badly on a busy machine."""
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def randperm(n: int, generator: torch.Generator, device: torch.device | None = None) -> Tensor:

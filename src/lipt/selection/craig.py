@@ -25,6 +25,7 @@ from lipt.selection.common import (
     check_choice,
     finish,
     random_partitions,
+    serial_loop,
     split_budget,
 )
 from lipt.selection.gradients import errors_of, gradient_gram
@@ -52,8 +53,8 @@ def facility_location(
 ) -> Tensor:
     """Greedy maximiser of F(S) = sum_i max_{j in S} sim[i, j] (sim symmetric, >= 0), [k] rows.
 
-    "lazy": exact greedy with stale upper bounds (Minoux's lazy evaluation, `lazy_batch` bounds
-    refreshed at a time); "stochastic": each step evaluates ceil(P / k * ln(1 / epsilon)) rows
+    "lazy": exact greedy with stale upper bounds (Minoux's lazy evaluation; the `lazy_batch`
+    highest bounds are refreshed at a time, doubling while the best stays stale); "stochastic": each step evaluates ceil(P / k * ln(1 / epsilon)) rows
     drawn at random (with replacement) among the unpicked ones.
     """
     P = sim.shape[0]
@@ -69,15 +70,17 @@ def facility_location(
         fresh = torch.zeros(P, dtype=torch.bool, device=sim.device)
         for _ in range(k):
             fresh.zero_()
+            refresh = lazy_batch
             while True:
                 j = int(torch.argmax(bound))
                 if fresh[j]:  # an up-to-date gain beats every (upper-bounded) stale one
                     break
                 stale = bound.masked_fill(fresh | picked, -math.inf)
-                cand = torch.topk(stale, min(lazy_batch, P)).indices
+                cand = torch.topk(stale, min(refresh, P)).indices
                 cand = cand[stale[cand] > -math.inf]
                 bound[cand] = gains(cand)
                 fresh[cand] = True
+                refresh *= 2  # many stale bounds: refresh more at once (<= 2x naive greedy)
             chosen.append(j)
             picked[j] = True
             bound[j] = -math.inf
@@ -107,7 +110,9 @@ def select_craig(
 ) -> Selection:
     """CRAIG medoids of last-layer gradients (bias part only by default, as CRAIG does; the
     full weight+bias gradient with `bias_only=False`), weighted by cluster size. The weights
-    are integers >= 1 and sum to the pool size N."""
+    are integers >= 1 and sum to the pool size N. (When the budget is smaller than the number
+    of partitions, some partitions get no medoid; the cluster sizes are then scaled by
+    N / rows of the partitions that got one, so the weights still sum to N.)"""
     budget = check_budget(inputs, budget)
     check_choice("craig greedy", greedy, ("lazy", "stochastic"))
     if not 0.0 < epsilon < 1.0:
@@ -125,7 +130,8 @@ def select_craig(
         part = part.to(device)
         H = None if bias_only else pool.embeddings[part]  # [P, D]
         sim = gradient_similarity(E_all[part], H)  # [P, P]
-        medoids = facility_location(sim, k, greedy=greedy, generator=generator, epsilon=epsilon)
+        with serial_loop(sim.device):
+            medoids = facility_location(sim, k, greedy=greedy, generator=generator, epsilon=epsilon)
 
         # Cluster sizes: each row goes to its most similar medoid; a medoid to itself.
         assign = torch.argmax(sim[medoids], dim=0)  # [P] in 0..k-1 (sim symmetric)
@@ -133,4 +139,6 @@ def select_craig(
         sizes = torch.bincount(assign, minlength=k).float()  # [k], >= 1, sums to P
         rows.append(part[medoids])
         weights.append(sizes)
-    return finish(torch.cat(rows), torch.cat(weights), budget)
+    covered = sum(len(p) for p, k in zip(parts, shares, strict=True) if k > 0)
+    scale = len(pool) / covered  # 1 unless budget < number of partitions (see docstring)
+    return finish(torch.cat(rows), torch.cat(weights) * scale, budget)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from lipt.errors import UserError
-from lipt.selection.common import check_budget, check_choice, finish
+from lipt.selection.common import check_budget, check_choice, finish, serial_loop
 from lipt.selection.gradients import DEFAULT_CHUNK, LastLayerGradient, bias_gradients
 from lipt.selection.types import Selection, SelectionInputs
 
@@ -106,15 +106,16 @@ def glister_pick_order(
         else:
             remaining = torch.nonzero(available).flatten()  # [n_left]
             chosen = []
-            for _ in range(step):
-                draw = torch.randint(len(remaining), (sample_size,), generator=generator)
-                cand = remaining[draw.to(device)]
-                cand = cand[available[cand]]  # drop rows already picked in this batch
-                if len(cand) == 0:
-                    cand = torch.nonzero(available).flatten()
-                best = cand[torch.argmax(gains(H[cand], y[cand], grad))]
-                available[best] = False
-                chosen.append(best)
+            with serial_loop(device):
+                for _ in range(step):
+                    draw = torch.randint(len(remaining), (sample_size,), generator=generator)
+                    cand = remaining[draw.to(device)]
+                    cand = cand[available[cand]]  # drop rows already picked in this batch
+                    if len(cand) == 0:
+                        cand = torch.nonzero(available).flatten()
+                    best = cand[torch.argmax(gains(H[cand], y[cand], grad))]
+                    available[best] = False
+                    chosen.append(best)
             rows = torch.stack(chosen)
         order.append(rows)
         picked += len(rows)

@@ -26,6 +26,7 @@ from lipt.selection.common import (
     finish,
     random_partitions,
     randperm,
+    serial_loop,
     split_budget,
 )
 from lipt.selection.gradients import (
@@ -78,42 +79,59 @@ def omp_nonneg(
     errors [P, C] and embeddings [P, D] (None: bias-only gradients) describe the rows' last-layer
     gradients. Stops early when the residual is below eps * ||target|| or no unpicked row
     correlates positively with it. A row is picked at most once (also when NNLS later sets
-    its weight to zero, then it leaves the support for good).
+    its weight to zero, then it leaves the support for good; so does a row whose gradient is
+    numerically a combination of the support's).
+    The normal matrix K_SS + lam I of the support is kept as a Cholesky factor L, extended by
+    one row per pick (O(m^2)); it is refactored only when NNLS drops atoms (rare).
     Returns (rows [m], weights [m] > 0) with m <= k.
     """
     P = errors.shape[0]
     c = gradient_dots(errors, target, embeddings)  # [P] g_i . T
     t_sq = target.sq_norm()
     cols = errors.new_zeros(P, k)  # [P, k] columns K[:, j] = g_i . g_j of the support
+    L = errors.new_zeros(k, k)  # lower Cholesky factor of K_SS + lam I (leading [m, m] block)
     support = torch.zeros(0, dtype=torch.long, device=errors.device)  # [m] rows
     w = errors.new_zeros(0)  # [m]
     available = torch.ones(P, dtype=torch.bool, device=errors.device)
-    eye = torch.eye(k, dtype=errors.dtype, device=errors.device)
     while len(support) < k:
         m = len(support)
-        K_ss = cols[support, :m]  # [m, m]
-        res_sq = t_sq - 2 * (c[support] @ w) + w @ (K_ss @ w)  # ||T - sum w_j g_j||^2
+        fit = cols[:, :m] @ w  # [P] g_i . sum_S w_j g_j
+        res_sq = t_sq - 2 * (c[support] @ w) + w @ fit[support]  # ||T - sum_S w_j g_j||^2
         if res_sq <= (eps**2) * t_sq:
             break
-        corr = (c - cols[:, :m] @ w).masked_fill(~available, -torch.inf)  # [P] g_i . r
+        corr = (c - fit).masked_fill(~available, -torch.inf)  # [P] g_i . residual
         j = int(torch.argmax(corr))
         if not corr[j] > 0:
             break
         available[j] = False
-        cols[:, m] = gradient_gram(
+        col = gradient_gram(
             errors,
             errors[j : j + 1],
             embeddings,
             None if embeddings is None else embeddings[j : j + 1],
-        )[:, 0]
+        )[:, 0]  # [P] g_i . g_j
+
+        # Extend L by one row: [L 0; l^T d] with L l = K_Sj and d^2 = K_jj + lam - |l|^2.
+        l_row = torch.linalg.solve_triangular(L[:m, :m], col[support, None], upper=False)[:, 0]
+        d_sq = col[j] + lam - l_row @ l_row
+        if not d_sq > 1e-12 * (col[j] + lam):  # g_j (numerically) in the support's span
+            continue
+        cols[:, m] = col
+        L[m, :m], L[m, m] = l_row, d_sq.sqrt()
         support = torch.cat([support, support.new_tensor([j])])
-        K_ss = cols[support, : m + 1]  # [m+1, m+1]
-        quad = K_ss + lam * eye[: m + 1, : m + 1]  # [m+1, m+1] normal matrix with the L2 term
+        rhs = c[support, None]  # [m+1, 1]
+        z = torch.cholesky_solve(rhs, L[: m + 1, : m + 1])[:, 0]  # unconstrained optimum
+        if bool((z > 0).all()):
+            w = z
+            continue
+        # Some weight would turn negative: non-negative least squares from the last weights.
+        quad = L[: m + 1, : m + 1] @ L[: m + 1, : m + 1].T  # K_SS + lam I
         w = nnls_from(quad, c[support], torch.cat([w, w.new_zeros(1)]))
-        keep = w > 0
-        if not bool(keep.all()):  # NNLS dropped atoms: compact the support and its columns
-            cols[:, : int(keep.sum())] = cols[:, : m + 1][:, keep]
-            support, w = support[keep], w[keep]
+        keep = w > 0  # compact the support, its columns and factor
+        n_keep = int(keep.sum())
+        cols[:, :n_keep] = cols[:, : m + 1][:, keep]
+        L[:n_keep, :n_keep] = torch.linalg.cholesky(quad[keep][:, keep])
+        support, w = support[keep], w[keep]
     return support, w
 
 
@@ -136,8 +154,10 @@ def select_gradmatch(
     are weight+bias of the last layer, or bias only with `bias_only`. When OMP stops early
     (residual below `eps` relative to the target, or no row left that helps), the partition's
     remaining budget is filled with random unpicked rows weighted by the mean OMP weight.
-    Finally each partition's weights are rescaled to sum to its size, so all weights sum to
-    the pool size N and the weighted subset stands for the pool.
+    Finally all weights are multiplied by one common factor so that they sum to the pool size
+    N (the weighted subset stands for the pool); relative weights, hence the direction of the
+    matched gradient, are OMP's. A weighted loss should normalise by the weights' sum (as
+    GradMatch's own training loop does), so that factor does not act as a learning rate.
     """
     budget = check_budget(inputs, budget)
     check_choice("gradmatch target", target, ("train", "val"))
@@ -171,7 +191,8 @@ def select_gradmatch(
             goal = LastLayerGradient(
                 None if goal.weight is None else goal.weight.double(), goal.bias.double()
             )
-        chosen, w = omp_nonneg(E, H, goal, k, lam=lam, eps=eps)
+        with serial_loop(E.device):
+            chosen, w = omp_nonneg(E, H, goal, k, lam=lam, eps=eps)
 
         if len(chosen) < k:  # OMP converged early: back-fill at the scale of the OMP weights
             free = torch.ones(len(part), dtype=torch.bool, device=device)
@@ -182,5 +203,7 @@ def select_gradmatch(
             chosen = torch.cat([chosen, fill])
             w = torch.cat([w, fill_weight.expand(len(fill))])
         rows.append(part[chosen])
-        weights.append(w * (len(part) / w.sum()))  # the partition's weights sum to its size
-    return finish(torch.cat(rows), torch.cat(weights), budget)
+        weights.append(w)
+    # One common factor, so the relative weights (the gradient match) are kept as OMP set them.
+    w_all = torch.cat(weights)  # [budget]
+    return finish(torch.cat(rows), w_all * (len(pool) / w_all.sum()), budget)

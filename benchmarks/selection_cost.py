@@ -1,0 +1,228 @@
+"""Selection cost: each selector's wall time over one inference pass, and its peak memory.
+
+Part 1, Fashion-MNIST with `convnet` at fraction 0.1: for every selector, the time of
+`choose_subset` (its own forward passes over the pool and validation split included) divided by
+the time of one inference pass over the training pool, measured side by side in one process,
+and the peak resident memory above the baseline while it runs.
+Part 2, a synthetic pool of 1,000,000 samples, 10 classes and 512-wide features: each selector
+in its own process, its peak resident memory (the target: within 8 GiB).
+
+    python benchmarks/selection_cost.py                 # both parts
+    python benchmarks/selection_cost.py --skip-large    # part 1 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SELECTORS = ["random", "uncertainty", "el2n", "grand", "glister", "gradmatch", "craig", "ccs"]
+TARGET = {
+    "random": 2,
+    "uncertainty": 2,
+    "el2n": 2,
+    "grand": 2,
+    "glister": 5,
+    "gradmatch": 5,
+    "craig": 5,
+    "ccs": 2,
+}
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+class PeakRSS:
+    """Samples this process's resident memory every few milliseconds (torch's CPU allocations
+    are invisible to tracemalloc)."""
+
+    def __enter__(self) -> PeakRSS:
+        self.base = self.peak = rss_bytes()
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc: object) -> None:
+        self.running = False
+        self.thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def extra_mib(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def fashion_mnist_part(repeats: int) -> list[dict]:
+    from hydra import compose, initialize_config_dir
+
+    from lipt.build import build_datamodule, build_model
+    from lipt.select import choose_subset
+    from lipt.selection import model_outputs
+
+    rows = []
+    for name in SELECTORS:
+        with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+            cfg = compose(
+                "train",
+                overrides=["paths.output_dir=/tmp/lipt-bench", f"selector={name}", "fraction=0.1"],
+            )
+        if name == "random":
+            dm = build_datamodule(cfg)
+            model = build_model(cfg, 0)
+            model_outputs(model, dm.pool_dataloader())  # warm-up
+        inference, selection = [], []
+        with PeakRSS() as memory:
+            for _ in range(repeats):
+                start = time.perf_counter()
+                model_outputs(model, dm.pool_dataloader())
+                inference.append(time.perf_counter() - start)
+                start = time.perf_counter()
+                choose_subset(cfg, dm, [model], seed=0)
+                selection.append(time.perf_counter() - start)
+        ratio = min(selection) / min(inference)
+        rows.append(
+            {
+                "selector": name,
+                "inference_s": min(inference),
+                "select_s": min(selection),
+                "ratio": ratio,
+                "target": TARGET[name],
+                "peak_extra_mib": memory.extra_mib,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def large_worker(name: str, n: int, classes: int, dim: int) -> None:
+    """One selector on a synthetic pool; prints its time (peak memory is read by the parent)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from lipt.select import RESERVED_SELECTOR_KEYS
+    from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
+
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(classes, dim, generator=g) / dim**0.5
+    bias = torch.zeros(classes)
+
+    def outputs(count: int) -> PoolOutputs:
+        targets = torch.randint(0, classes, (count,), generator=g)
+        embeddings = torch.randn(count, dim, generator=g)
+        embeddings[torch.arange(count), targets] += 3.0  # some signal
+        return PoolOutputs(embeddings @ weight.T + bias, embeddings, targets, torch.arange(count))
+
+    inputs = SelectionInputs(outputs(n), outputs(n // 50), (), weight, bias)
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        node = compose("train", overrides=["paths.output_dir=/tmp", f"selector={name}"]).selector
+    fn = instantiate(
+        OmegaConf.masked_copy(node, [k for k in node if k not in RESERVED_SELECTOR_KEYS])
+    )
+    start = time.perf_counter()
+    budget = n // 10
+    if node.get("balance", False):
+        selection = select_balanced(fn, inputs, budget, generator=g)
+    else:
+        selection = fn(inputs, budget, generator=g)
+    assert len(selection.rows) == budget
+    seconds = time.perf_counter() - start
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # this process's peak
+    print(json.dumps({"seconds": seconds, "peak_rss_gib": peak_kib / 2**20}))
+
+
+def large_part(n: int, classes: int, dim: int, timeout: float) -> list[dict]:
+    rows = []
+    for name in SELECTORS:
+        try:
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    name,
+                    "--n",
+                    str(n),
+                    "--classes",
+                    str(classes),
+                    "--dim",
+                    str(dim),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+            ok = out.returncode == 0
+            result = json.loads(out.stdout.strip().splitlines()[-1]) if ok else {}
+            note = "" if ok else (out.stderr.strip().splitlines() or ["failed"])[-1][:120]
+        except subprocess.TimeoutExpired:
+            ok, result, note = False, {}, f"timed out after {timeout:.0f} s"
+        rows.append(
+            {
+                "selector": name,
+                "seconds": result.get("seconds"),
+                "peak_rss_gib": result.get("peak_rss_gib"),
+                "ok": ok,
+                "note": note,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker")
+    parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--skip-large", action="store_true")
+    parser.add_argument("--skip-small", action="store_true")
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    if args.worker:
+        large_worker(args.worker, args.n, args.classes, args.dim)
+        return
+    if not args.skip_small:
+        rows = fashion_mnist_part(args.repeats)
+        print("\n| selector | select (s) | inference (s) | ratio | target | peak extra (MiB) |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            ok = "ok" if r["ratio"] <= r["target"] else "MISSED"
+            print(
+                f"| {r['selector']} | {r['select_s']:.2f} | {r['inference_s']:.2f} | "
+                f"{r['ratio']:.2f}x | <= {r['target']}x {ok} | {r['peak_extra_mib']:.0f} |"
+            )
+    if not args.skip_large:
+        rows = large_part(args.n, args.classes, args.dim, args.timeout)
+        print(f"\n{args.n:,} samples, {args.classes} classes, {args.dim}-wide features:")
+        print("| selector | seconds | peak RSS (GiB) | within 8 GiB |")
+        print("| --- | --- | --- | --- |")
+        for r in rows:
+            peak = r["peak_rss_gib"]
+            within = "?" if peak is None else ("yes" if peak <= 8 else "NO")
+            secs = "-" if r["seconds"] is None else f"{r['seconds']:.1f}"
+            peak_s = "-" if peak is None else f"{peak:.2f}"
+            print(f"| {r['selector']} | {secs} | {peak_s} | {within} {r['note']} |")
+
+
+if __name__ == "__main__":
+    main()

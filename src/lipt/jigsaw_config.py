@@ -1,0 +1,90 @@
+"""Checks of the jigsaw keys (`pretrain=jigsaw` and groups `augment`, `prune`, `merge`), run by
+lipt.config.validate before anything is computed, so a bad value fails before any job starts.
+
+Kept apart from lipt.jigsaw so that checking a config does not import torch or Lightning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig
+
+from lipt.config import _get, _number
+from lipt.errors import UserError
+
+PRUNE_NAMES = ("omp", "random", "snip", "none")
+MERGE_NAMES = ("uniform", "greedy", "greedy_interp")
+AUGMENT_NAMES = ("randaugment", "none")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _choice(cfg: DictConfig, key: str, names: tuple[str, ...], group: str) -> str:
+    value = _get(cfg, key)
+    if value not in names:
+        raise UserError(f"{key}={value!r} is unknown; use {group}={' or '.join(names)}")
+    return str(value)
+
+
+def validate_jigsaw(cfg: DictConfig) -> None:
+    """Raise UserError naming the first bad jigsaw key and its fix."""
+    n = _get(cfg, "pretrain.num_learners")
+    learners = _get(cfg, "pretrain.learners")
+    if learners is not None:
+        ids = list(learners) if isinstance(learners, ListConfig | list) else [learners]
+        if not ids or not all(_is_int(i) and 0 <= i < n for i in ids) or len(set(ids)) != len(ids):
+            raise UserError(
+                f"pretrain.learners={learners!r} is invalid: use null (all learners), an id in "
+                f"0..{n - 1}, or a list of distinct ids; sweep them with "
+                f"'pretrain.learners=range({n})'"
+            )
+    if _get(cfg, "pretrain.num_threads") is not None:
+        _number(cfg, "pretrain.num_threads", int, 1, 4096, "use null or a positive integer")
+    _number(cfg, "pretrain.optim.lr", float, 0, 1e3, "use a positive learning rate")
+    if _get(cfg, "pretrain.optim.scheduler") not in ("cosine", "constant"):
+        raise UserError("pretrain.optim.scheduler is invalid: use cosine or constant")
+
+    if _choice(cfg, "augment.name", AUGMENT_NAMES, "augment") == "randaugment":
+        _number(cfg, "augment.num_ops", int, 0, 14, "use 0..14 (RandAugment has 14 ops)")
+        bins = _get(cfg, "augment.num_magnitude_bins")
+        _number(cfg, "augment.num_magnitude_bins", int, 2, 10**4, "use an integer >= 2")
+        _number(cfg, "augment.magnitude", int, 0, bins - 1, f"use 0..{bins - 1}")
+
+    _choice(cfg, "prune.name", PRUNE_NAMES, "prune")
+    low, high = _get(cfg, "prune.density_low"), _get(cfg, "prune.density_high")
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high))
+    if not numbers or not 0 < low <= high <= 1:
+        raise UserError(
+            f"prune.density_low={low!r}, prune.density_high={high!r} are invalid: densities are "
+            "kept fractions with 0 < density_low <= density_high <= 1 (paper: 0.85, 0.95)"
+        )
+
+    if _choice(cfg, "merge.name", MERGE_NAMES, "merge") == "greedy_interp":
+        _check_ratios(_get(cfg, "merge.ratios"))
+    if not isinstance(_get(cfg, "merge.recompute_bn"), bool):
+        raise UserError("merge.recompute_bn is invalid: use true or false")
+    _number(cfg, "merge.bn_batches", int, 1, 10**6, "use a positive number of minibatches")
+    if _get(cfg, "merge.eval_size") is not None:
+        _number(cfg, "merge.eval_size", int, 1, 10**9, "use null (whole split) or a count")
+
+
+def _check_ratios(ratios: Any) -> None:
+    hint = (
+        f"merge.ratios={ratios!r} is invalid: use a number of grid steps (20: alpha in "
+        "0.05..1), a list of ratios in [0, 1] with one > 0, or running_mean"
+    )
+    if ratios == "running_mean":
+        return
+    if _is_int(ratios):
+        if ratios < 1:
+            raise UserError(hint)
+        return
+    if not isinstance(ratios, ListConfig | list) or not ratios:
+        raise UserError(hint)
+    values = list(ratios)
+    numbers = all(isinstance(r, int | float) and not isinstance(r, bool) for r in values)
+    if not numbers or not all(0 <= r <= 1 for r in values) or max(values) <= 0:
+        raise UserError(hint)

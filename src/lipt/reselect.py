@@ -1,0 +1,67 @@
+"""Re-selection during main training (`reselect_every=R`): every R epochs the selector runs
+again with the current model's gradients (the paper re-selects every 20 epochs, appendix A).
+
+Rank 0 computes the new subset once and broadcasts it; every rank then rebuilds its loader
+(Lightning reloads train loaders every R epochs) and trains on its own part of the same subset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning as L
+from torch import Tensor, nn
+
+from lipt.artifacts import atomic_write_bytes, save_subset
+from lipt.data import DataModule
+
+Chooser = Callable[[nn.Module, int], tuple[Tensor, Tensor]]  # (model, epoch) -> indices, weights
+
+
+def fingerprint(indices: Tensor, weights: Tensor) -> str:
+    digest = hashlib.sha256(indices.cpu().numpy().tobytes())
+    digest.update(weights.cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class Reselect(L.Callback):
+    def __init__(
+        self, every: int, datamodule: DataModule, choose: Chooser, out_dir: Path, meta: dict
+    ) -> None:
+        if every < 1:
+            raise ValueError(f"reselect every must be >= 1, got {every}")
+        self.every, self.dm, self.choose = every, datamodule, choose
+        self.out_dir, self.meta = out_dir, meta
+        self.reselections = 0
+        self.seconds = 0.0
+        initial = datamodule.subset_indices
+        self.unique = set() if initial is None else set(initial.tolist())
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        epoch = trainer.current_epoch + 1  # epochs completed
+        if epoch % self.every != 0 or epoch >= (trainer.max_epochs or 0):
+            return
+        start = time.perf_counter()
+        subset: tuple[Tensor, Tensor] | None = None
+        if trainer.is_global_zero:
+            model = pl_module.model
+            assert isinstance(model, nn.Module)
+            indices, weights = self.choose(model, epoch)
+            subset = (indices.cpu(), weights.cpu())
+            save_subset(self.out_dir / "subsets" / f"epoch_{epoch}.npz", *subset, self.meta)
+        subset = trainer.strategy.broadcast(subset, src=0)
+        assert subset is not None
+        indices, weights = subset
+        self.dm.set_subset(indices, weights)
+        self.unique.update(indices.tolist())
+        self.reselections += 1
+        self.seconds += time.perf_counter() - start
+        # An audit trail that each rank trains on the same subset.
+        rank_file = self.out_dir / "subsets" / f"epoch_{epoch}.rank{trainer.global_rank}.sha256"
+        atomic_write_bytes(rank_file, fingerprint(indices, weights).encode())
+
+    def state_dict(self) -> dict:
+        return {"reselections": self.reselections}

@@ -1,0 +1,103 @@
+"""The Hydra callback that turns a multirun of jigsaw learner jobs into one soup.
+
+    python pretrain.py -m pretrain=jigsaw 'pretrain.learners=range(10)' +hydra/callbacks=soup \
+        [hydra/launcher=joblib | hydra/launcher=submitit_slurm ...]
+
+Each job (lipt.jigsaw.run_learner_job) trains its learners on their own shards and writes
+learner_{i}.ckpt to <sweep dir>/learners (or pretrain.learner_dir). When the sweep ends, this
+callback merges them exactly as the in-process path does (lipt.jigsaw.merge_learner_dir), leaving
+out missing or diverged learners with a warning, and writes pretrain.ckpt, merge_report.json and
+summary.json into the sweep dir. LiPT: https://proceedings.mlr.press/v202/ro23a.html, section 3.2.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, open_dict
+
+from lipt.errors import UserError
+
+log = logging.getLogger(__name__)
+
+LEARNERS_KEY = "pretrain.learners"
+
+
+class SoupCallback(Callback):
+    """Merges the learner checkpoints of a `pretrain.learners` sweep in `on_multirun_end`."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.start = time.perf_counter()
+        try:
+            learner_sweep(config)  # refuse a sweep it cannot merge before any job runs
+        except UserError as e:
+            _fail(e)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            if not learner_sweep(config):
+                log.info("soup callback: no %s in this multirun; nothing to merge", LEARNERS_KEY)
+                return
+            from lipt.jigsaw import LEARNERS_DIR, merge_learner_dir
+
+            sweep_dir = Path(str(config.hydra.sweep.dir))
+            cfg = task_config(config, sweep_dir)
+            explicit = cfg.pretrain.get("learner_dir")
+            folder = Path(str(explicit)).expanduser() if explicit else sweep_dir / LEARNERS_DIR
+            seconds = 0.0 if self.start is None else time.perf_counter() - self.start
+            summary = merge_learner_dir(cfg, folder, sweep_dir, seconds)
+        except UserError as e:
+            _fail(e)
+        stats = summary["stages"]["pretrain"]
+        log.info("soup of %s written to %s (%s)", folder, sweep_dir / "pretrain.ckpt", stats)
+
+
+def learner_sweep(config: DictConfig) -> bool:
+    """True when this multirun trains jigsaw learners (`pretrain.learners` is overridden).
+
+    Raises:
+        UserError: it also sweeps another key (learners of different settings would share one
+            folder), or the pretrain strategy is not jigsaw.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+    if not any(o.key_or_group == LEARNERS_KEY for o in overrides):
+        return False
+    others = [
+        o.key_or_group
+        for o in overrides
+        if o.is_sweep_override() and o.key_or_group != LEARNERS_KEY
+    ]
+    if others:
+        raise UserError(
+            f"the soup callback merges one set of jigsaw learners, but this multirun also sweeps "
+            f"{', '.join(others)}; sweep only {LEARNERS_KEY} (one multirun per setting)"
+        )
+    if config.pretrain.name != "jigsaw":
+        raise UserError(f"{LEARNERS_KEY} needs pretrain=jigsaw (got {config.pretrain.name})")
+    return True
+
+
+def task_config(config: DictConfig, sweep_dir: Path) -> DictConfig:
+    """The multirun's config as a job sees it, minus `hydra`, writing into the sweep dir."""
+    cfg = copy.deepcopy(config)
+    with open_dict(cfg):
+        del cfg["hydra"]
+        cfg.paths.output_dir = str(sweep_dir)
+    return cfg
+
+
+def _fail(error: UserError) -> NoReturn:
+    from lipt.cli import _one_line, fail
+
+    fail(_one_line(error))
+    raise AssertionError("fail() exits")  # for type checkers: fail is typed to return

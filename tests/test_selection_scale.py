@@ -1,0 +1,86 @@
+"""Every selector on a 200k x 10-class x 64-dim pool, watching every tensor the selector creates:
+none may be as large as the [N, C*D] per-sample gradient matrix (or anything N x N)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from lipt.selection import (
+    SELECTORS,
+    PoolOutputs,
+    SelectionInputs,
+    last_layer_gradients,
+    select_balanced,
+)
+
+N, C, D = 200_000, 10, 64
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an op returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.fixture(scope="module")
+def big_inputs() -> Iterator[SelectionInputs]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see test_selection_selectors: many tiny ops
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(C, D, generator=g) / D**0.5
+    b = torch.zeros(C)
+    y = torch.randint(C, (N,), generator=g)
+    h = torch.randn(N, D, generator=g).relu() + W[y].clamp_min(0)
+    pool = PoolOutputs(h @ W.T + b, h, y, torch.arange(N))
+    val = PoolOutputs(pool.logits[:2000], h[:2000], y[:2000], torch.arange(2000))
+    yield SelectionInputs(pool, val=val, classifier_weight=W, classifier_bias=b)
+    torch.set_num_threads(threads)
+
+
+def test_the_watch_sees_a_gradient_matrix(big_inputs: SelectionInputs) -> None:
+    pool = big_inputs.pool.take(torch.arange(5000))
+    with LargestTensor() as watch:
+        last_layer_gradients(pool.logits, pool.targets, pool.embeddings)
+    assert watch.largest >= 5000 * C * D
+
+
+@pytest.mark.parametrize("name", sorted(SELECTORS))
+def test_selector_never_builds_a_gradient_matrix(big_inputs: SelectionInputs, name: str) -> None:
+    fn = (
+        partial(SELECTORS[name], chunk_size=8192)
+        if name in ("grand", "glister")
+        else SELECTORS[name]
+    )
+    budget = 400  # 0.2%: keeps the greedy loops short; the partitions are full size
+    start = time.perf_counter()
+    with LargestTensor() as watch:
+        sel = fn(big_inputs, budget, generator=torch.Generator().manual_seed(0))
+    seconds = time.perf_counter() - start
+    assert len(sel.rows) == budget
+    assert watch.largest < N * C * D // 4, (name, watch.largest)
+    assert seconds < 20, (name, seconds)
+
+
+def test_balanced_stays_small(big_inputs: SelectionInputs) -> None:
+    fn = SELECTORS["gradmatch"]
+    with LargestTensor() as watch:
+        sel = select_balanced(fn, big_inputs, 200, generator=torch.Generator().manual_seed(0))
+    assert len(sel.rows) == 200
+    assert watch.largest < N * C * D // 4
