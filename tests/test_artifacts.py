@@ -27,6 +27,9 @@ def test_subset_round_trip_is_plain_numpy(tmp_path):
         assert data["indices"].dtype == np.int64 and data["indices"].tolist() == [3, 1, 7]
         assert data["weights"].dtype == np.float32
         assert json.loads(str(data["meta"]))["dataset"] == "x"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0600
     indices, weights, _ = load_subset(path)
     assert indices.tolist() == [3, 1, 7] and weights.tolist() == [1.0, 2.0, 0.5]
 

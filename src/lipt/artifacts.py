@@ -17,11 +17,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from torch import Tensor
 
 from lipt.errors import UserError
 
 SUBSET_FORMAT_VERSION = 1
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -29,6 +32,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts are for other tools too
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -138,3 +142,17 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or "state_dict" not in payload:
         raise UserError(f"{path} is not a lipt pretrain checkpoint (no state_dict)")
     return payload
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, through a temporary file and a rename: a run killed while
+    saving keeps the previous `last.ckpt` intact for `ckpt_path=last`."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError("AtomicCheckpointIO takes no storage_options")
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        atomic_write_bytes(Path(path), buffer.getvalue())

@@ -12,6 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from lipt.artifacts import AtomicCheckpointIO
 from lipt.data import DataModule
 from lipt.module import Classifier
 
@@ -60,16 +61,36 @@ def build_classifier(cfg: DictConfig, model: nn.Module, **optim: Any) -> Classif
 
 
 def build_loggers(cfg: DictConfig) -> list:
+    """The `logger` group's loggers; a wandb run of a multirun is grouped by its sweep."""
     loggers = []
     for node in (cfg.get("logger") or {}).values():
-        if node is not None and "_target_" in node:
-            loggers.append(instantiate(node))
+        if node is None or "_target_" not in node:
+            continue
+        extra = {}
+        if "group" in node and node.group is None and (group := sweep_name()) is not None:
+            extra["group"] = group
+        loggers.append(instantiate(node, **extra))
     return loggers
+
+
+def sweep_name() -> str | None:
+    """`<job>/<sweep folder>` inside a Hydra multirun, else None."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    hydra_cfg = HydraConfig.get()
+    return f"{hydra_cfg.job.name}/{Path(hydra_cfg.sweep.dir).name}"
 
 
 def build_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:
     """The trainer from `cfg.trainer`, with `overrides` winning (e.g. a learner's max_epochs)."""
-    kwargs = {"default_root_dir": str(run_dir(cfg)), **overrides}
+    kwargs = {
+        "default_root_dir": str(run_dir(cfg)),
+        "plugins": [AtomicCheckpointIO()],
+        **overrides,
+    }
     return instantiate(cfg.trainer, **kwargs)
 
 

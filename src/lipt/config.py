@@ -51,6 +51,15 @@ def validate(cfg: DictConfig) -> None:
     subset_path = cfg.get("subset_path")
     if subset_path is not None and not Path(str(subset_path)).expanduser().is_file():
         raise UserError(f"subset_path={subset_path} does not exist; give a subset.npz path")
+    ckpt_path = cfg.get("ckpt_path")
+    resume_last = cfg.get("stage") == "train" and ckpt_path == "last"
+    if (
+        ckpt_path is not None
+        and not resume_last
+        and not Path(str(ckpt_path)).expanduser().is_file()
+    ):
+        what = "a pretrain.ckpt" if cfg.get("stage") == "select" else "a checkpoint or last"
+        raise UserError(f"ckpt_path={ckpt_path} does not exist; give {what}")
     pretrain = cfg.get("pretrain")
     if pretrain is not None and pretrain.get("name") == "full":
         _number(cfg, "pretrain.epochs", int, 1, 10**6, "use a positive number of epochs")

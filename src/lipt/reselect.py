@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
+import torch
 from torch import Tensor, nn
 
 from lipt.artifacts import atomic_write_bytes, save_subset
@@ -63,5 +64,26 @@ class Reselect(L.Callback):
         rank_file = self.out_dir / "subsets" / f"epoch_{epoch}.rank{trainer.global_rank}.sha256"
         atomic_write_bytes(rank_file, fingerprint(indices, weights).encode())
 
+    # Kept in Lightning checkpoints, so a resumed run reports the whole run's figures.
     def state_dict(self) -> dict:
-        return {"reselections": self.reselections}
+        return {
+            "reselections": self.reselections,
+            "seconds": self.seconds,
+            "unique": torch.tensor(sorted(self.unique), dtype=torch.int64),
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.reselections = int(state_dict["reselections"])
+        self.seconds = float(state_dict["seconds"])
+        self.unique = set(state_dict["unique"].tolist())
+
+
+def latest_subset(out_dir: Path, completed_epochs: int) -> Path | None:
+    """The subset in force after `completed_epochs` epochs: the last re-selection at or before
+    that point (None: the initial subset.npz)."""
+    best: tuple[int, Path] | None = None
+    for path in (out_dir / "subsets").glob("epoch_*.npz"):
+        epoch = int(path.stem.split("_")[1])
+        if epoch <= completed_epochs and (best is None or epoch > best[0]):
+            best = (epoch, path)
+    return None if best is None else best[1]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 from torch import Tensor, nn
@@ -29,7 +30,7 @@ from lipt.build import (
 from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
-from lipt.reselect import Reselect
+from lipt.reselect import Reselect, latest_subset
 from lipt.select import choose_subset, needs_model, selection_models, subset_meta
 from lipt.summary import summary_payload
 
@@ -53,8 +54,12 @@ def obtain_subset(
     if cfg.selector.name == "full":
         return None, None
     saved = out / SUBSET_FILE
-    # Extra DDP ranks, and a resumed run, read what rank 0 / the first attempt already chose.
-    if is_ddp_child() or (cfg.get("ckpt_path") and saved.is_file()):
+    resume = resume_path(cfg, out)
+    if resume is not None and saved.is_file():
+        # A resumed run trains on what the first attempt chose (re-selected ones included).
+        completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
+        return load_checked_subset(cfg, dm, latest_subset(out, completed) or saved), None
+    if is_ddp_child():  # extra DDP ranks read what rank 0 chose before it started them
         return load_checked_subset(cfg, dm, saved), None
     models = selection_models(cfg, dm, stages) if needs_model(cfg) else []
     report = stages.pop("merge_report", None)
@@ -106,7 +111,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         model = pretrained
     module = build_classifier(cfg, model)
     callbacks: list[L.Callback] = [
-        ModelCheckpoint(dirpath=out / "checkpoints", save_last=True, save_top_k=0)
+        # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
+        ModelCheckpoint(
+            dirpath=out / "checkpoints",
+            filename="last",
+            save_top_k=1,
+            save_last=False,
+            enable_version_counter=False,
+        )
     ]
     extra: dict[str, Any] = {}
     reselect = None
@@ -138,4 +150,21 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     summary = summary_payload(cfg, dm, test_accuracy, subset_size, stages)
     if trainer.is_global_zero:
         write_json(out / "summary.json", summary)
+    for logger in trainer.loggers:  # so a dashboard can compare runs of a sweep
+        logger.log_hyperparams(summary["config"])
+        logger.log_metrics(run_metrics(summary))
+        logger.save()
     return summary
+
+
+def run_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The summary's numbers, flat: test accuracy, sizes and every stage's seconds/samples."""
+    metrics = {
+        key: float(summary[key])
+        for key in ("test_accuracy", "subset_size", "train_size")
+        if summary.get(key) is not None
+    }
+    for stage, figures in summary["stages"].items():
+        for key, value in figures.items():
+            metrics[f"stages/{stage}/{key}"] = float(value)
+    return metrics
