@@ -57,33 +57,6 @@ def test_entry_scripts_show_hydra_help(script):
     assert "selector" in out.stdout and "dataset" in out.stdout
 
 
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["selector=nonexistent"], "selector"),
-        (["dataset=nope"], "dataset"),
-        (["fraction=0"], "fraction"),
-        (["fraction=1.5"], "fraction"),
-        (["fraction=abc"], "fraction"),
-        (["fraction=-1"], "fraction"),
-        (["dataset.data_dir=/no/such/dir"], "/no/such/dir"),
-        (["-m", "selector=random,nonexistent"], "selector"),
-        (["trainer.max_epochs=0"], "trainer.max_epochs"),
-    ],
-)
-def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
-    out = run_entry(
-        "train.py",
-        [*args, f"hydra.run.dir={tmp_path}/run", f"hydra.sweep.dir={tmp_path}/sweep"],
-        timeout=120,
-    )
-    assert out.returncode == 2, (out.stdout, out.stderr)
-    lines = [line for line in out.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, out.stderr
-    assert needle in lines[0] and "Traceback" not in out.stderr
-    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
-
-
 def test_console_scripts_are_installed():
     bindir = __import__("pathlib").Path(sys.executable).parent
     for name in ("lipt-train", "lipt-pretrain", "lipt-select"):

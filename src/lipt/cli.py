@@ -107,13 +107,43 @@ def launch(config_name: str, stage_module: str) -> None:
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> Any:
+        keep_caches_in(Path(str(cfg.paths.output_dir)))
         run: Callable[[DictConfig], Any] = importlib.import_module(stage_module).run
         try:
             return run(cfg)
         except UserError as e:
+            remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))
             fail(_one_line(e))
 
     main()
+
+
+def keep_caches_in(run_dir: Path) -> None:
+    """Libraries lipt uses keep caches and debug logs under $HOME (matplotlib, wandb); a run
+    writes only to its own folder, so point them there unless the user chose a place."""
+    cache = run_dir / ".cache"
+    for name, sub in (
+        ("MPLCONFIGDIR", "matplotlib"),
+        ("WANDB_CACHE_DIR", "wandb"),
+        ("WANDB_CONFIG_DIR", "wandb-config"),
+        ("WANDB_DATA_DIR", "wandb-data"),
+        ("XDG_CACHE_HOME", "xdg"),
+        ("XDG_CONFIG_HOME", "xdg-config"),
+    ):
+        os.environ.setdefault(name, str(cache / sub))
+
+
+def remove_if_only_bookkeeping(run_dir: Path) -> None:
+    """A run refused for bad input leaves nothing behind: drop its folder when it holds only
+    what Hydra wrote at start (.hydra/, the log). A resumed run's folder holds more: kept."""
+    import logging
+    import shutil
+
+    if not run_dir.is_dir():
+        return
+    if all(p.name in (".hydra", ".cache") or p.suffix == ".log" for p in run_dir.iterdir()):
+        logging.shutdown()  # close the log file before removing it
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def train_main() -> None:

@@ -1,0 +1,179 @@
+"""The Lightning DataModule: one training pool, a seeded validation split carved from the
+training set, the test split, and the (indices, weights) subset main training sees."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from lipt.data.sources import ImageSource, Splits
+from lipt.data.transforms import Transform, eval_transform, train_transform
+from lipt.errors import UserError
+
+
+class IndexedImages(Dataset):
+    """`positions` of `source` under `transform`: items are (x, y, idx) with idx the position in
+    the original split, or (x, y, idx, w) when per-sample `weights` are given."""
+
+    def __init__(
+        self,
+        source: ImageSource,
+        positions: Tensor,
+        transform: Transform,
+        weights: Tensor | None = None,
+    ) -> None:
+        self.source, self.positions, self.transform = source, positions.long(), transform
+        self.weights = weights
+        assert weights is None or weights.shape == positions.shape
+
+    def __len__(self) -> int:
+        return int(self.positions.shape[0])
+
+    def __getitem__(self, i: int) -> tuple:
+        idx = int(self.positions[i])
+        x = self.transform(self.source.image(idx))
+        y = self.source.labels[idx]
+        if self.weights is None:
+            return x, y, idx
+        return x, y, idx, self.weights[i]
+
+
+class DataModule(L.LightningDataModule):
+    """Pool = training split minus a seeded validation split (`val_size` items, or a fraction).
+
+    Items of the training loader are (x, y, idx, w); every other loader gives (x, y, idx).
+    """
+
+    def __init__(
+        self,
+        load: Callable[[], Splits],
+        num_classes: int,
+        channels: int,
+        image_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        val_size: float = 5000,
+        split_seed: int = 0,
+        batch_size: int = 256,
+        eval_batch_size: int = 1024,
+        num_workers: int = 0,
+        crop_padding: int = 4,
+        flip: bool = True,
+    ) -> None:
+        super().__init__()
+        self.load = load
+        self.num_classes, self.channels, self.image_size = num_classes, channels, image_size
+        self.mean, self.std = list(mean), list(std)
+        self.val_size, self.split_seed = val_size, split_seed
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
+        self.num_workers = num_workers
+        self.crop_padding, self.flip = crop_padding, flip
+        self.splits: Splits | None = None
+        self.subset_indices: Tensor | None = None  # positions in the original training split
+        self.subset_weights: Tensor | None = None
+
+    # --- data ------------------------------------------------------------------------------
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits is not None:
+            return
+        splits = self.load()
+        n = len(splits.train)
+        n_val = round(self.val_size * n) if 0 < self.val_size < 1 else int(self.val_size)
+        if n_val < 0 or n_val >= n:
+            raise UserError(
+                f"dataset.val_size={self.val_size} leaves no training pool from {n} items; "
+                "use a smaller dataset.val_size"
+            )
+        labels = splits.train.labels
+        if int(labels.min()) < 0 or int(labels.max()) >= self.num_classes:
+            raise UserError(
+                f"labels span {int(labels.min())}..{int(labels.max())} but the data set config "
+                f"says {self.num_classes} classes; set dataset.num_classes"
+            )
+        # The split depends on split_seed alone, so runs with different seeds share one pool.
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
+        self.val_indices = perm[:n_val].sort().values
+        self.pool_indices = perm[n_val:].sort().values
+        self.splits = splits
+
+    @property
+    def data_name(self) -> str:
+        assert self.splits is not None, "call setup() first"
+        return self.splits.name
+
+    @property
+    def train_source(self) -> ImageSource:
+        assert self.splits is not None, "call setup() first"
+        return self.splits.train
+
+    def set_subset(self, indices: Tensor | None, weights: Tensor | None = None) -> None:
+        """Train on `indices` (positions in the original training split) with loss `weights`;
+        None trains on the whole pool."""
+        if indices is not None and weights is None:
+            weights = torch.ones(len(indices), dtype=torch.float32)
+        self.subset_indices, self.subset_weights = indices, weights
+
+    # --- transforms ------------------------------------------------------------------------
+
+    def train_transform(self, randaugment: dict | None = None) -> Transform:
+        return train_transform(
+            self.mean, self.std, self.image_size, self.crop_padding, self.flip, randaugment
+        )
+
+    def eval_transform(self) -> Transform:
+        return eval_transform(self.mean, self.std)
+
+    # --- loaders ---------------------------------------------------------------------------
+
+    def loader(self, dataset: Dataset, shuffle: bool, batch_size: int | None = None) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size or self.eval_batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        assert self.splits is not None, "call setup() first"
+        indices = self.pool_indices if self.subset_indices is None else self.subset_indices
+        weights = (
+            torch.ones(len(indices), dtype=torch.float32)
+            if self.subset_weights is None
+            else self.subset_weights
+        )
+        dataset = IndexedImages(self.splits.train, indices, self.train_transform(), weights)
+        return self.loader(dataset, shuffle=True, batch_size=self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        assert self.splits is not None, "call setup() first"
+        return self.loader(
+            IndexedImages(self.splits.train, self.val_indices, self.eval_transform()), False
+        )
+
+    def test_dataloader(self) -> DataLoader:
+        assert self.splits is not None, "call setup() first"
+        test = self.splits.test
+        positions = torch.arange(len(test))
+        return self.loader(IndexedImages(test, positions, self.eval_transform()), False)
+
+    def pool_dataloader(self) -> DataLoader:
+        """The whole pool, un-augmented, in index order: what selectors score."""
+        assert self.splits is not None, "call setup() first"
+        return self.loader(
+            IndexedImages(self.splits.train, self.pool_indices, self.eval_transform()), False
+        )
+
+    def shard_dataloader(self, positions: Tensor, randaugment: dict | None) -> DataLoader:
+        """A jigsaw learner's own shard (positions in the original training split)."""
+        assert self.splits is not None, "call setup() first"
+        weights = torch.ones(len(positions), dtype=torch.float32)
+        dataset = IndexedImages(
+            self.splits.train, positions, self.train_transform(randaugment), weights
+        )
+        return self.loader(dataset, shuffle=True, batch_size=self.batch_size)

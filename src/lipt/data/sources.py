@@ -1,0 +1,268 @@
+"""Readers for the on-disk formats lipt supports, returning raw uint8 images and labels.
+
+Small data sets (Fashion-MNIST, CIFAR) are held in memory as one uint8 tensor so an epoch is not
+dominated by PIL; ImageNet-style folders stay on disk and are decoded per item.
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lipt.errors import UserError
+
+FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+class ImageSource:
+    """Indexable images: `image(i)` is a uint8 tensor [C, H, W]; `labels` is int64 [N]."""
+
+    labels: Tensor
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def image(self, i: int) -> Tensor:
+        raise NotImplementedError
+
+
+@dataclass
+class TensorImages(ImageSource):
+    """All images in memory."""
+
+    images: Tensor  # [N, C, H, W] uint8
+    labels: Tensor  # [N] int64
+
+    def __post_init__(self) -> None:
+        assert self.images.dtype == torch.uint8 and self.images.ndim == 4, self.images.shape
+        assert self.labels.shape == (self.images.shape[0],), self.labels.shape
+
+    def image(self, i: int) -> Tensor:
+        return self.images[i]
+
+
+@dataclass
+class Splits:
+    train: ImageSource
+    test: ImageSource
+    name: str  # a stable identifier of the data (for refusing artifacts made for other data)
+
+
+# --- Fashion-MNIST / MNIST IDX files ----------------------------------------------------------
+
+_IDX_DTYPES = {0x08: np.uint8}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (optionally gzipped), as Yann LeCun's MNIST page specifies."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as e:
+        raise UserError(f"cannot read {path}: {e}; re-download or restore the file") from e
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+        raise UserError(f"{path} is not an IDX file (bad magic number); restore the original file")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    shape = tuple(int.from_bytes(data[4 + 4 * k : 8 + 4 * k], "big") for k in range(ndim))
+    expected = header + int(np.prod(shape))
+    if len(data) != expected:
+        raise UserError(
+            f"{path} is truncated or corrupt ({len(data)} bytes, expected {expected}); "
+            "restore the original file"
+        )
+    return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
+
+
+def _find_idx(directory: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        for sub in ("", "raw", "FashionMNIST/raw"):
+            path = directory / sub / name
+            if path.is_file():
+                return path
+    return None
+
+
+def _idx_split(directory: Path, prefix: str) -> TensorImages | None:
+    images_path = _find_idx(directory, f"{prefix}-images-idx3-ubyte")
+    labels_path = _find_idx(directory, f"{prefix}-labels-idx1-ubyte")
+    if images_path is None or labels_path is None:
+        return None
+    images = read_idx(images_path)
+    labels = read_idx(labels_path)
+    if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
+        raise UserError(
+            f"{images_path} and {labels_path} do not match ({images.shape} vs {labels.shape}); "
+            "restore the original files"
+        )
+    return TensorImages(
+        torch.from_numpy(images.copy()).unsqueeze(1),  # [N, 1, 28, 28]
+        torch.from_numpy(labels.astype(np.int64)),
+    )
+
+
+def load_fashion_mnist(data_dir: str | None, download: bool = True) -> Splits:
+    """IDX files from `data_dir`, else the Debian package's folder, else torchvision's download."""
+    candidates = [Path(data_dir).expanduser()] if data_dir else []
+    candidates.append(FASHION_MNIST_SYSTEM_DIR)
+    for directory in candidates:
+        train, test = _idx_split(directory, "train"), _idx_split(directory, "t10k")
+        if train is not None and test is not None:
+            return Splits(train, test, "fashion_mnist")
+    if not download or not data_dir:
+        # Downloads go to dataset.data_dir only: a run writes nowhere else but its run folder.
+        raise UserError(
+            "Fashion-MNIST not found: set dataset.data_dir=DIR holding train-images-idx3-ubyte"
+            "[.gz] etc. (or an empty DIR to download into, with dataset.download=true), or "
+            "install the Debian package dataset-fashion-mnist"
+        )
+    target = Path(data_dir).expanduser()
+    try:
+        from torchvision.datasets import FashionMNIST
+
+        FashionMNIST(str(target), train=True, download=True)
+        FashionMNIST(str(target), train=False, download=True)
+    except Exception as e:  # any network failure: say what to do instead
+        raise UserError(
+            f"Fashion-MNIST not found locally and the download failed ({type(e).__name__}); "
+            "install the Debian package dataset-fashion-mnist or set dataset.data_dir=DIR"
+        ) from e
+    return load_fashion_mnist(str(target), download=False)
+
+
+# --- CIFAR-10/100 python pickle batches -------------------------------------------------------
+
+
+def _read_cifar_batches(files: list[Path], label_key: str) -> TensorImages:
+    images: list[np.ndarray] = []
+    labels: list[int] = []
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                entry = pickle.load(f, encoding="latin1")
+            data = np.asarray(entry["data"], dtype=np.uint8)
+            batch_labels = entry[label_key]
+        except (OSError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{path} is not a readable CIFAR batch ({e}); restore it") from e
+        images.append(data.reshape(-1, 3, 32, 32))
+        labels.extend(int(y) for y in batch_labels)
+    return TensorImages(
+        torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.int64)
+    )
+
+
+def load_cifar(data_dir: str, num_classes: int) -> Splits:
+    """torchvision's layout: `cifar-10-batches-py/data_batch_{1..5}, test_batch` or
+    `cifar-100-python/{train,test}`, directly in `data_dir` or one level down."""
+    if num_classes not in (10, 100):
+        raise UserError(f"CIFAR has 10 or 100 classes, not {num_classes}")
+    root = _existing_dir(data_dir, "cifar")
+    sub = "cifar-10-batches-py" if num_classes == 10 else "cifar-100-python"
+    base = root / sub if (root / sub).is_dir() else root
+    if num_classes == 10:
+        train_files = [base / f"data_batch_{k}" for k in range(1, 6)]
+        test_files, key = [base / "test_batch"], "labels"
+    else:
+        train_files, test_files, key = [base / "train"], [base / "test"], "fine_labels"
+    missing = [str(p) for p in train_files + test_files if not p.is_file()]
+    if missing:
+        raise UserError(
+            f"CIFAR-{num_classes} files missing in {base}: {', '.join(missing[:3])}; "
+            f"set dataset.data_dir to the folder holding {sub}/"
+        )
+    return Splits(
+        _read_cifar_batches(train_files, key),
+        _read_cifar_batches(test_files, key),
+        f"cifar{num_classes}",
+    )
+
+
+# --- ImageFolder trees (ImageNet layout: train/<class>/*.JPEG, val/<class>/*.JPEG) -----------
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
+
+
+class FolderImages(ImageSource):
+    """Images decoded on demand and resized so the short side is `resize`, centre-cropped to
+    `size`: keeps every item the same shape without holding the data set in memory."""
+
+    def __init__(self, root: Path, classes: list[str], resize: int, size: int) -> None:
+        self.paths: list[Path] = []
+        labels: list[int] = []
+        for label, name in enumerate(classes):
+            folder = root / name
+            files = (
+                sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+                if folder.is_dir()
+                else []
+            )
+            self.paths.extend(files)
+            labels.extend([label] * len(files))
+        if not self.paths:
+            raise UserError(f"no images under {root}; expected {root}/<class>/<image>.JPEG")
+        self.labels = torch.tensor(labels, dtype=torch.int64)
+        self.resize, self.size = resize, size
+
+    def image(self, i: int) -> Tensor:
+        from torchvision.io import ImageReadMode, decode_image
+        from torchvision.transforms.v2 import functional as F
+
+        path = self.paths[i]
+        try:
+            img = decode_image(str(path), mode=ImageReadMode.RGB)  # [3, H, W] uint8
+        except RuntimeError as e:
+            raise UserError(f"cannot decode {path} ({e}); remove or replace the file") from e
+        img = F.resize(img, [self.resize], antialias=True)
+        return F.center_crop(img, [self.size, self.size])
+
+
+def load_image_folder(data_dir: str, resize: int, size: int) -> Splits:
+    root = _existing_dir(data_dir, "imagenet")
+    train_dir, val_dir = root / "train", root / "val"
+    if not train_dir.is_dir() or not val_dir.is_dir():
+        raise UserError(
+            f"{root} must hold train/ and val/ folders of class subfolders (ImageFolder layout)"
+        )
+    classes = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
+    if not classes:
+        raise UserError(f"no class folders in {train_dir}")
+    return Splits(
+        FolderImages(train_dir, classes, resize, size),
+        FolderImages(val_dir, classes, resize, size),
+        f"imagefolder:{root.name}:{len(classes)}",
+    )
+
+
+# --- synthetic (tests) -----------------------------------------------------------------------
+
+
+def make_synthetic(
+    num_train: int, num_test: int, num_classes: int, channels: int, size: int, seed: int
+) -> Splits:
+    """Learnable toy images: each class is a fixed random pattern plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    prototypes = torch.rand(num_classes, channels, size, size, generator=g) * 255
+
+    def draw(n: int) -> TensorImages:
+        labels = torch.randint(0, num_classes, (n,), generator=g)
+        noise = torch.randn(n, channels, size, size, generator=g) * 60
+        images = (prototypes[labels] + noise).clamp(0, 255).to(torch.uint8)
+        return TensorImages(images, labels)
+
+    return Splits(draw(num_train), draw(num_test), f"synthetic:{seed}:{num_train}:{num_classes}")
+
+
+def _existing_dir(data_dir: str | None, name: str) -> Path:
+    if not data_dir:
+        raise UserError(f"dataset.data_dir is not set; point it at the {name} data folder")
+    root = Path(data_dir).expanduser()
+    if not root.is_dir():
+        raise UserError(f"data directory {root} does not exist; set dataset.data_dir=...")
+    return root
