@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lipt.selection import (
-    SELECTORS,
     PoolOutputs,
     Selection,
     SelectionInputs,
@@ -31,6 +30,19 @@ from lipt.selection import (
     select_uncertainty,
     split_budget,
 )
+
+# The selectors under test, by the name of their config in configs/selector/ (tests only:
+# lipt itself finds selectors through Hydra's config group).
+SELECTORS = {
+    "random": select_random,
+    "uncertainty": select_uncertainty,
+    "el2n": select_el2n,
+    "grand": select_grand,
+    "glister": select_glister,
+    "gradmatch": select_gradmatch,
+    "craig": select_craig,
+    "ccs": select_ccs,
+}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -568,3 +580,25 @@ def test_craig_partitions_keep_weights_summing_to_the_pool() -> None:
 def test_selectors_accept_hydra_style_partials() -> None:
     fn: Callable[..., Selection] = partial(select_glister, eta=0.1)
     check_selection(fn(make_inputs(), 10, generator=gen()), 10, 120)
+
+
+def test_glister_rejects_a_layer_of_the_wrong_shape() -> None:
+    inputs = make_inputs()
+    assert inputs.classifier_weight is not None
+    wrong = SelectionInputs(
+        inputs.pool,
+        classifier_weight=inputs.classifier_weight[:, :-1],
+        classifier_bias=inputs.classifier_bias,
+    )
+    with pytest.raises(ValueError, match="classifier_weight"):
+        select_glister(wrong, 10, generator=gen())
+
+
+def test_greedy_loops_restore_the_thread_count() -> None:
+    torch.set_num_threads(2)
+    try:
+        for fn in (select_gradmatch, select_craig, select_glister):
+            fn(make_inputs(), 10, generator=gen())
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)

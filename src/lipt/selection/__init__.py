@@ -31,20 +31,8 @@ from lipt.selection.scores import (
 )
 from lipt.selection.types import PoolOutputs, Selection, SelectionInputs
 
-SELECTORS: dict[str, Selector] = {
-    "random": select_random,
-    "uncertainty": select_uncertainty,
-    "el2n": select_el2n,
-    "grand": select_grand,
-    "glister": select_glister,
-    "gradmatch": select_gradmatch,
-    "craig": select_craig,
-    "ccs": select_ccs,
-}
-
 __all__ = [
     "SCORES",
-    "SELECTORS",
     "LastLayerGradient",
     "PoolOutputs",
     "Selection",

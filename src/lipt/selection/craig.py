@@ -33,13 +33,18 @@ from lipt.selection.types import Selection, SelectionInputs
 
 
 def gradient_similarity(errors: Tensor, embeddings: Tensor | None) -> Tensor:
-    """sim = d_max - d with d_ij = ||g_i - g_j||, [P, P] (built in place from the Gram matrix)."""
-    K = gradient_gram(errors, errors, embeddings, embeddings)  # [P, P] g_i . g_j
-    sq = K.diagonal().clone()  # [P] ||g_i||^2
-    d = K.mul_(-2.0).add_(sq[:, None]).add_(sq[None, :]).clamp_min_(0.0).sqrt_()  # [P, P]
+    """sim = d_max - d with d_ij = ||g_i - g_j||, [P, P], built in one buffer from inner
+    products: d_ij^2 = |g_i|^2 + |g_j|^2 - 2 g_i . g_j."""
+    if embeddings is None:
+        sq = (errors**2).sum(1)  # [P] |e_i|^2
+        d = torch.addmm(sq[None, :], errors, errors.T, alpha=-2.0)  # [P, P] |e_j|^2 - 2 e_i.e_j
+    else:
+        d = gradient_gram(errors, errors, embeddings, embeddings)  # [P, P] g_i . g_j
+        sq = d.diagonal().clone()  # [P] |g_i|^2
+        d.mul_(-2.0).add_(sq[None, :])
+    d.add_(sq[:, None]).clamp_min_(0.0).sqrt_()  # [P, P] distances
     d.fill_diagonal_(0.0)
-    d_max = d.max()
-    return d.neg_().add_(d_max)  # sim = d_max - d, in the same buffer
+    return torch.sub(d.max(), d, out=d)  # sim = d_max - d >= 0, in the same buffer
 
 
 def facility_location(
@@ -54,8 +59,9 @@ def facility_location(
     """Greedy maximiser of F(S) = sum_i max_{j in S} sim[i, j] (sim symmetric, >= 0), [k] rows.
 
     "lazy": exact greedy with stale upper bounds (Minoux's lazy evaluation; the `lazy_batch`
-    highest bounds are refreshed at a time, doubling while the best stays stale); "stochastic": each step evaluates ceil(P / k * ln(1 / epsilon)) rows
-    drawn at random (with replacement) among the unpicked ones.
+    highest bounds are refreshed at a time, doubling while the best stays stale).
+    "stochastic": each step evaluates ceil(P / k * ln(1 / epsilon)) rows drawn at random (with
+    replacement) among the unpicked ones (Mirzasoleiman et al., AAAI 2015).
     """
     P = sim.shape[0]
     cur = sim.new_zeros(P)  # [P] max_{j in S} sim[i, j], 0 for the empty set
@@ -67,9 +73,10 @@ def facility_location(
 
     if greedy == "lazy":
         bound = sim.sum(1)  # [P] gains w.r.t. the empty set: exact upper bounds from now on
-        fresh = torch.zeros(P, dtype=torch.bool, device=sim.device)
-        for _ in range(k):
-            fresh.zero_()
+        fresh = torch.ones(P, dtype=torch.bool, device=sim.device)  # exact for the first pick
+        for step in range(k):
+            if step > 0:
+                fresh.zero_()
             refresh = lazy_batch
             while True:
                 j = int(torch.argmax(bound))

@@ -60,6 +60,11 @@ def glister_pick_order(
     H, y = pool.embeddings.float(), pool.targets  # [N, D], [N]
     Hv, yv = val.embeddings.float().to(device), val.targets.to(device)  # [Nv, D], [Nv]
     W = inputs.classifier_weight.detach().float().to(device).clone()  # [C, D]
+    if W.shape != (pool.num_classes, H.shape[1]):
+        raise ValueError(
+            f"classifier_weight is {tuple(W.shape)}, the pool has {pool.num_classes} classes "
+            f"and {H.shape[1]}-dim embeddings"
+        )
     has_bias = inputs.classifier_bias is not None
     b = (
         inputs.classifier_bias.detach().float().to(device).clone()  # type: ignore[union-attr]
@@ -89,24 +94,23 @@ def glister_pick_order(
         return (e * (h @ grad.weight.T + grad.bias)).sum(1)  # e_i . (G_W h_i + G_b)
 
     available = torch.ones(n, dtype=torch.bool, device=device)
-    order: list[Tensor] = []
-    picked = 0
-    while picked < budget:
-        grad = val_gradient()
-        step = min(batch, budget - picked)
-        if greedy == "naive":
-            all_gains = torch.cat(
-                [
-                    gains(H[s : s + chunk_size], y[s : s + chunk_size], grad)
-                    for s in range(0, n, chunk_size)
-                ]
-            ).masked_fill(~available, -math.inf)  # [N]
-            rows = torch.sort(all_gains, descending=True, stable=True).indices[:step]
-            available[rows] = False
-        else:
-            remaining = torch.nonzero(available).flatten()  # [n_left]
-            chosen = []
-            with serial_loop(device):
+    order: list[int] = []
+    with serial_loop(device):
+        while len(order) < budget:
+            grad = val_gradient()
+            step = min(batch, budget - len(order))
+            if greedy == "naive":
+                all_gains = torch.cat(
+                    [
+                        gains(H[s : s + chunk_size], y[s : s + chunk_size], grad)
+                        for s in range(0, n, chunk_size)
+                    ]
+                ).masked_fill(~available, -math.inf)  # [N]
+                rows = torch.sort(all_gains, descending=True, stable=True).indices[:step]
+                available[rows] = False
+            else:
+                remaining = torch.nonzero(available).flatten()  # [n_left]
+                chosen = []
                 for _ in range(step):
                     draw = torch.randint(len(remaining), (sample_size,), generator=generator)
                     cand = remaining[draw.to(device)]
@@ -116,16 +120,15 @@ def glister_pick_order(
                     best = cand[torch.argmax(gains(H[cand], y[cand], grad))]
                     available[best] = False
                     chosen.append(best)
-            rows = torch.stack(chosen)
-        order.append(rows)
-        picked += len(rows)
+                rows = torch.stack(chosen)
+            order += rows.tolist()
 
-        # Taylor step on the last layer: theta <- theta - eta * sum_{i in batch} g_i(theta).
-        e = bias_gradients(H[rows] @ W.T + b, y[rows])  # [step, C]
-        W -= eta * (e.T @ H[rows])  # [C, D]
-        if has_bias:
-            b -= eta * e.sum(0)  # [C]
-    return torch.cat(order)
+            # Taylor step on the last layer: theta <- theta - eta * sum_{i in batch} g_i(theta).
+            e = bias_gradients(H[rows] @ W.T + b, y[rows])  # [step, C]
+            W -= eta * (e.T @ H[rows])  # [C, D]
+            if has_bias:
+                b -= eta * e.sum(0)  # [C]
+    return torch.tensor(order, dtype=torch.long)
 
 
 def select_glister(

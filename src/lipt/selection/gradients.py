@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lipt.selection.types import PoolOutputs
@@ -201,8 +200,3 @@ def model_outputs(
 def errors_of(pool: PoolOutputs) -> Tensor:
     """Bias gradients e = softmax - onehot of a pool, [N, C]."""
     return bias_gradients(pool.logits, pool.targets)
-
-
-def cross_entropy_sum(logits: Tensor, targets: Tensor) -> Tensor:
-    """Summed (not averaged) cross-entropy, the loss whose gradients the helpers describe."""
-    return F.cross_entropy(logits.float(), targets, reduction="sum")

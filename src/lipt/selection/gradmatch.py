@@ -57,9 +57,8 @@ def nnls_from(quad: Tensor, c: Tensor, x: Tensor) -> Tensor:
         ratios = x[neg] / (x[neg] - z[neg])  # step fraction at which each reaches zero, in [0, 1)
         first = torch.argmin(ratios)
         x = (x + ratios[first] * (z - x)).clamp_min(0.0)
-        x[neg[first]] = 0.0
-        x[~passive] = 0.0
-        passive = x > 0
+        x[neg[first]] = 0.0  # exactly, whatever the rounding
+        passive = x > 0  # coordinates outside the passive set stay 0 (x and z are 0 there)
         if not bool(passive.any()):
             return x
     return x
@@ -88,14 +87,14 @@ def omp_nonneg(
     P = errors.shape[0]
     c = gradient_dots(errors, target, embeddings)  # [P] g_i . T
     t_sq = target.sq_norm()
-    cols = errors.new_zeros(P, k)  # [P, k] columns K[:, j] = g_i . g_j of the support
+    rows_k = errors.new_zeros(k, P)  # [k, P] rows K[j, :] = g_j . g_i of the support's atoms
     L = errors.new_zeros(k, k)  # lower Cholesky factor of K_SS + lam I (leading [m, m] block)
     support = torch.zeros(0, dtype=torch.long, device=errors.device)  # [m] rows
     w = errors.new_zeros(0)  # [m]
     available = torch.ones(P, dtype=torch.bool, device=errors.device)
     while len(support) < k:
         m = len(support)
-        fit = cols[:, :m] @ w  # [P] g_i . sum_S w_j g_j
+        fit = w @ rows_k[:m]  # [P] g_i . sum_S w_j g_j
         res_sq = t_sq - 2 * (c[support] @ w) + w @ fit[support]  # ||T - sum_S w_j g_j||^2
         if res_sq <= (eps**2) * t_sq:
             break
@@ -116,7 +115,7 @@ def omp_nonneg(
         d_sq = col[j] + lam - l_row @ l_row
         if not d_sq > 1e-12 * (col[j] + lam):  # g_j (numerically) in the support's span
             continue
-        cols[:, m] = col
+        rows_k[m] = col
         L[m, :m], L[m, m] = l_row, d_sq.sqrt()
         support = torch.cat([support, support.new_tensor([j])])
         rhs = c[support, None]  # [m+1, 1]
@@ -127,9 +126,9 @@ def omp_nonneg(
         # Some weight would turn negative: non-negative least squares from the last weights.
         quad = L[: m + 1, : m + 1] @ L[: m + 1, : m + 1].T  # K_SS + lam I
         w = nnls_from(quad, c[support], torch.cat([w, w.new_zeros(1)]))
-        keep = w > 0  # compact the support, its columns and factor
+        keep = w > 0  # compact the support, its Gram rows and factor
         n_keep = int(keep.sum())
-        cols[:, :n_keep] = cols[:, : m + 1][:, keep]
+        rows_k[:n_keep] = rows_k[: m + 1][keep]
         L[:n_keep, :n_keep] = torch.linalg.cholesky(quad[keep][:, keep])
         support, w = support[keep], w[keep]
     return support, w
@@ -177,7 +176,7 @@ def select_gradmatch(
 
     parts = random_partitions(len(pool), partition_size, generator)
     shares = split_budget([len(p) for p in parts], budget)
-    rows, weights = [], []
+    picked: list[tuple[Tensor, Tensor, Tensor]] = []  # per partition: OMP rows, weights, fill
     for part, k in zip(parts, shares, strict=True):
         if k == 0:
             continue
@@ -194,16 +193,22 @@ def select_gradmatch(
         with serial_loop(E.device):
             chosen, w = omp_nonneg(E, H, goal, k, lam=lam, eps=eps)
 
-        if len(chosen) < k:  # OMP converged early: back-fill at the scale of the OMP weights
-            free = torch.ones(len(part), dtype=torch.bool, device=device)
-            free[chosen] = False
-            free_rows = torch.nonzero(free).flatten()
-            fill = free_rows[randperm(len(free_rows), generator, device)[: k - len(chosen)]]
-            fill_weight = w.mean() if len(w) > 0 else w.new_tensor(1.0)
-            chosen = torch.cat([chosen, fill])
-            w = torch.cat([w, fill_weight.expand(len(fill))])
-        rows.append(part[chosen])
-        weights.append(w)
+        # OMP may stop early: the rest of the partition's budget is random unpicked rows.
+        free = torch.ones(len(part), dtype=torch.bool, device=device)
+        free[chosen] = False
+        free_rows = torch.nonzero(free).flatten()
+        fill = free_rows[randperm(len(free_rows), generator, device)[: k - len(chosen)]]
+        picked.append((part[chosen], w, part[fill]))
+
+    # Back-filled rows get the mean OMP weight of their partition (of all partitions if theirs
+    # has none), so that every weight is on the scale OMP chose.
+    all_omp = torch.cat([w for _, w, _ in picked])
+    overall = all_omp.mean() if len(all_omp) > 0 else all_omp.new_tensor(1.0)
+    rows, weights = [], []
+    for omp_rows, w, fill in picked:
+        fill_weight = w.mean() if len(w) > 0 else overall
+        rows += [omp_rows, fill]
+        weights += [w, fill_weight.expand(len(fill))]
     # One common factor, so the relative weights (the gradient match) are kept as OMP set them.
     w_all = torch.cat(weights)  # [budget]
     return finish(torch.cat(rows), w_all * (len(pool) / w_all.sum()), budget)

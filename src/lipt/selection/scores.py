@@ -21,11 +21,16 @@ from lipt.selection.common import all_pools, check_budget, check_choice, finish,
 from lipt.selection.gradients import DEFAULT_CHUNK, errors_of, gradient_sq_norms
 from lipt.selection.types import PoolOutputs, Selection, SelectionInputs
 
-SCORES = ("entropy", "margin", "least_confidence", "el2n", "grand", "grand_bias")
+SCORES = ("entropy", "margin", "least_confidence", "el2n", "grand")
 
 
 def pool_score(pool: PoolOutputs, score: str, *, chunk_size: int = DEFAULT_CHUNK) -> Tensor:
-    """Per-row score of one model's outputs, [N] float32, higher = harder."""
+    """Per-row score of one model's outputs, [N] float32, higher = harder / more uncertain.
+
+    entropy: H(softmax); margin: 1 - (p_1st - p_2nd); least_confidence: 1 - p_max;
+    el2n: ||softmax - onehot(y)||_2 (= the norm of the bias gradient of the loss);
+    grand: the norm of the weight+bias last-layer gradient, ||e|| sqrt(||h||^2 + 1).
+    """
     check_choice("score", score, SCORES)
     if score in ("entropy", "margin", "least_confidence"):
         log_p = torch.log_softmax(pool.logits.float(), dim=1)  # [N, C]
@@ -40,8 +45,7 @@ def pool_score(pool: PoolOutputs, score: str, *, chunk_size: int = DEFAULT_CHUNK
     errors = errors_of(pool)  # [N, C] softmax - onehot
     if score == "el2n":
         return errors.norm(dim=1)  # ||p - onehot(y)||_2
-    embeddings = pool.embeddings if score == "grand" else None
-    return gradient_sq_norms(errors, embeddings, chunk_size=chunk_size).sqrt()  # ||g_i||_2
+    return gradient_sq_norms(errors, pool.embeddings, chunk_size=chunk_size).sqrt()  # ||g_i||_2
 
 
 def mean_score(inputs: SelectionInputs, score: str, *, chunk_size: int = DEFAULT_CHUNK) -> Tensor:
@@ -97,5 +101,6 @@ def select_grand(
     (weight + bias, closed form; bias only with `bias_only`), averaged over the pool and every
     extra pool (Paul et al., NeurIPS 2021, https://arxiv.org/abs/2107.07075)."""
     budget = check_budget(inputs, budget)
-    scores = mean_score(inputs, "grand_bias" if bias_only else "grand", chunk_size=chunk_size)
+    # bias-only gradient norm = ||softmax - onehot|| = EL2N
+    scores = mean_score(inputs, "el2n" if bias_only else "grand", chunk_size=chunk_size)
     return finish(top_rows(scores, budget), None, budget)
