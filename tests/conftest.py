@@ -28,6 +28,7 @@ FAST = [
     "trainer.max_epochs=1",
     "trainer.enable_progress_bar=false",
     "logger=none",
+    "pretrain=none",  # tests that exercise the jigsaw stage ask for it
 ]
 
 

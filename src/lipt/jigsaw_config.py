@@ -6,6 +6,7 @@ Kept apart from lipt.jigsaw so that checking a config does not import torch or L
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig
@@ -40,6 +41,18 @@ def validate_jigsaw(cfg: DictConfig) -> None:
                 f"pretrain.learners={learners!r} is invalid: use null (all learners), an id in "
                 f"0..{n - 1}, or a list of distinct ids; sweep them with "
                 f"'pretrain.learners=range({n})'"
+            )
+    merge_from = _get(cfg, "pretrain.merge_from")
+    if merge_from is not None:
+        if learners is not None:
+            raise UserError(
+                "pretrain.merge_from merges saved learners and pretrain.learners trains some: "
+                "set only one of them"
+            )
+        if not Path(str(merge_from)).expanduser().is_dir():
+            raise UserError(
+                f"pretrain.merge_from={merge_from} is not a folder; give the folder holding "
+                "learner_<i>.ckpt (e.g. <sweep dir>/learners)"
             )
     if _get(cfg, "pretrain.num_threads") is not None:
         _number(cfg, "pretrain.num_threads", int, 1, 4096, "use null or a positive integer")

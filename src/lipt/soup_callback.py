@@ -1,6 +1,6 @@
 """The Hydra callback that turns a multirun of jigsaw learner jobs into one soup.
 
-    python pretrain.py -m pretrain=jigsaw 'pretrain.learners=range(10)' +hydra/callbacks=soup \
+    python pretrain.py -m pretrain=jigsaw 'pretrain.learners=range(10)' hydra/callbacks=soup \
         [hydra/launcher=joblib | hydra/launcher=submitit_slurm ...]
 
 Each job (lipt.jigsaw.run_learner_job) trains its learners on their own shards and writes

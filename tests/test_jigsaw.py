@@ -1,0 +1,449 @@
+"""The jigsaw pre-training stage (lipt.jigsaw), end to end on the synthetic data set."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+import lipt.jigsaw as jigsaw
+from lipt.build import build_datamodule, build_model
+from lipt.config import validate
+from lipt.data import DataModule
+from lipt.errors import UserError
+from lipt.pretrain import pretrain_model
+from lipt.pretrain import run as pretrain_run
+from lipt.select import load_pretrained
+from lipt.soup_callback import learner_sweep
+from tests.conftest import run_entry
+
+N, M, K, B = 4, 1, 2, 32
+# Small and quick: 4 learners, 2 passes over one minibatch of 32 each, 5 interpolation ratios,
+# one thread (so learners are bit-identical across processes).
+JIGSAW = [
+    "pretrain=jigsaw",
+    "dataset=synthetic",
+    "model.width=8",
+    f"batch_size={B}",
+    "logger=none",
+    f"pretrain.num_learners={N}",
+    f"pretrain.batches_per_learner={M}",
+    f"pretrain.local_epochs={K}",
+    "pretrain.num_threads=1",
+]
+FEW_RATIOS = "merge.ratios=5"  # of the default merge=greedy_interp
+
+
+@pytest.fixture
+def jigsaw_cfg(make_cfg: Callable[..., DictConfig]) -> Callable[..., DictConfig]:
+    def _make(*overrides: str) -> DictConfig:
+        other_merge = any(o.startswith("merge=") for o in overrides)
+        ratios = [] if other_merge else [FEW_RATIOS]
+        return make_cfg([*JIGSAW, *ratios, *overrides], config_name="pretrain")
+
+    return _make
+
+
+def _load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _accuracy(model: torch.nn.Module, dm: DataModule) -> float:
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for x, y, _ in dm.val_dataloader():
+            correct += int((model(x).argmax(1) == y).sum())
+            total += len(y)
+    return correct / total
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def test_stage_writes_learners_with_disjoint_shards_and_counts_samples(
+    jigsaw_cfg, tmp_path, monkeypatch
+):
+    cfg = jigsaw_cfg("pretrain.batches_per_learner=2")
+    n, m = N, 2
+    # What the learners were actually given to train on.
+    given: list[torch.Tensor] = []
+    original = DataModule.shard_dataloader
+
+    def spy(self, positions, randaugment):
+        given.append(positions.clone())
+        assert randaugment == {"num_ops": 1, "magnitude": 9, "num_magnitude_bins": 31}
+        return original(self, positions, randaugment)
+
+    monkeypatch.setattr(DataModule, "shard_dataloader", spy)
+    summary = pretrain_run(cfg)
+
+    stats = summary["stages"]["pretrain"]
+    assert stats["samples"] == n * K * m * B  # the shard divides evenly into minibatches
+    assert stats["unique_samples"] == n * m * B
+    assert json.loads((tmp_path / "summary.json").read_text())["stages"]["pretrain"] == stats
+
+    dm = build_datamodule(cfg)
+    shards = []
+    for i in range(n):
+        ckpt = _load(tmp_path / "learners" / f"learner_{i}.ckpt")
+        assert ckpt["learner"] == i and ckpt["pretrain"] == "jigsaw"
+        assert torch.equal(ckpt["shard"], given[i])
+        shards.append(ckpt["shard"])
+    union = torch.cat(shards)
+    assert len(union) == len(union.unique()) == n * m * B  # disjoint, exactly n*M*B
+    assert bool(torch.isin(union, dm.pool_indices).all())  # never the validation split
+    assert not bool(torch.isin(union, dm.val_indices).any())
+
+    # select.py ckpt_path=pretrain.ckpt reads the soup.
+    soup = _load(tmp_path / "pretrain.ckpt")
+    model = load_pretrained(cfg, dm, tmp_path / "pretrain.ckpt")
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in soup["state_dict"].items())
+    report = json.loads((tmp_path / "merge_report.json").read_text())
+    assert [le["id"] for le in report["learners"]] == list(range(n))
+    for key in ("kept", "ratios", "soup_accuracy", "best_learner_accuracy", "trials"):
+        assert key in report
+    assert all(0 <= le["accuracy"] <= 1 for le in report["learners"])
+    assert report["eval_split"] == "validation" and report["eval_size"] == len(dm.val_indices)
+
+
+def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, monkeypatch):
+    cfg = jigsaw_cfg()
+    dm = build_datamodule(cfg)
+    starts: list[dict[str, torch.Tensor]] = []
+    original = jigsaw.build_classifier
+
+    def spy(cfg, model, **optim):
+        starts.append({k: v.clone() for k, v in model.state_dict().items()})
+        return original(cfg, model, **optim)
+
+    monkeypatch.setattr(jigsaw, "build_classifier", spy)
+    result = pretrain_model(cfg, dm, seed=0)
+
+    init = build_model(cfg, 0).state_dict()
+    assert len(starts) == N
+    for start in starts:
+        assert start.keys() == init.keys()
+        assert all(torch.equal(start[k], init[k]) for k in init)
+
+    learners = [p["state_dict"] for p in result.checkpoints.values()]
+    densities = [p["density"] for p in result.checkpoints.values()]
+    assert len(set(densities)) == N and all(0.85 <= d <= 0.95 for d in densities)
+    masks = [
+        torch.cat([sd[k].ne(0).flatten() for k in sd if k.endswith("weight") and sd[k].ndim > 1])
+        for sd in learners
+    ]
+    for i in range(N):
+        assert abs(float(masks[i].float().mean()) - densities[i]) < 0.01
+        for j in range(i + 1, N):
+            assert not torch.equal(masks[i], masks[j])
+
+
+@pytest.mark.parametrize("merge", ["greedy", "greedy_interp"])
+def test_greedy_soup_never_scores_below_its_best_learner(jigsaw_cfg, merge):
+    cfg = jigsaw_cfg(f"merge={merge}", *([FEW_RATIOS] if merge == "greedy_interp" else []))
+    dm = build_datamodule(cfg)
+    result = pretrain_model(cfg, dm, seed=0)
+    report = result.report
+    scores = [le["accuracy"] for le in report["learners"]]
+    assert report["soup_accuracy"] >= max(scores)
+    assert report["best_learner_accuracy"] == max(scores)
+    # Scored independently on the whole validation split, the returned model is what the soup
+    # reported (BatchNorm statistics recomputed as when it was scored).
+    assert _accuracy(result.model, dm) == pytest.approx(report["soup_accuracy"], abs=1e-9)
+
+
+def test_uniform_soup_without_bn_recompute_averages_all_learners(jigsaw_cfg):
+    cfg = jigsaw_cfg("merge=uniform", "merge.recompute_bn=false", "prune=none", "augment=none")
+    dm = build_datamodule(cfg)
+    result = pretrain_model(cfg, dm, seed=0)
+    assert result.report["kept"] == list(range(N))
+    learners = [p["state_dict"] for p in result.checkpoints.values()]
+    for key, value in result.model.state_dict().items():
+        if value.is_floating_point():
+            expected = torch.stack([sd[key] for sd in learners]).mean(0)
+            assert torch.allclose(value, expected, atol=1e-6), key
+    assert all(p["density"] == 1.0 for p in result.checkpoints.values())
+
+
+def test_learner_depends_on_seed_and_id_not_on_global_rng(jigsaw_cfg):
+    cfg = jigsaw_cfg()
+    dm = build_datamodule(cfg)
+    init = build_model(cfg, 0)
+    shard = jigsaw.learner_shard(cfg, dm, 0, 2)
+    assert torch.equal(shard, jigsaw.learner_shards(cfg, dm, 0)[2])
+    torch.manual_seed(123)
+    a = jigsaw.train_learner(cfg, dm, init, 0, 2, shard)
+    torch.manual_seed(7)
+    torch.rand(1000)
+    b = jigsaw.train_learner(cfg, dm, init, 0, 2, shard)
+    assert a.state_dict is not None and b.state_dict is not None
+    assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
+    c = jigsaw.train_learner(cfg, dm, init, 0, 3, shard)  # another id: other augmentations
+    assert c.state_dict is not None
+    assert not all(torch.equal(a.state_dict[k], c.state_dict[k]) for k in a.state_dict)
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def _poison(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    bad = {k: v.clone() for k, v in state_dict.items()}
+    first = next(k for k, v in bad.items() if v.is_floating_point())
+    bad[first].view(-1)[0] = float("nan")
+    return bad
+
+
+def test_diverged_and_failed_learners_are_left_out_with_a_warning(jigsaw_cfg, monkeypatch, caplog):
+    cfg = jigsaw_cfg()
+    dm = build_datamodule(cfg)
+    calls = {"state": 0, "prune": 0}
+    state_dict_cpu, prune = jigsaw.state_dict_cpu, jigsaw._prune
+
+    def nan_for_learner_1(model):
+        calls["state"] += 1
+        sd = state_dict_cpu(model)
+        return _poison(sd) if calls["state"] == 2 else sd
+
+    def raise_for_learner_3(cfg, dm, model, seed, learner, shard):
+        if learner == 3:
+            raise RuntimeError("out of memory (simulated)")
+        return prune(cfg, dm, model, seed, learner, shard)
+
+    monkeypatch.setattr(jigsaw, "state_dict_cpu", nan_for_learner_1)
+    monkeypatch.setattr(jigsaw, "_prune", raise_for_learner_3)
+    with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
+        result = pretrain_model(cfg, dm, seed=0)
+    report = result.report
+    status = {le["id"]: le["status"] for le in report["learners"]}
+    assert status == {0: "ok", 1: "diverged", 2: "ok", 3: "failed"}
+    assert report["left_out"] == [1, 3]
+    assert set(report["kept"]) <= {0, 2}
+    assert "out of memory" in report["learners"][3]["error"]
+    assert "learner 1 diverged" in caplog.text and "learner 3 failed" in caplog.text
+    assert all(torch.isfinite(v).all() for v in result.model.state_dict().values())
+    # Its data was read and its steps were taken: the cost still counts.
+    assert result.samples == N * K * M * B and result.unique_samples == N * M * B
+    # The diverged learner's checkpoint is still written (for inspection); the failed one has none.
+    assert sorted(p["learner"] for p in result.checkpoints.values()) == [0, 1, 2]
+
+
+def test_no_learner_left_is_a_clear_error(jigsaw_cfg, monkeypatch):
+    cfg = jigsaw_cfg()
+    dm = build_datamodule(cfg)
+    monkeypatch.setattr(jigsaw, "state_dict_cpu", lambda model: _poison(model.state_dict()))
+    with pytest.raises(UserError, match=r"no jigsaw learner is left to merge: all 4 diverged"):
+        pretrain_model(cfg, dm, seed=0)
+
+
+def test_shards_larger_than_the_pool_are_a_clear_error(jigsaw_cfg):
+    cfg = jigsaw_cfg("pretrain.num_learners=20")  # 20 * 1 * 32 > the pool of 500
+    dm = build_datamodule(cfg)
+    with pytest.raises(UserError, match=r"pretrain\.num_learners"):
+        pretrain_model(cfg, dm, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("pretrain.learners=[0,4]", "pretrain.learners"),
+        ("pretrain.learners=[1,1]", "pretrain.learners"),
+        ("pretrain.num_threads=0", "pretrain.num_threads"),
+        ("prune.density_low=0", "prune.density_low"),
+        ("prune.density_high=1.5", "prune.density_high"),
+        ("merge.ratios=0", "merge.ratios"),
+        ("merge.ratios=[0.0]", "merge.ratios"),
+        ("merge.ratios=sometimes", "merge.ratios"),
+        ("merge.bn_batches=0", "merge.bn_batches"),
+        ("merge.eval_size=0", "merge.eval_size"),
+        ("augment.magnitude=31", "augment.magnitude"),
+        ("augment.num_ops=15", "augment.num_ops"),
+        ("pretrain.local_epochs=0", "pretrain.local_epochs"),
+    ],
+)
+def test_bad_jigsaw_settings_are_refused(jigsaw_cfg, override, needle):
+    with pytest.raises(UserError, match=needle.replace(".", r"\.")):
+        validate(jigsaw_cfg(override))
+
+
+def test_good_jigsaw_settings_pass(jigsaw_cfg):
+    for overrides in (
+        [],
+        ["pretrain.learners=3"],
+        ["pretrain.learners=[0,2]"],
+        ["merge.ratios=running_mean"],
+        ["merge.ratios=[0.25,0.5,1.0]"],
+        ["prune=snip", "augment=none", "merge=uniform", "merge.eval_size=50"],
+        ["prune=none", "merge=greedy"],
+    ):
+        validate(jigsaw_cfg(*overrides))
+
+
+def test_a_bad_learner_sweep_fails_before_any_job(tmp_path):
+    out = run_entry(
+        "pretrain.py",
+        ["-m", *JIGSAW, "pretrain.learners=range(6)", f"hydra.sweep.dir={tmp_path}/sweep"],
+        timeout=120,
+    )
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert "pretrain.learners=4 is invalid" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_learner_ids_are_for_multirun_jobs_only(jigsaw_cfg):
+    cfg = jigsaw_cfg("pretrain.learners=1")
+    with pytest.raises(UserError, match=r"pretrain\.learners selects learners"):
+        pretrain_model(cfg, build_datamodule(cfg), seed=0)
+
+
+def test_snip_and_random_pruning_run(jigsaw_cfg):
+    for method in ("snip", "random"):
+        cfg = jigsaw_cfg(f"prune={method}", "pretrain.num_learners=2", "merge=uniform")
+        result = pretrain_model(cfg, build_datamodule(cfg), seed=0)
+        extra = B if method == "snip" else 0  # SNIP's one forward+backward batch per learner
+        assert result.samples == 2 * (K * M * B + extra)
+        assert all(0.85 <= p["density"] <= 0.95 for p in result.checkpoints.values())
+
+
+# --------------------------------------------------------------------------- multirun
+
+
+def _run_jobs(cfg: DictConfig, folder: Path) -> None:
+    """The learner jobs of a multirun, run here one after the other."""
+    for i in range(N):
+        job = cfg.copy()
+        job.pretrain.learners = i
+        job.pretrain.learner_dir = str(folder)
+        job.paths.output_dir = str(folder.parent / f"job{i}")
+        jigsaw.run_learner_job(job)
+
+
+def test_merge_of_job_checkpoints_leaves_out_missing_and_nan(jigsaw_cfg, tmp_path, caplog):
+    cfg = jigsaw_cfg()
+    folder = tmp_path / "sweep" / "learners"
+    _run_jobs(cfg, folder)
+    job0 = json.loads((tmp_path / "sweep" / "job0" / "summary.json").read_text())
+    assert job0["stages"]["pretrain"]["samples"] == K * M * B
+    assert job0["stages"]["pretrain"]["unique_samples"] == M * B
+
+    (folder / "learner_2.ckpt").unlink()
+    bad = _load(folder / "learner_1.ckpt")
+    bad["state_dict"] = _poison(bad["state_dict"])
+    torch.save(bad, folder / "learner_1.ckpt")
+    out = tmp_path / "sweep"
+    with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
+        summary = jigsaw.merge_learner_dir(cfg, folder, out)
+    report = json.loads((out / "merge_report.json").read_text())
+    assert report["left_out"] == [1, 2]
+    assert [le["status"] for le in report["learners"]] == ["ok", "diverged", "missing", "ok"]
+    assert set(report["kept"]) <= {0, 3}
+    assert "learner 1 is left out" in caplog.text and "learner 2 is left out" in caplog.text
+    assert _load(out / "pretrain.ckpt")["pretrain"] == "jigsaw"
+    assert summary["stages"]["pretrain"]["samples"] == 3 * K * M * B  # the ones that trained
+
+    for path in folder.glob("*.ckpt"):
+        if path.name != "learner_1.ckpt":
+            path.unlink()
+    with pytest.raises(UserError, match="no jigsaw learner is left"):
+        jigsaw.merge_learner_dir(cfg, folder, out)
+
+
+def test_merge_from_saved_learners_equals_the_sweep_merge(jigsaw_cfg, tmp_path):
+    cfg = jigsaw_cfg()
+    folder = tmp_path / "sweep" / "learners"
+    _run_jobs(cfg, folder)
+    summary = jigsaw.merge_learner_dir(cfg, folder, tmp_path / "sweep")
+    again = jigsaw_cfg(f"pretrain.merge_from={folder}")
+    validate(again)
+    result = pretrain_model(again, build_datamodule(again), seed=0)
+    merged = _load(tmp_path / "sweep" / "pretrain.ckpt")["state_dict"]
+    assert all(torch.equal(merged[k], v) for k, v in result.model.state_dict().items())
+    assert result.samples == summary["stages"]["pretrain"]["samples"] == N * K * M * B
+    assert result.checkpoints == {}  # nothing trained, nothing to write again
+    with pytest.raises(UserError, match="merge_from"):
+        validate(jigsaw_cfg(f"pretrain.merge_from={tmp_path}/nowhere"))
+
+
+def test_merge_refuses_checkpoints_of_another_recipe(jigsaw_cfg, tmp_path):
+    cfg = jigsaw_cfg()
+    folder = tmp_path / "learners"
+    _run_jobs(cfg, folder)
+    other = jigsaw_cfg("seed=1")
+    with pytest.raises(UserError, match="seed"):
+        jigsaw.merge_learner_dir(other, folder, tmp_path)
+
+
+def _sweep_config(*task: str) -> DictConfig:
+    return OmegaConf.create(
+        {"pretrain": {"name": "jigsaw"}, "hydra": {"overrides": {"task": list(task)}}}
+    )
+
+
+def test_soup_callback_only_merges_a_learner_sweep():
+    assert learner_sweep(_sweep_config("pretrain.learners=range(10)", "pretrain=jigsaw"))
+    assert not learner_sweep(_sweep_config("seed=0,1"))
+    with pytest.raises(UserError, match="also sweeps seed"):
+        learner_sweep(_sweep_config("pretrain.learners=range(10)", "seed=0,1"))
+
+
+def _same_soup(a: Path, b: Path) -> None:
+    sa, sb = _load(a / "pretrain.ckpt")["state_dict"], _load(b / "pretrain.ckpt")["state_dict"]
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert torch.allclose(sa[key].double(), sb[key].double(), atol=1e-6), key
+    for i in range(N):
+        la = _load(a / "learners" / f"learner_{i}.ckpt")["state_dict"]
+        lb = _load(b / "learners" / f"learner_{i}.ckpt")["state_dict"]
+        assert all(torch.allclose(la[k].double(), lb[k].double(), atol=1e-6) for k in la)
+    ra = json.loads((a / "merge_report.json").read_text())
+    rb = json.loads((b / "merge_report.json").read_text())
+    assert (ra["kept"], ra["ratios"]) == (rb["kept"], rb["ratios"])
+    assert ra["soup_accuracy"] == pytest.approx(rb["soup_accuracy"])
+    pa = json.loads((a / "summary.json").read_text())["stages"]["pretrain"]
+    pb = json.loads((b / "summary.json").read_text())["stages"]["pretrain"]
+    assert (pa["samples"], pa["unique_samples"]) == (pb["samples"], pb["unique_samples"])
+
+
+def _multirun(tmp_path: Path, *launcher: str) -> Path:
+    sweep = tmp_path / "sweep"
+    out = run_entry(
+        "pretrain.py",
+        [
+            "-m",
+            *JIGSAW,
+            FEW_RATIOS,
+            f"pretrain.learners=range({N})",
+            "hydra/callbacks=soup",
+            f"hydra.sweep.dir={sweep}",
+            *launcher,
+        ],
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return sweep
+
+
+def test_multirun_jobs_and_soup_callback_match_the_in_process_soup(jigsaw_cfg, tmp_path):
+    sweep = _multirun(tmp_path)  # the basic launcher: jobs one after the other
+    pretrain_run(jigsaw_cfg())  # in-process, in tmp_path
+    assert sorted(p.name for p in (sweep / "learners").iterdir()) == [
+        f"learner_{i}.ckpt" for i in range(N)
+    ]
+    _same_soup(tmp_path, sweep)
+
+
+@pytest.mark.slow
+def test_submitit_local_multirun_matches_the_in_process_soup(jigsaw_cfg, tmp_path):
+    sweep = _multirun(
+        tmp_path,
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=10",
+        "hydra.launcher.cpus_per_task=1",
+    )
+    pretrain_run(jigsaw_cfg())
+    _same_soup(tmp_path, sweep)

@@ -1,0 +1,220 @@
+"""Bad input, driven through the real entry scripts: exit code 2, one line on stderr naming the
+problem and the fix, no traceback, and no run folder left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lipt.artifacts import save_checkpoint, save_subset
+from tests.conftest import FAST, run_entry
+
+SLOW = pytest.mark.slow  # these load torch and data before they fail: a few seconds each
+
+
+@pytest.fixture
+def bad_files(tmp_path: Path) -> dict[str, Path]:
+    files = {}
+    meta = {"dataset": "synthetic:0:600:4", "dataset_train_size": 600}
+    files["other_data"] = tmp_path / "other.npz"
+    save_subset(
+        files["other_data"],
+        torch.arange(10),
+        torch.ones(10),
+        {"dataset": "cifar10", "dataset_train_size": 50000},
+    )
+    files["out_of_range"] = tmp_path / "range.npz"
+    save_subset(files["out_of_range"], torch.tensor([1, 2, 9999]), torch.ones(3), meta)
+    files["duplicates"] = tmp_path / "dup.npz"
+    save_subset(files["duplicates"], torch.tensor([1, 2, 2]), torch.ones(3), meta)
+    files["corrupt_ckpt"] = tmp_path / "corrupt.ckpt"
+    files["corrupt_ckpt"].write_bytes(b"not a checkpoint at all")
+    good = tmp_path / "good.ckpt"
+    save_checkpoint(good, {"state_dict": {"w": torch.ones(1000)}, "data": "synthetic:0:600:4"})
+    files["truncated_ckpt"] = tmp_path / "truncated.ckpt"
+    files["truncated_ckpt"].write_bytes(good.read_bytes()[:200])
+    files["foreign_ckpt"] = good  # loads, but does not fit the model
+    corrupt = tmp_path / "corrupt-fmnist"
+    corrupt.mkdir()
+    for name in (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ):
+        (corrupt / name).write_bytes(b"\x00\x00\x08\x03garbage")
+    files["corrupt_dir"] = corrupt
+    return files
+
+
+CASES = [
+    # (script, overrides, words the message must contain); {name} is a bad_files path
+    ("train.py", ["selector=nope"], ["selector"]),
+    ("train.py", ["model=nope"], ["model"]),
+    ("train.py", ["no_such_key=1"], ["no_such_key", "+key=value"]),
+    ("train.py", ["trainer.max_epochs=abc"], ["trainer.max_epochs"]),
+    ("train.py", ["seed=-3"], ["seed"]),
+    ("train.py", ["fraction=0"], ["fraction", "(0, 1]"]),
+    ("train.py", ["fraction=-1"], ["fraction", "(0, 1]"]),
+    ("train.py", ["fraction=1.5"], ["fraction", "(0, 1]"]),
+    ("train.py", ["fraction=abc"], ["fraction", "(0, 1]"]),
+    ("train.py", ["-m", "fraction=0.1,2"], ["fraction"]),
+    ("train.py", ["dataset.data_dir=/no/such/dir"], ["/no/such/dir", "dataset.data_dir"]),
+    ("train.py", ["subset_path=/no/such.npz"], ["subset_path"]),
+    ("train.py", ["pretrain=jigsaw", "pretrain.num_learners=0"], ["pretrain.num_learners"]),
+    ("pretrain.py", ["pretrain=jigsaw", "pretrain.num_learners=0"], ["pretrain.num_learners"]),
+    ("pretrain.py", ["pretrain=nope"], ["pretrain"]),
+    ("select.py", ["ckpt_path=/no/such.ckpt"], ["ckpt_path", "pretrain.ckpt"]),
+    ("select.py", ["selector=full"], ["selector"]),
+    pytest.param(
+        "train.py",
+        [
+            *FAST,
+            "pretrain=jigsaw",
+            "selector=el2n",
+            "pretrain.num_learners=50",
+            "pretrain.batches_per_learner=10",
+        ],
+        ["pretrain.num_learners"],
+        marks=SLOW,
+        id="shard-larger-than-data",
+    ),
+    pytest.param(
+        "pretrain.py",
+        [*FAST, "pretrain=jigsaw", "pretrain.batches_per_learner=100"],
+        ["pretrain.batches_per_learner"],
+        marks=SLOW,
+        id="pretrain-shard-too-large",
+    ),
+    pytest.param(
+        "train.py",
+        ["dataset.data_dir={corrupt_dir}", "dataset.download=false"],
+        ["corrupt", "restore"],
+        marks=SLOW,
+        id="corrupt-data-dir",
+    ),
+    pytest.param(
+        "train.py",
+        [*FAST, "subset_path={other_data}"],
+        ["made for", "select"],
+        marks=SLOW,
+        id="subset-other-data",
+    ),
+    pytest.param(
+        "train.py",
+        [*FAST, "subset_path={out_of_range}"],
+        ["outside"],
+        marks=SLOW,
+        id="subset-out-of-range",
+    ),
+    pytest.param(
+        "train.py",
+        [*FAST, "subset_path={duplicates}"],
+        ["duplicate"],
+        marks=SLOW,
+        id="subset-duplicates",
+    ),
+    pytest.param(
+        "select.py",
+        [*FAST, "selector=el2n", "ckpt_path={corrupt_ckpt}"],
+        ["not a readable checkpoint", "pretrain.py"],
+        marks=SLOW,
+        id="corrupt-ckpt",
+    ),
+    pytest.param(
+        "select.py",
+        [*FAST, "selector=el2n", "ckpt_path={truncated_ckpt}"],
+        ["not a readable checkpoint"],
+        marks=SLOW,
+        id="truncated-ckpt",
+    ),
+    pytest.param(
+        "select.py",
+        [*FAST, "selector=el2n", "ckpt_path={foreign_ckpt}"],
+        ["does not fit"],
+        marks=SLOW,
+        id="ckpt-for-another-model",
+    ),
+]
+
+
+@pytest.mark.parametrize(("script", "overrides", "words"), CASES)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, bad_files, script, overrides, words):
+    args = [a.format(**bad_files) for a in overrides]
+    run_dir, sweep_dir = tmp_path / "run", tmp_path / "sweep"
+    out = run_entry(
+        script, [*args, f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={sweep_dir}"], timeout=300
+    )
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-2000:]
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert not run_dir.exists() and not sweep_dir.exists()  # nothing written
+
+
+@pytest.mark.slow
+def test_a_run_writes_only_inside_its_run_dir(tmp_path):
+    """Started from an empty working folder with an empty HOME: afterwards both are still empty
+    and everything the run wrote is under hydra.run.dir."""
+    from tests.conftest import ROOT
+
+    cwd, home, run_dir = tmp_path / "cwd", tmp_path / "home", tmp_path / "run"
+    cwd.mkdir()
+    home.mkdir()
+    before = {p for p in ROOT.rglob("*") if "__pycache__" not in p.parts}
+    out = run_entry(
+        str(ROOT / "train.py"),
+        [
+            *[o for o in FAST if o != "logger=none"],
+            "logger=wandb",
+            "selector=el2n",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=cwd,
+        env={"HOME": str(home), "WANDB_SILENT": "true"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list(cwd.iterdir()) == []
+    assert list(home.rglob("*")) == []
+    after = {p for p in ROOT.rglob("*") if "__pycache__" not in p.parts}
+    assert after == before
+    assert (run_dir / "summary.json").is_file() and (run_dir / "subset.npz").is_file()
+
+
+def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_path):
+    from lipt.build import build_datamodule
+    from lipt.select import choose_subset, selection_models
+
+    results = []
+    for attempt in range(2):
+        cfg = make_cfg(
+            [
+                *FAST,
+                "selector=gradmatch",
+                "pretrain=full",
+                "pretrain.epochs=1",
+                f"paths.output_dir={tmp_path / str(attempt)}",
+            ]
+        )
+        dm = build_datamodule(cfg)
+        models = selection_models(cfg, dm, {})
+        results.append(choose_subset(cfg, dm, models, seed=0))
+    (i0, w0), (i1, w1) = results
+    assert torch.equal(i0, i1)
+    assert torch.equal(w0, w1)  # bit for bit, not allclose
+    other = make_cfg(
+        [
+            *FAST,
+            "selector=gradmatch",
+            "pretrain=full",
+            "pretrain.epochs=1",
+            "seed=1",
+            f"paths.output_dir={tmp_path / 'other'}",
+        ]
+    )
+    dm = build_datamodule(other)
+    i2, _ = choose_subset(other, dm, selection_models(other, dm, {}), seed=1)
+    assert not torch.equal(i0, i2)
