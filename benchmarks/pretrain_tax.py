@@ -17,7 +17,7 @@ ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, reports 15.4x less pre
         --threads 1 --jigsaw merge.eval_size=1000      # reduced: about 10 min on 2 CPU cores
 
 On a CPU the jigsaw stage's cost is mostly its merge: every learner and candidate soup is scored
-on the validation split (191 evaluations for n=10 and 20 ratios), which `--jigsaw
+on the validation split (55 evaluations for n=10 and 5 ratios), which `--jigsaw
 merge.eval_size=...` or `--jigsaw merge=greedy` shrinks; the table shows the merge time apart.
 """
 

@@ -17,8 +17,32 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from lipt.selection import (
+    select_ccs,
+    select_craig,
+    select_el2n,
+    select_glister,
+    select_gradmatch,
+    select_grand,
+    select_random,
+    select_uncertainty,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+
+# The selectors under test, by the name of their config in configs/selector/ (tests only:
+# lipt itself finds selectors through Hydra's config group).
+SELECTORS = {
+    "random": select_random,
+    "uncertainty": select_uncertainty,
+    "el2n": select_el2n,
+    "grand": select_grand,
+    "glister": select_glister,
+    "gradmatch": select_gradmatch,
+    "craig": select_craig,
+    "ccs": select_ccs,
+}
 
 # Small, quick settings for end-to-end runs on the synthetic data set.
 FAST = [

@@ -18,28 +18,8 @@ from lipt.selection import (
     SelectionInputs,
     last_layer_gradients,
     select_balanced,
-    select_ccs,
-    select_craig,
-    select_el2n,
-    select_glister,
-    select_gradmatch,
-    select_grand,
-    select_random,
-    select_uncertainty,
 )
-
-# The selectors under test, by the name of their config in configs/selector/ (tests only:
-# lipt itself finds selectors through Hydra's config group).
-SELECTORS = {
-    "random": select_random,
-    "uncertainty": select_uncertainty,
-    "el2n": select_el2n,
-    "grand": select_grand,
-    "glister": select_glister,
-    "gradmatch": select_gradmatch,
-    "craig": select_craig,
-    "ccs": select_ccs,
-}
+from tests.conftest import SELECTORS
 
 N, C, D = 200_000, 10, 64
 

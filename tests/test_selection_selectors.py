@@ -30,19 +30,7 @@ from lipt.selection import (
     select_uncertainty,
     split_budget,
 )
-
-# The selectors under test, by the name of their config in configs/selector/ (tests only:
-# lipt itself finds selectors through Hydra's config group).
-SELECTORS = {
-    "random": select_random,
-    "uncertainty": select_uncertainty,
-    "el2n": select_el2n,
-    "grand": select_grand,
-    "glister": select_glister,
-    "gradmatch": select_gradmatch,
-    "craig": select_craig,
-    "ccs": select_ccs,
-}
+from tests.conftest import SELECTORS
 
 
 @pytest.fixture(autouse=True, scope="module")

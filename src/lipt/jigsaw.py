@@ -1,6 +1,6 @@
 """LiPT's jigsaw pre-training: independent weak learners merged into one model soup.
 
-Ro et al., "Lightweight Distributed Pre-training for Gradient-based Subset Training" (ICML 2023,
+Ro et al., "Lowering the Pre-training Tax for Gradient-based Subset Training" (ICML 2023,
 https://proceedings.mlr.press/v202/ro23a.html), sections 3.2-3.3. From ONE common initial model
 (the seeded init), learner i
 
