@@ -218,3 +218,26 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
     dm = build_datamodule(other)
     i2, _ = choose_subset(other, dm, selection_models(other, dm, {}), seed=1)
     assert not torch.equal(i0, i2)
+
+
+def test_same_config_and_seed_give_the_same_soup_bit_for_bit(make_cfg, tmp_path):
+    from lipt.build import build_datamodule
+    from lipt.pretrain import pretrain_model
+
+    def soup(seed: int, attempt: str) -> dict[str, torch.Tensor]:
+        cfg = make_cfg(
+            [
+                *FAST,
+                "pretrain=jigsaw",
+                "pretrain.num_learners=3",
+                "pretrain.local_epochs=2",
+                f"paths.output_dir={tmp_path / attempt}",
+            ]
+        )
+        result = pretrain_model(cfg, build_datamodule(cfg), seed)
+        return result.model.state_dict()
+
+    first, second, other = soup(0, "a"), soup(0, "b"), soup(1, "c")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)  # bit for bit
+    assert not all(torch.equal(first[k], other[k]) for k in first)
