@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 FMNIST := /usr/share/datasets/fashion-mnist
 ARGS ?=
 
-.PHONY: install data run test test-slow test-all lint format bench clean
+.PHONY: install data run test test-slow test-all lint format report clean
 
 install: $(STAMP)
 
@@ -42,6 +42,11 @@ lint: install
 format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+# Tables (Markdown, CSV) and plots of every summary.json under a sweep: make report SWEEP=multirun/<exp>/<time>
+report: install
+	@test -n "$(SWEEP)" || { echo "error: set SWEEP=<sweep folder>, e.g. make report SWEEP=multirun/table2_cpu/<time>" >&2; exit 2; }
+	$(PY) -m lipt.report $(SWEEP) $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache .mypy_cache

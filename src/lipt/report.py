@@ -1,0 +1,520 @@
+"""Tables and figures for a sweep: `python -m lipt.report SWEEP_DIR` (or `make report SWEEP=...`).
+
+Reads every run's `summary.json` under SWEEP_DIR (recursively; the format is in DESIGN.md,
+"Interfaces"), groups the runs by the config keys that vary across the sweep, averaging over
+seeds, and writes to SWEEP_DIR/report/ (or --out):
+
+- `results.md`, `results.csv`: one row per group, sorted by the group keys;
+- `accuracy_vs_data.png`: test accuracy against data used, one line per approach (the paper's
+  figure 2);
+- `stage_times.png`: mean seconds of pre-training, selection and training, stacked, per group
+  (the paper's table 1).
+
+How the columns are computed (per run, then over the runs of a group):
+
+- test accuracy: mean and sample standard deviation (ddof=1) in %, over the group's runs that
+  report one (null for pretrain- or select-only runs); no std for a single run.
+- data used: (pretrain.unique_samples + train.unique_samples) / dataset_train_size, in %, a
+  stage that did not run adding 0 (a train stage without unique_samples adds subset_size). It is
+  the paper's cost proxy (figure 2: data read by pre-training plus main training): an item read
+  by both stages counts twice, as summary.json does not record the overlap, so it can exceed
+  100% (pretrain=full) and bounds from above the share of distinct items touched.
+- seconds: mean per stage, a stage a run did not have counting 0 (blank when no run of the
+  group had it); total = pretrain + select + train. Re-selection time is inside train.
+- training samples: pretrain.samples + train.samples (samples passed forward and backward).
+
+Groups: the config is flattened to dotted keys and a key is a group key when its value differs
+between runs, except seeds (`seed`, `*_seed`: replicates) and bookkeeping (`paths`, `hydra`,
+`logger`, `*_dir`, `*_path`, worker/thread counts, progress bars). Keys implied by others (a
+selector's own options when `selector.name` varies) are dropped: see `varying_keys`.
+`--group-by KEY ...` sets the keys instead.
+
+Mistakes a user can fix (no such directory, no summary.json in it, an unknown --group-by key)
+end with one line on stderr and exit code 2, as lipt's other commands do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lipt.cli import fail
+from lipt.errors import UserError
+
+STAGES = ("pretrain", "select", "train")
+# Stages whose unique_samples count towards "data used" (selection reads data but trains on none).
+DATA_STAGES = ("pretrain", "train")
+
+# Where and how a run was executed, not what it computed: output dirs differ between every two
+# runs, and none of these changes a result.
+BOOKKEEPING_SECTIONS = frozenset({"paths", "hydra", "logger"})
+BOOKKEEPING_NAMES = frozenset(
+    {
+        "num_workers",
+        "num_threads",
+        "download",
+        "enable_progress_bar",
+        "enable_model_summary",
+        "log_every_n_steps",
+    }
+)
+BOOKKEEPING_SUFFIXES = ("_dir", "_path")
+
+# The metric columns of a row, in table order (the group keys come first).
+METRICS = (
+    "runs",
+    "seeds",
+    "test_acc_pct_mean",
+    "test_acc_pct_std",
+    "subset_size",
+    "data_used_pct",
+    "pretrain_seconds",
+    "select_seconds",
+    "train_seconds",
+    "total_seconds",
+    "training_samples",
+)
+
+Row = dict[str, Any]
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    path: Path  # the summary.json
+    summary: dict[str, Any]
+    config: dict[str, Hashable]  # the summary's config, flattened to dotted keys
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Hashable]:
+    """{"selector": {"name": "glister"}} -> {"selector.name": "glister"}. Lists become their JSON
+    text, so every value can be compared and grouped on."""
+    flat: dict[str, Hashable] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{dotted}."))
+        elif isinstance(value, list):
+            flat[dotted] = json.dumps(value)
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def load_summaries(sweep_dir: Path) -> tuple[list[Run], list[str]]:
+    """Every readable summary.json under `sweep_dir`, and a warning for each one skipped: an
+    unreadable or truncated file, or a Hydra job directory (it has `.hydra/`) without one."""
+    if not sweep_dir.is_dir():
+        raise UserError(f"{sweep_dir} is not a directory (pass a sweep dir, multirun/<job>/<time>)")
+    runs: list[Run] = []
+    warnings: list[str] = []
+    for path in sorted(sweep_dir.rglob("summary.json")):
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            warnings.append(f"skipped {path}: unreadable ({type(e).__name__}: {e})")
+            continue
+        if not (
+            isinstance(summary, dict)
+            and isinstance(summary.get("config"), dict)
+            and isinstance(summary.get("stages"), dict)
+        ):
+            warnings.append(f"skipped {path}: not a lipt summary (no config or stages)")
+            continue
+        runs.append(Run(path, summary, flatten(summary["config"])))
+    for hydra_dir in sorted(sweep_dir.rglob(".hydra")):
+        job_dir = hydra_dir.parent
+        if hydra_dir.is_dir() and not (job_dir / "summary.json").exists():
+            warnings.append(f"skipped {job_dir}: no summary.json (the run failed or is running)")
+    return runs, warnings
+
+
+# --- grouping -------------------------------------------------------------------------------
+
+
+def is_replicate(key: str) -> bool:
+    """Seeds: runs that differ only in them are repeats of one experiment."""
+    name = key.rsplit(".", 1)[-1]
+    return name == "seed" or name.endswith("_seed")
+
+
+def is_bookkeeping(key: str) -> bool:
+    name = key.rsplit(".", 1)[-1]
+    return (
+        key.split(".", 1)[0] in BOOKKEEPING_SECTIONS
+        or name in BOOKKEEPING_NAMES
+        or name.endswith(BOOKKEEPING_SUFFIXES)
+    )
+
+
+def _partition_size(configs: Sequence[Mapping[str, Hashable]], keys: Sequence[str]) -> int:
+    return len({tuple(config.get(key) for key in keys) for config in configs})
+
+
+def varying_keys(configs: Sequence[Mapping[str, Hashable]]) -> list[str]:
+    """The keys to group runs by: those whose value differs between runs (an absent key counts
+    as null), minus seeds and bookkeeping, minus keys implied by the ones already chosen.
+
+    Switching `selector=random,glister` changes `selector.name` and also `selector._target_`,
+    `selector.eta`, ...; only the first says something. So candidates are taken in order
+    (`*.name` first, then shallow keys before deep ones, then alphabetically) and a key is kept
+    only if it splits runs that the keys kept before it put together."""
+    keys = sorted({key for config in configs for key in config})
+    candidates = [
+        key
+        for key in keys
+        if not is_replicate(key)
+        and not is_bookkeeping(key)
+        and len({config.get(key) for config in configs}) > 1
+    ]
+    candidates.sort(key=lambda key: (key.rsplit(".", 1)[-1] != "name", key.count("."), key))
+    chosen: list[str] = []
+    for key in candidates:
+        if _partition_size(configs, [*chosen, key]) > _partition_size(configs, chosen):
+            chosen.append(key)
+    return chosen
+
+
+def check_group_keys(configs: Sequence[Mapping[str, Hashable]], keys: Sequence[str]) -> None:
+    """--group-by keys must exist in the configs (a typo would silently make one group)."""
+    known = {key for config in configs for key in config}
+    unknown = [key for key in keys if key not in known]
+    if unknown:
+        hint = ", ".join(varying_keys(configs)) or "none"
+        raise UserError(
+            f"--group-by: no config key {', '.join(unknown)} in these runs "
+            f"(dotted keys such as selector.name; the keys that vary here: {hint})"
+        )
+
+
+# --- aggregating ----------------------------------------------------------------------------
+
+
+def _stage(summary: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    stage = summary["stages"].get(name)
+    return stage if isinstance(stage, Mapping) else {}
+
+
+def run_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """One run's numbers (see the module docstring for the definitions); None where unknown."""
+    accuracy = summary.get("test_accuracy")
+    seconds = {name: _stage(summary, name).get("seconds") for name in STAGES}
+    unique = 0.0
+    for name in DATA_STAGES:
+        stage = _stage(summary, name)
+        fallback = summary.get("subset_size") if name == "train" and stage else 0
+        unique += stage.get("unique_samples", fallback) or 0
+    dataset_size = summary.get("dataset_train_size")
+    subset_size = summary.get("subset_size")
+    return {
+        "test_acc_pct": None if accuracy is None else 100.0 * accuracy,
+        "subset_size": None if subset_size is None else float(subset_size),
+        "data_used_pct": 100.0 * unique / dataset_size if dataset_size else None,
+        **{f"{name}_seconds": seconds[name] for name in STAGES},
+        "total_seconds": sum(s or 0.0 for s in seconds.values()),
+        "training_samples": sum(
+            float(_stage(summary, name).get("samples") or 0) for name in DATA_STAGES
+        ),
+    }
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else None
+
+
+def _seeds(runs: Sequence[Run]) -> str:
+    seeds = {run.config.get("seed") for run in runs} - {None}
+    return ",".join(str(s) for s in sorted(seeds, key=_order))
+
+
+def summarise(runs: Sequence[Run]) -> Row:
+    """The metric columns (METRICS) of one group."""
+    per_run = [run_metrics(run.summary) for run in runs]
+    accuracies = np.array([m["test_acc_pct"] for m in per_run if m["test_acc_pct"] is not None])
+    row: Row = {
+        "runs": len(runs),
+        "seeds": _seeds(runs),
+        "test_acc_pct_mean": float(accuracies.mean()) if accuracies.size else None,
+        # Sample std (ddof=1): the seeds are a sample of the runs one could have made.
+        "test_acc_pct_std": float(accuracies.std(ddof=1)) if accuracies.size > 1 else None,
+    }
+    for column in ("subset_size", "data_used_pct", "total_seconds", "training_samples"):
+        row[column] = _mean([m[column] for m in per_run])
+    for name in STAGES:
+        seconds = [m[f"{name}_seconds"] for m in per_run]
+        had_stage = any(s is not None for s in seconds)
+        row[f"{name}_seconds"] = _mean([s or 0.0 for s in seconds]) if had_stage else None
+    return row
+
+
+def _order(value: Any) -> tuple[int, Any]:
+    """Sort key for config values of mixed types: null, then numbers, then text."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, int | float):
+        return (1, value)
+    return (2, str(value))
+
+
+def aggregate(runs: Sequence[Run], keys: Sequence[str]) -> list[Row]:
+    """One row per distinct combination of `keys` values: the keys, then METRICS; sorted by the
+    keys in order."""
+    groups: dict[tuple[Hashable, ...], list[Run]] = {}
+    for run in runs:
+        groups.setdefault(tuple(run.config.get(key) for key in keys), []).append(run)
+    rows = []
+    for values in sorted(groups, key=lambda values: [_order(v) for v in values]):
+        rows.append({**dict(zip(keys, values, strict=True)), **summarise(groups[values])})
+    return rows
+
+
+# --- tables ---------------------------------------------------------------------------------
+
+
+def to_csv(rows: Sequence[Row], keys: Sequence[str]) -> str:
+    """Group keys and METRICS at full precision; empty cells where a value is unknown."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([*keys, *METRICS])
+    for row in rows:
+        writer.writerow(["" if row[c] is None else row[c] for c in [*keys, *METRICS]])
+    return buffer.getvalue()
+
+
+def _value_text(key: str, value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:g}"
+    text = str(value)
+    if key.endswith("_target_"):  # lipt.models.ConvNet -> ConvNet
+        text = text.rsplit(".", 1)[-1]
+    return text.replace("|", "\\|")
+
+
+def _number(value: float | None, decimals: int = 1) -> str:
+    return "—" if value is None else f"{value:,.{decimals}f}"
+
+
+def _seconds(value: float | None) -> str:
+    # Selection can take hundredths of a second: keep them visible next to the long stages.
+    return _number(value, 2 if value is not None and value < 10 else 1)
+
+
+def _accuracy(row: Row) -> str:
+    mean, std = row["test_acc_pct_mean"], row["test_acc_pct_std"]
+    if mean is None:
+        return "—"
+    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
+
+
+# Markdown columns after the group keys: header and how to show a row's value.
+MARKDOWN_COLUMNS: tuple[tuple[str, Callable[[Row], str]], ...] = (
+    ("runs", lambda r: str(r["runs"])),
+    ("seeds", lambda r: r["seeds"] or "—"),
+    ("test acc. (%)", _accuracy),
+    ("subset", lambda r: _number(r["subset_size"], 0)),
+    ("data used (%)", lambda r: _number(r["data_used_pct"], 2)),
+    ("pretrain (s)", lambda r: _seconds(r["pretrain_seconds"])),
+    ("select (s)", lambda r: _seconds(r["select_seconds"])),
+    ("train (s)", lambda r: _seconds(r["train_seconds"])),
+    ("total (s)", lambda r: _seconds(r["total_seconds"])),
+    ("training samples", lambda r: _number(r["training_samples"], 0)),
+)
+
+MARKDOWN_NOTES = """\
+Test accuracy: mean ± sample standard deviation (ddof=1) over the group's runs (seeds), in %.
+Data used: (pre-training unique samples + main-training unique samples) / size of the training
+split, the paper's cost proxy; an item read by both stages counts twice. Seconds: mean wall-clock
+time per stage (a stage a run did not have counts 0; — when no run had it). Training samples:
+samples passed forward and backward in pre-training plus main training, mean per run.
+"""
+
+
+def to_markdown(rows: Sequence[Row], keys: Sequence[str], title: str = "Results") -> str:
+    headers = [*keys, *(header for header, _ in MARKDOWN_COLUMNS)]
+    # Group keys left-aligned, numbers right-aligned.
+    align = [":---"] * len(keys) + ["---:"] * len(MARKDOWN_COLUMNS)
+    lines = [f"# {title}", "", "| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+    for row in rows:
+        cells = [_value_text(key, row[key]) for key in keys]
+        cells += [show(row) for _, show in MARKDOWN_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + MARKDOWN_NOTES
+
+
+# --- figures --------------------------------------------------------------------------------
+
+
+def _label(row: Row, keys: Sequence[str]) -> str:
+    """`pretrain=jigsaw, selector=glister` (a `.name` key by its group's name), or `all runs`."""
+    parts = [
+        f"{key.removesuffix('.name')}={_value_text(key, row[key])}" for key in keys if key in row
+    ]
+    return ", ".join(parts) or "all runs"
+
+
+def _new_figure(width: float, height: float) -> Any:
+    # An Agg canvas on a bare Figure: no pyplot, no global backend switch, no display needed.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def plot_accuracy(
+    rows: Sequence[Row], keys: Sequence[str], path: Path, x: str = "data_used"
+) -> None:
+    """Test accuracy (mean, with a ± std band and error bars) against data used (`x`:
+    "data_used") or the subset fraction ("fraction"), one line per approach: the group keys
+    other than `fraction`, which moves along the x-axis."""
+    if x == "fraction" and "fraction" not in keys:
+        raise UserError("--x fraction: `fraction` is not a group key of this sweep")
+    series_keys = [key for key in keys if key != "fraction"]
+    series: dict[str, list[tuple[float, float, float]]] = {}
+    for row in rows:
+        if x == "data_used":
+            x_value = row["data_used_pct"]
+        else:
+            x_value = None if row.get("fraction") is None else 100.0 * row["fraction"]
+        if row["test_acc_pct_mean"] is None or x_value is None:
+            continue  # no training in these runs: nothing to plot
+        std = row["test_acc_pct_std"] or 0.0
+        series.setdefault(_label(row, series_keys), []).append(
+            (x_value, row["test_acc_pct_mean"], std)
+        )
+
+    figure = _new_figure(8, 5)
+    ax = figure.add_subplot()
+    for index, (label, points) in enumerate(series.items()):
+        xs, means, stds = (np.array(column) for column in zip(*sorted(points), strict=True))
+        color = f"C{index % 10}"
+        ax.errorbar(
+            xs, means, yerr=stds, marker="o", capsize=3, color=color, label=label, linewidth=1.5
+        )
+        if len(xs) > 1:
+            ax.fill_between(xs, means - stds, means + stds, color=color, alpha=0.15, linewidth=0)
+    if not series:
+        message = "no run in this sweep reports a test accuracy"
+        ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
+    if x == "data_used":
+        ax.set_xlabel("Data used (% of the training split: pre-training + subset)")
+    else:
+        ax.set_xlabel("Subset fraction (% of the training pool)")
+    ax.set_ylabel("Test accuracy (%)")
+    ax.set_title("Test accuracy vs data used (mean ± std over seeds)")
+    ax.grid(alpha=0.3)
+    if series:
+        # Beside the axes when there are many lines, so the legend never hides one.
+        outside = len(series) > 6
+        ax.legend(
+            fontsize="small",
+            loc="upper left" if outside else "best",
+            bbox_to_anchor=(1.02, 1.0) if outside else None,
+        )
+    figure.savefig(path, dpi=120)
+
+
+def plot_stage_times(rows: Sequence[Row], keys: Sequence[str], path: Path) -> None:
+    """Horizontal bars, one per group in table order: mean pretrain, select and train seconds
+    stacked, the total written at the end."""
+    labels = [f"{_label(row, keys)} (n={row['runs']})" for row in rows]
+    figure = _new_figure(9, max(2.8, 0.45 * len(rows) + 1.6))
+    ax = figure.add_subplot()
+    positions = np.arange(len(rows))
+    left = np.zeros(len(rows))
+    for index, name in enumerate(STAGES):
+        seconds = np.array([row[f"{name}_seconds"] or 0.0 for row in rows])
+        ax.barh(positions, seconds, left=left, color=f"C{index}", label=name, height=0.6)
+        left += seconds
+    for position, total in zip(positions, left, strict=True):
+        ax.text(total, position, f" {total:,.1f} s", va="center", fontsize="small")
+    ax.set_xlim(0, max(float(left.max(initial=0.0)), 1e-9) * 1.15)  # room for the totals
+    ax.set_yticks(positions, labels)
+    ax.invert_yaxis()  # first row on top, as in the table
+    ax.set_xlabel("Mean wall-clock seconds per run")
+    ax.set_title("Time per stage (mean over seeds)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize="small", loc="lower right", ncols=3)
+    figure.savefig(path, dpi=120)
+
+
+# --- command line ---------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m lipt.report",
+        description="Tables (results.md, results.csv) and figures (accuracy_vs_data.png, "
+        "stage_times.png) for a sweep: every summary.json under SWEEP_DIR, grouped by the "
+        "config keys that vary, averaged over seeds.",
+    )
+    parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR")
+    parser.add_argument("--out", type=Path, help="output directory (default SWEEP_DIR/report)")
+    parser.add_argument(
+        "--group-by",
+        nargs="+",
+        action="extend",
+        metavar="KEY",
+        help="dotted config keys to group by, instead of the ones that vary (e.g. selector.name)",
+    )
+    parser.add_argument(
+        "--x",
+        choices=("data_used", "fraction"),
+        default="data_used",
+        help="x-axis of accuracy_vs_data.png (default: data used, as the paper's figure 2)",
+    )
+    return parser.parse_args(argv)
+
+
+def write_report(args: argparse.Namespace) -> str:
+    """Read the sweep, write the four files; returns the line to print. Raises UserError."""
+    runs, warnings = load_summaries(args.sweep_dir)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not runs:
+        raise UserError(f"no readable summary.json under {args.sweep_dir}")
+    configs = [run.config for run in runs]
+    if args.group_by:
+        check_group_keys(configs, args.group_by)
+    keys = args.group_by or varying_keys(configs)
+    if args.x == "fraction" and "fraction" not in keys:  # before anything is written
+        raise UserError("--x fraction: `fraction` is not a group key of this sweep")
+    rows = aggregate(runs, keys)
+    out = args.out or args.sweep_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"Results: {args.sweep_dir} ({len(runs)} runs)"
+    (out / "results.md").write_text(to_markdown(rows, keys, title))
+    (out / "results.csv").write_text(to_csv(rows, keys))
+    plot_accuracy(rows, keys, out / "accuracy_vs_data.png", x=args.x)
+    plot_stage_times(rows, keys, out / "stage_times.png")
+    by = ", ".join(keys) or "nothing"
+    return f"{len(rows)} groups from {len(runs)} runs, grouped by {by}: {out}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        print(write_report(args))
+    except UserError as e:
+        fail(str(e))
+    except OSError as e:  # e.g. an --out that cannot be written
+        fail(f"cannot write the report: {e}")
+
+
+if __name__ == "__main__":
+    main()

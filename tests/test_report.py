@@ -1,0 +1,292 @@
+"""lipt.report on fake sweeps: summary.json files in the real format, with the real resolved
+config (composed from configs/), laid out as a Hydra multirun writes them."""
+
+from __future__ import annotations
+
+import csv
+import functools
+import io
+import itertools
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from lipt import report
+from tests.conftest import CONFIGS, ROOT
+
+DATASET_TRAIN_SIZE = 60000
+PRETRAIN_UNIQUE = 2560
+SUBSET = 5500
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+OUTPUT_DIR = "/placeholder/output_dir"  # where the composed config says the run writes
+
+# The accuracies each selector's three seeds reach: the sweep of most tests.
+ACCURACIES = {"glister": [0.8431, 0.8392, 0.8517], "random": [0.8012, 0.8127, 0.7954]}
+
+
+@functools.cache
+def _composed(groups: tuple[str, ...]) -> str:
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("train", overrides=[*groups, f"paths.output_dir={OUTPUT_DIR}"])
+    return json.dumps(OmegaConf.to_container(cfg, resolve=True))
+
+
+def resolved_config(groups: Sequence[str], output_dir: Path, **top_level: Any) -> dict[str, Any]:
+    """The config a run stores in summary.json, resolved as Hydra does. Composing takes a few
+    tenths of a second, so it is done once per choice of config groups; top-level keys (seed,
+    fraction: nothing interpolates them) and the output dir are filled in afterwards."""
+    text = _composed(tuple(groups)).replace(json.dumps(OUTPUT_DIR), json.dumps(str(output_dir)))
+    config: dict[str, Any] = json.loads(text)
+    assert top_level.keys() <= config.keys()
+    return config | top_level
+
+
+def write_run(
+    job_dir: Path,
+    groups: Sequence[str],
+    accuracy: float | None,
+    subset_size: int | None = SUBSET,
+    pretrain_unique: int | None = PRETRAIN_UNIQUE,
+    **top_level: Any,
+) -> None:
+    """One job directory of a multirun: .hydra/ and summary.json (stages as lipt writes them)."""
+    (job_dir / ".hydra").mkdir(parents=True)
+    stages: dict[str, Any] = {}
+    if pretrain_unique is not None:
+        stages["pretrain"] = {
+            "seconds": 3.2,
+            "samples": 10 * pretrain_unique,
+            "unique_samples": pretrain_unique,
+        }
+    stages["select"] = {"seconds": 1.1}
+    if accuracy is not None:
+        size = subset_size or SUBSET
+        stages["train"] = {"seconds": 40.0, "samples": 15 * size, "unique_samples": size}
+    summary = {
+        "test_accuracy": accuracy,
+        "train_size": 55000,
+        "dataset_train_size": DATASET_TRAIN_SIZE,
+        "subset_size": subset_size,
+        "stages": stages,
+        "config": resolved_config(groups, job_dir, **top_level),
+    }
+    (job_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    """`train.py -m pretrain=jigsaw selector=glister,random seed=0,1,2`: six runs, then a job that
+    died while writing (truncated file) and one that died before writing anything."""
+    root = tmp_path / "multirun" / "train" / "2024-05-01_12-00-00"
+    job = 0
+    for selector, accuracies in ACCURACIES.items():
+        for seed, accuracy in enumerate(accuracies):
+            groups = ["pretrain=jigsaw", f"selector={selector}"]
+            write_run(root / str(job), groups, accuracy, seed=seed)
+            job += 1
+    (root / "6" / ".hydra").mkdir(parents=True)
+    (root / "6" / "summary.json").write_text('{"test_accuracy": 0.8, "stages": {"pre')
+    (root / "7" / ".hydra").mkdir(parents=True)
+    return root
+
+
+def write_fraction_sweep(root: Path) -> None:
+    """The paper's figure 2: `pretrain=none,jigsaw fraction=0.05,0.1,0.3 seed=0,1`."""
+    runs = itertools.product(("none", "jigsaw"), (0.05, 0.1, 0.3), (0, 1))
+    for job, (pretrain, fraction, seed) in enumerate(runs):
+        accuracy = 0.7 + fraction / 2 + (0.03 if pretrain == "jigsaw" else 0) + seed / 100
+        unique = PRETRAIN_UNIQUE if pretrain == "jigsaw" else None
+        size = int(55000 * fraction)
+        groups = [f"pretrain={pretrain}"]
+        write_run(root / str(job), groups, accuracy, size, unique, fraction=fraction, seed=seed)
+
+
+def test_flatten_makes_dotted_keys_and_comparable_lists():
+    flat = report.flatten({"a": 1, "b": {"c": {"d": "x"}, "e": [0.5]}, "f": {}})
+    assert flat == {"a": 1, "b.c.d": "x", "b.e": "[0.5]"}
+
+
+def test_varying_keys_finds_the_selector_not_seeds_paths_or_implied_options(sweep):
+    runs, _ = report.load_summaries(sweep)
+    configs = [run.config for run in runs]
+    # Seeds, output dirs (paths, logger save_dir) and the selectors' own options all differ too.
+    for key in ("seed", "paths.output_dir", "logger.csv.save_dir", "selector._target_"):
+        assert len({c.get(key) for c in configs}) > 1, key
+    assert report.varying_keys(configs) == ["selector.name"]
+
+
+def test_varying_keys_keeps_a_swept_option_of_one_approach():
+    # pretrain=none,jigsaw with pretrain.num_learners=5,10 for jigsaw: the option splits runs.
+    def config(name: str, learners: int | None, seed: int) -> dict[str, Any]:
+        pretrain: dict[str, Any] = {"name": name}
+        if learners is not None:
+            pretrain |= {"num_learners": learners, "local_epochs": 10}
+        return report.flatten({"pretrain": pretrain, "seed": seed, "fraction": 0.1})
+
+    configs = [config("none", None, s) for s in (0, 1)]
+    configs += [config("jigsaw", n, s) for n in (5, 10) for s in (0, 1)]
+    assert report.varying_keys(configs) == ["pretrain.name", "pretrain.num_learners"]
+    rows = report.aggregate(
+        [report.Run(Path(f"{i}"), {"stages": {}}, c) for i, c in enumerate(configs)],
+        ["pretrain.name", "pretrain.num_learners"],
+    )
+    keys = [(r["pretrain.name"], r["pretrain.num_learners"], r["runs"]) for r in rows]
+    assert keys == [("jigsaw", 5, 2), ("jigsaw", 10, 2), ("none", None, 2)]  # numbers sort as such
+
+
+def test_load_skips_a_truncated_summary_and_a_job_without_one_with_warnings(sweep):
+    runs, warnings = report.load_summaries(sweep)
+    assert len(runs) == 6
+    assert len(warnings) == 2
+    assert "6/summary.json: unreadable" in warnings[0]
+    assert f"{sweep / '7'}: no summary.json" in warnings[1]
+
+
+def test_aggregate_accuracy_mean_and_sample_std_equal_numpy(sweep):
+    runs, _ = report.load_summaries(sweep)
+    rows = report.aggregate(runs, ["selector.name"])
+    assert [row["selector.name"] for row in rows] == ["glister", "random"]
+    for row in rows:
+        accuracies = np.array(ACCURACIES[row["selector.name"]]) * 100
+        assert row["runs"] == 3
+        assert row["seeds"] == "0,1,2"
+        assert row["test_acc_pct_mean"] == float(np.mean(accuracies))
+        assert row["test_acc_pct_std"] == float(np.std(accuracies, ddof=1))
+
+
+def test_data_used_seconds_and_samples(sweep):
+    runs, _ = report.load_summaries(sweep)
+    row = report.aggregate(runs, ["selector.name"])[0]
+    # Pre-training's shards plus the subset, over the whole training split (not the pool).
+    assert row["data_used_pct"] == pytest.approx(100 * (2560 + 5500) / 60000)  # 13.43 %
+    assert row["subset_size"] == SUBSET
+    stages = (row["pretrain_seconds"], row["select_seconds"], row["train_seconds"])
+    assert stages == pytest.approx((3.2, 1.1, 40.0))
+    assert row["total_seconds"] == pytest.approx(44.3)
+    assert row["training_samples"] == 25600 + 82500
+
+
+def test_single_runs_and_runs_without_training(tmp_path):
+    # A lone run has no std; a select-only run (no pretrain, no train) no accuracy, no data used.
+    write_run(tmp_path / "0", ["selector=glister"], 0.85)
+    write_run(tmp_path / "1", ["selector=random"], None, subset_size=None, pretrain_unique=None)
+    runs, warnings = report.load_summaries(tmp_path)
+    assert warnings == []
+    trained, selected = report.aggregate(runs, report.varying_keys([r.config for r in runs]))
+    assert trained["test_acc_pct_mean"] == pytest.approx(85.0)
+    assert trained["test_acc_pct_std"] is None
+    assert selected["test_acc_pct_mean"] is None
+    assert selected["data_used_pct"] == 0.0
+    assert (selected["pretrain_seconds"], selected["train_seconds"]) == (None, None)
+    assert selected["total_seconds"] == pytest.approx(1.1)
+    table = report.to_markdown([trained, selected], ["selector.name"])
+    assert "| glister | 1 | 0 | 85.00 |" in table
+    assert "| random | 1 | 0 | — | — | 0.00 | — | 1.10 | — | 1.10 | 0 |" in table
+
+
+def test_csv_parses_back_to_the_rows(sweep):
+    runs, _ = report.load_summaries(sweep)
+    rows = report.aggregate(runs, ["selector.name"])
+    parsed = list(csv.DictReader(io.StringIO(report.to_csv(rows, ["selector.name"]))))
+    assert list(parsed[0]) == ["selector.name", *report.METRICS]
+    assert [r["selector.name"] for r in parsed] == ["glister", "random"]
+    for row, back in zip(rows, parsed, strict=True):
+        assert float(back["test_acc_pct_mean"]) == row["test_acc_pct_mean"]  # full precision
+        assert float(back["test_acc_pct_std"]) == row["test_acc_pct_std"]
+        assert int(back["runs"]) == 3
+
+
+def test_markdown_table_is_formatted(sweep):
+    runs, _ = report.load_summaries(sweep)
+    rows = report.aggregate(runs, ["selector.name"])
+    lines = report.to_markdown(rows, ["selector.name"]).splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| selector.name"))
+    assert "| test acc. (%) |" in lines[header]
+    assert lines[header + 1].startswith("|:---|---:|")
+    glister = np.array(ACCURACIES["glister"]) * 100
+    expected = f"{glister.mean():.2f} ± {glister.std(ddof=1):.2f}"
+    assert lines[header + 2] == (
+        f"| glister | 3 | 0,1,2 | {expected} | 5,500 | 13.43 | 3.20 | 1.10 | 40.0 | 44.3 "
+        "| 108,100 |"
+    )
+    assert lines[header + 3].startswith("| random | 3 |")
+
+
+def test_main_writes_tables_and_figures_and_warns(sweep, capsys):
+    report.main([str(sweep)])
+    out = sweep / "report"
+    captured = capsys.readouterr()
+    assert "2 groups from 6 runs, grouped by selector.name" in captured.out
+    warnings = captured.err.strip().splitlines()
+    assert len(warnings) == 2 and all(w.startswith("warning: skipped ") for w in warnings)
+    assert "selector.name" in (out / "results.md").read_text()
+    assert len(list(csv.DictReader((out / "results.csv").open()))) == 2
+    for name in ("accuracy_vs_data.png", "stage_times.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC), name
+        assert len(data) > 10_000, name  # axes, bars, text: not a blank canvas
+
+
+def test_main_plots_a_fraction_sweep_against_fraction(tmp_path):
+    write_fraction_sweep(tmp_path)
+    out = tmp_path / "out"
+    report.main([str(tmp_path), "--out", str(out), "--x", "fraction"])
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [(r["pretrain.name"], r["fraction"]) for r in rows] == [
+        ("jigsaw", "0.05"),
+        ("jigsaw", "0.1"),
+        ("jigsaw", "0.3"),
+        ("none", "0.05"),
+        ("none", "0.1"),
+        ("none", "0.3"),
+    ]
+    assert (out / "accuracy_vs_data.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_group_by_overrides_the_detected_keys(sweep, tmp_path, capsys):
+    report.main([str(sweep), "--out", str(tmp_path / "one"), "--group-by", "pretrain.name"])
+    rows = list(csv.DictReader((tmp_path / "one" / "results.csv").open()))
+    assert [(r["pretrain.name"], r["runs"]) for r in rows] == [("jigsaw", "6")]
+    with pytest.raises(SystemExit) as exc:
+        report.main([str(sweep), "--group-by", "selector.nmae"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --group-by: no config key selector.nmae")
+    assert "selector.name" in err  # the hint lists the keys that do vary
+
+
+@pytest.mark.parametrize("make", ["empty", "missing", "only_broken"])
+def test_nothing_to_report_is_one_line_and_exit_2(tmp_path, capsys, make):
+    target = tmp_path / "sweep"
+    if make != "missing":
+        target.mkdir()
+    if make == "only_broken":
+        (target / "summary.json").write_text("{")
+    with pytest.raises(SystemExit) as exc:
+        report.main([str(target)])
+    assert exc.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(errors) == 1
+    assert str(target) in errors[0]
+    assert not (target / "report").exists()
+
+
+def test_command_line_error_has_no_traceback(tmp_path):
+    # As a user runs it, from the repository root.
+    out = subprocess.run(
+        [sys.executable, "-m", "lipt.report", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert out.stderr == f"error: no readable summary.json under {tmp_path}\n"
