@@ -234,6 +234,12 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(present)) if present else None
 
 
+def _count_mean(values: Sequence[float | None]) -> int | float | None:
+    """A mean of counts, as an int when whole (5500, not 5500.0, in the CSV)."""
+    mean = _mean(values)
+    return int(mean) if mean is not None and mean.is_integer() else mean
+
+
 def _seeds(runs: Sequence[Run]) -> str:
     seeds = {run.config.get("seed") for run in runs} - {None}
     return ",".join(str(s) for s in sorted(seeds, key=_order))
@@ -250,7 +256,9 @@ def summarise(runs: Sequence[Run]) -> Row:
         # Sample std (ddof=1): the seeds are a sample of the runs one could have made.
         "test_acc_pct_std": float(accuracies.std(ddof=1)) if accuracies.size > 1 else None,
     }
-    for column in ("subset_size", "data_used_pct", "total_seconds", "training_samples"):
+    for column in ("subset_size", "training_samples"):
+        row[column] = _count_mean([m[column] for m in per_run])
+    for column in ("data_used_pct", "total_seconds"):
         row[column] = _mean([m[column] for m in per_run])
     for name in STAGES:
         seconds = [m[f"{name}_seconds"] for m in per_run]
@@ -335,11 +343,14 @@ MARKDOWN_COLUMNS: tuple[tuple[str, Callable[[Row], str]], ...] = (
 )
 
 MARKDOWN_NOTES = """\
-Test accuracy: mean ± sample standard deviation (ddof=1) over the group's runs (seeds), in %.
-Data used: (pre-training unique samples + main-training unique samples) / size of the training
-split, the paper's cost proxy; an item read by both stages counts twice. Seconds: mean wall-clock
-time per stage (a stage a run did not have counts 0; — when no run had it). Training samples:
-samples passed forward and backward in pre-training plus main training, mean per run.
+- test acc.: mean ± sample standard deviation (ddof=1) over the group's runs (seeds), in %.
+- subset: subset size (mean over runs).
+- data used: (pre-training unique samples + main-training unique samples) / size of the
+  training split, in %: the paper's cost proxy; an item read by both stages counts twice.
+- seconds: mean wall-clock time per stage; a stage a run did not have counts 0, — when no run
+  of the group had it; total = pretrain + select + train.
+- training samples: samples passed forward and backward in pre-training plus main training,
+  mean per run.
 """
 
 
@@ -413,10 +424,11 @@ def plot_accuracy(
         ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
     if x == "data_used":
         ax.set_xlabel("Data used (% of the training split: pre-training + subset)")
+        ax.set_title("Test accuracy vs data used (mean ± std over seeds)")
     else:
         ax.set_xlabel("Subset fraction (% of the training pool)")
+        ax.set_title("Test accuracy vs subset fraction (mean ± std over seeds)")
     ax.set_ylabel("Test accuracy (%)")
-    ax.set_title("Test accuracy vs data used (mean ± std over seeds)")
     ax.grid(alpha=0.3)
     if series:
         # Beside the axes when there are many lines, so the legend never hides one.
@@ -449,7 +461,8 @@ def plot_stage_times(rows: Sequence[Row], keys: Sequence[str], path: Path) -> No
     ax.set_xlabel("Mean wall-clock seconds per run")
     ax.set_title("Time per stage (mean over seeds)")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize="small", loc="lower right", ncols=3)
+    # Below the axes: inside, it would cover the longest bars.
+    figure.legend(loc="outside lower center", ncols=3, fontsize="small", frameon=False)
     figure.savefig(path, dpi=120)
 
 
