@@ -22,7 +22,7 @@ from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.pretrain import pretrain_model
-from lipt.selection import SelectionInputs, model_outputs, select_balanced
+from lipt.selection import PoolOutputs, SelectionInputs, model_outputs, select_balanced
 from lipt.summary import summary_payload
 
 # Keys of a selector config that are lipt's, not the selector function's.
@@ -107,7 +107,7 @@ def choose_subset(
             classifier_bias=head.bias.detach().cpu(),
         )
     else:
-        inputs = SelectionInputs(pool=_labels_only(dm))
+        inputs = SelectionInputs(pool=labels_only(dm))
     if node.get("balance", False):
         selection = select_balanced(fn, inputs, budget, generator=generator)
     else:
@@ -119,15 +119,13 @@ def choose_subset(
     return indices[order], selection.weights[order].float()
 
 
-def _labels_only(dm: DataModule):
-    from lipt.selection import PoolOutputs
-
+def labels_only(dm: DataModule) -> PoolOutputs:
+    """The pool as a selector that needs no model (random) sees it: labels and positions."""
     idx = dm.pool_indices
     n = len(idx)
-    empty = torch.zeros(n, 0)
     return PoolOutputs(
         logits=torch.zeros(n, dm.num_classes),
-        embeddings=empty,
+        embeddings=torch.zeros(n, 0),
         targets=dm.train_source.labels[idx],
         indices=idx,
     )

@@ -45,7 +45,7 @@ def load_checked_subset(cfg: DictConfig, dm: DataModule, path: Path) -> tuple[Te
 
 
 def obtain_subset(
-    cfg: DictConfig, dm: DataModule, out: Path, stages: dict[str, Any]
+    cfg: DictConfig, dm: DataModule, out: Path, stages: dict[str, Any], resume: str | None
 ) -> tuple[tuple[Tensor, Tensor] | None, nn.Module | None]:
     """(indices, weights) to train on (None: the whole pool), and the pre-trained model if one
     was made here."""
@@ -54,7 +54,6 @@ def obtain_subset(
     if cfg.selector.name == "full":
         return None, None
     saved = out / SUBSET_FILE
-    resume = resume_path(cfg, out)
     if resume is not None and saved.is_file():
         # A resumed run trains on what the first attempt chose (re-selected ones included).
         completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
@@ -93,7 +92,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     out = run_dir(cfg)
     dm = build_datamodule(cfg)
     stages: dict[str, Any] = {}
-    subset, pretrained = obtain_subset(cfg, dm, out, stages)
+    resume = resume_path(cfg, out)
+    subset, pretrained = obtain_subset(cfg, dm, out, stages, resume)
     if subset is None:
         dm.set_subset(None)
     else:
@@ -134,7 +134,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         extra["reload_dataloaders_every_n_epochs"] = int(cfg.reselect_every)
     trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=callbacks, **extra)
     start = time.perf_counter()
-    trainer.fit(module, datamodule=dm, ckpt_path=resume_path(cfg, out))
+    trainer.fit(module, datamodule=dm, ckpt_path=resume)
     samples = module.total_samples_seen()
     train_seconds = time.perf_counter() - start
     test_accuracy = float(trainer.test(module, datamodule=dm, verbose=False)[0]["test/acc"])
