@@ -123,6 +123,25 @@ def test_varying_keys_finds_the_selector_not_seeds_paths_or_implied_options(swee
     assert report.varying_keys(configs) == ["selector.name"]
 
 
+def test_varying_keys_names_rows_by_the_approach_preset_when_a_sweep_has_one():
+    # `+approach=random,glister_full,lipt`: each preset pins pretrain and selector, so those
+    # vary too, but only `approach` tells lipt (jigsaw) from its ablations (jigsaw, no prune).
+    def config(approach: str, pretrain: str, selector: str, prune: str, seed: int) -> dict:
+        tree = {"approach": approach, "pretrain": {"name": pretrain}, "seed": seed}
+        return report.flatten(tree | {"selector": {"name": selector}, "prune": {"name": prune}})
+
+    presets = [
+        ("random", "none", "random", "omp"),
+        ("glister_full", "full", "glister", "omp"),
+        ("lipt", "jigsaw", "glister", "omp"),
+        ("lipt_merge", "jigsaw", "glister", "none"),
+    ]
+    configs = [config(*preset, seed) for preset in presets for seed in (0, 1)]
+    assert report.varying_keys(configs) == ["approach"]
+    configs += [report.flatten({**config(*presets[0], 2), "fraction": 0.2})]
+    assert report.varying_keys(configs) == ["approach", "fraction"]
+
+
 def test_varying_keys_keeps_a_swept_option_of_one_approach():
     # pretrain=none,jigsaw with pretrain.num_learners=5,10 for jigsaw: the option splits runs.
     def config(name: str, learners: int | None, seed: int) -> dict[str, Any]:

@@ -169,7 +169,9 @@ def varying_keys(configs: Sequence[Mapping[str, Hashable]]) -> list[str]:
     Switching `selector=random,glister` changes `selector.name` and also `selector._target_`,
     `selector.eta`, ...; only the first says something. So candidates are taken in order
     (`*.name` first, then shallow keys before deep ones, then alphabetically) and a key is kept
-    only if it splits runs that the keys kept before it put together."""
+    only if it splits runs that the keys kept before it put together. `approach` (the row label
+    that `+approach=` presets set in the experiment sweeps) comes before all: it names what the
+    pretrain, selector, prune, ... options it pins only imply."""
     keys = sorted({key for config in configs for key in config})
     candidates = [
         key
@@ -178,7 +180,9 @@ def varying_keys(configs: Sequence[Mapping[str, Hashable]]) -> list[str]:
         and not is_bookkeeping(key)
         and len({config.get(key) for config in configs}) > 1
     ]
-    candidates.sort(key=lambda key: (key.rsplit(".", 1)[-1] != "name", key.count("."), key))
+    candidates.sort(
+        key=lambda key: (key != "approach", key.rsplit(".", 1)[-1] != "name", key.count("."), key)
+    )
     chosen: list[str] = []
     for key in candidates:
         if _partition_size(configs, [*chosen, key]) > _partition_size(configs, chosen):
