@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -33,9 +32,9 @@ def sweep_runs(overrides: list[str]) -> tuple[dict[str, str], list[list[str]]]:
     base = compose("train", overrides=without_sweeps(overrides), return_hydra_config=True)
     params = OmegaConf.to_container(base.hydra.sweeper.params)
     assert isinstance(params, dict) and params
-    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
-    parsed += OverridesParser.create().parse_overrides(
-        [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]
+    own = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]
+    parsed = OverridesParser.create().parse_overrides(
+        [*(f"{k}={v}" for k, v in params.items()), *own]
     )
     choices: dict[str, list[str]] = {}
     for o in parsed:
@@ -113,4 +112,4 @@ def test_results_doc_links_and_report_outputs_exist():
         assert (RESULTS.parent / link).exists(), link
     for out in re.findall(r'--out (\S+?)"', text):  # make report ... ARGS="--out docs/results/x"
         assert (ROOT / out / "results.md").is_file(), out
-        assert Path(ROOT / out / "results.csv").is_file(), out
+        assert (ROOT / out / "results.csv").is_file(), out

@@ -4,6 +4,7 @@ problem and the fix, no traceback, and no run folder left behind."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +13,10 @@ from lipt.artifacts import save_checkpoint, save_subset
 from tests.conftest import FAST, run_entry
 
 SLOW = pytest.mark.slow  # these load torch and data before they fail: a few seconds each
+
+
+def slow_case(case_id: str, script: str, overrides: list[str], words: list[str]) -> Any:
+    return pytest.param(script, overrides, words, marks=SLOW, id=case_id)
 
 
 @pytest.fixture
@@ -68,7 +73,8 @@ CASES = [
     ("pretrain.py", ["pretrain=nope"], ["pretrain"]),
     ("select.py", ["ckpt_path=/no/such.ckpt"], ["ckpt_path", "pretrain.ckpt"]),
     ("select.py", ["selector=full"], ["selector"]),
-    pytest.param(
+    slow_case(
+        "shard-larger-than-data",
         "train.py",
         [
             *FAST,
@@ -78,64 +84,43 @@ CASES = [
             "pretrain.batches_per_learner=10",
         ],
         ["pretrain.num_learners"],
-        marks=SLOW,
-        id="shard-larger-than-data",
     ),
-    pytest.param(
+    slow_case(
+        "pretrain-shard-too-large",
         "pretrain.py",
         [*FAST, "pretrain=jigsaw", "pretrain.batches_per_learner=100"],
         ["pretrain.batches_per_learner"],
-        marks=SLOW,
-        id="pretrain-shard-too-large",
     ),
-    pytest.param(
+    slow_case(
+        "corrupt-data-dir",
         "train.py",
         ["dataset.data_dir={corrupt_dir}", "dataset.download=false"],
         ["corrupt", "restore"],
-        marks=SLOW,
-        id="corrupt-data-dir",
     ),
-    pytest.param(
-        "train.py",
-        [*FAST, "subset_path={other_data}"],
-        ["made for", "select"],
-        marks=SLOW,
-        id="subset-other-data",
+    slow_case(
+        "subset-other-data", "train.py", [*FAST, "subset_path={other_data}"], ["made for", "select"]
     ),
-    pytest.param(
-        "train.py",
-        [*FAST, "subset_path={out_of_range}"],
-        ["outside"],
-        marks=SLOW,
-        id="subset-out-of-range",
+    slow_case(
+        "subset-out-of-range", "train.py", [*FAST, "subset_path={out_of_range}"], ["outside"]
     ),
-    pytest.param(
-        "train.py",
-        [*FAST, "subset_path={duplicates}"],
-        ["duplicate"],
-        marks=SLOW,
-        id="subset-duplicates",
-    ),
-    pytest.param(
+    slow_case("subset-duplicates", "train.py", [*FAST, "subset_path={duplicates}"], ["duplicate"]),
+    slow_case(
+        "corrupt-ckpt",
         "select.py",
         [*FAST, "selector=el2n", "ckpt_path={corrupt_ckpt}"],
         ["not a readable checkpoint", "pretrain.py"],
-        marks=SLOW,
-        id="corrupt-ckpt",
     ),
-    pytest.param(
+    slow_case(
+        "truncated-ckpt",
         "select.py",
         [*FAST, "selector=el2n", "ckpt_path={truncated_ckpt}"],
         ["not a readable checkpoint"],
-        marks=SLOW,
-        id="truncated-ckpt",
     ),
-    pytest.param(
+    slow_case(
+        "ckpt-for-another-model",
         "select.py",
         [*FAST, "selector=el2n", "ckpt_path={foreign_ckpt}"],
         ["does not fit"],
-        marks=SLOW,
-        id="ckpt-for-another-model",
     ),
 ]
 

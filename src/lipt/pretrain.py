@@ -59,7 +59,7 @@ def pretrain_model(cfg: DictConfig, dm: DataModule, seed: int) -> Pretrained:
         return Pretrained(model, time.perf_counter() - start)
     if name == "full":
         module = build_classifier(cfg, model)
-        with_seed(seed)
+        L.seed_everything(seed, workers=True, verbose=False)
         trainer = quiet_trainer(cfg, max_epochs=int(cfg.pretrain.epochs))
         dm.set_subset(None)
         trainer.fit(module, train_dataloaders=dm.train_dataloader())
@@ -73,10 +73,6 @@ def pretrain_model(cfg: DictConfig, dm: DataModule, seed: int) -> Pretrained:
         result.seconds = time.perf_counter() - start
         return result
     raise UserError(f"pretrain.name={name!r} is unknown; use pretrain=none, full or jigsaw")
-
-
-def with_seed(seed: int) -> None:
-    L.seed_everything(seed, workers=True, verbose=False)
 
 
 def checkpoint_payload(cfg: DictConfig, dm: DataModule, model: nn.Module) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from lipt.build import (
 from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
-from lipt.pretrain import with_seed
 from lipt.reselect import Reselect, latest_subset
 from lipt.select import choose_subset, needs_model, selection_models, subset_meta
 from lipt.summary import summary_payload
@@ -135,7 +134,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         extra["reload_dataloaders_every_n_epochs"] = int(cfg.reselect_every)
     trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=callbacks, **extra)
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
-    with_seed(int(cfg.seed))
+    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     samples = module.total_samples_seen()
