@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -38,13 +39,39 @@ def budget_for(cfg: DictConfig, pool_size: int) -> int:
     return budget
 
 
+# Purposes of the derived random streams (the first word of a SeedSequence spawn key).
+REPEAT_STREAM, RESELECT_STREAM = 1, 2
+
+
+def derived_seed(seed: int, purpose: int, index: int) -> int:
+    """A 32-bit seed for the `index`-th draw of `purpose` in the run of `seed`, from
+    `numpy.random.SeedSequence(seed, spawn_key=(purpose, index))`: streams of different runs,
+    purposes or indices share nothing (seed + index would give runs 0 and 1 nine of their ten
+    GraNd warm-up models in common). Index 0 is the run's own seed, so the initial selection and
+    the first pre-trained model stay what they always were."""
+    if index == 0:
+        return int(seed)
+    sequence = np.random.SeedSequence(int(seed), spawn_key=(purpose, index))
+    return int(sequence.generate_state(1, dtype=np.uint32)[0])
+
+
+def repeat_seed(seed: int, repeat: int) -> int:
+    """The seed of the `repeat`-th model a selector averages over (GraNd's `repeats`)."""
+    return derived_seed(seed, REPEAT_STREAM, repeat)
+
+
+def reselect_seed(seed: int, epoch: int) -> int:
+    """The seed of the selector's generator when it re-selects after `epoch` epochs."""
+    return derived_seed(seed, RESELECT_STREAM, epoch)
+
+
 def needs_model(cfg: DictConfig) -> bool:
     return cfg.selector.name != "full" and bool(cfg.selector.get("needs_model", True))
 
 
 def selection_models(cfg: DictConfig, dm: DataModule, stages: dict[str, Any]) -> list[nn.Module]:
     """The model(s) whose outputs rank the pool: the checkpoint at `ckpt_path` (select.py), or
-    the `pretrain` strategy run `selector.repeats` times from seeds seed, seed+1, ..."""
+    the `pretrain` strategy run `selector.repeats` times from `repeat_seed(seed, r)`."""
     repeats = int(cfg.selector.get("repeats", 1))
     ckpt_path = cfg.get("ckpt_path") if cfg.get("stage") == "select" else None
     if ckpt_path:
@@ -55,7 +82,7 @@ def selection_models(cfg: DictConfig, dm: DataModule, stages: dict[str, Any]) ->
         return [load_pretrained(cfg, dm, Path(str(ckpt_path)))]
     models, totals = [], {"seconds": 0.0, "samples": 0, "unique_samples": 0}
     for r in range(repeats):
-        result = pretrain_model(cfg, dm, int(cfg.seed) + r)
+        result = pretrain_model(cfg, dm, repeat_seed(int(cfg.seed), r))
         models.append(result.model)
         for key, value in result.stats().items():
             totals[key] += value
@@ -85,7 +112,10 @@ def load_pretrained(cfg: DictConfig, dm: DataModule, path: Path) -> nn.Module:
 def choose_subset(
     cfg: DictConfig, dm: DataModule, models: list[nn.Module], seed: int
 ) -> tuple[Tensor, Tensor]:
-    """Positions in the original training split (ascending) and their float32 weights."""
+    """Positions in the original training split (ascending) and their float32 weights.
+
+    A selector that needs no model (random) never runs `models` over the pool, so random
+    online (`selector=random reselect_every=R`) only re-draws."""
     pool_size = len(dm.pool_indices)
     budget = budget_for(cfg, pool_size)
     generator = torch.Generator().manual_seed(seed)
@@ -93,7 +123,7 @@ def choose_subset(
     fn = instantiate(
         OmegaConf.masked_copy(node, [k for k in node if k not in RESERVED_SELECTOR_KEYS])
     )
-    if models:
+    if models and needs_model(cfg):
         device = next(models[0].parameters()).device
         pools = [model_outputs(m, dm.pool_dataloader(), device) for m in models]
         val = model_outputs(models[0], dm.val_dataloader(), device) if len(dm.val_indices) else None

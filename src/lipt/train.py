@@ -31,7 +31,13 @@ from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.reselect import Reselect, latest_subset
-from lipt.select import choose_subset, needs_model, selection_models, subset_meta
+from lipt.select import (
+    choose_subset,
+    needs_model,
+    reselect_seed,
+    selection_models,
+    subset_meta,
+)
 from lipt.summary import summary_payload
 
 SUBSET_FILE = "subset.npz"
@@ -126,7 +132,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         reselect = Reselect(
             int(cfg.reselect_every),
             dm,
-            lambda m, epoch: choose_subset(cfg, dm, [m], int(cfg.seed) + epoch),
+            lambda m, epoch: choose_subset(cfg, dm, [m], reselect_seed(int(cfg.seed), epoch)),
             out,
             subset_meta(cfg, dm),
         )
