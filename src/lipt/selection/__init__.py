@@ -8,7 +8,7 @@ the closed-form last-layer gradients of `lipt.selection.gradients`.
 from lipt.selection.ccs import select_ccs
 from lipt.selection.common import Selector, select_balanced, split_budget
 from lipt.selection.craig import select_craig
-from lipt.selection.glister import glister_pick_order, select_glister
+from lipt.selection.glister import GlisterRun, glister_greedy, glister_pick_order, select_glister
 from lipt.selection.gradients import (
     LastLayerGradient,
     bias_gradients,
@@ -33,12 +33,14 @@ from lipt.selection.types import PoolOutputs, Selection, SelectionInputs
 
 __all__ = [
     "SCORES",
+    "GlisterRun",
     "LastLayerGradient",
     "PoolOutputs",
     "Selection",
     "SelectionInputs",
     "Selector",
     "bias_gradients",
+    "glister_greedy",
     "glister_pick_order",
     "gradient_dots",
     "gradient_gram",
