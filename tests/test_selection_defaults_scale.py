@@ -20,6 +20,7 @@ from lipt.selection import (
     gradient_sum,
     select_balanced,
     select_glister,
+    select_gradmatch,
     select_random,
 )
 from lipt.selection.gradients import errors_of
@@ -108,3 +109,14 @@ def test_glister_picks_are_neither_index_order_nor_random(inputs: SelectionInput
         random_means.append(initial[draw.rows].mean())
     spread = torch.stack(random_means)
     assert float(initial[picks.rows].mean()) > float(spread.mean() + 10 * spread.std())
+
+
+def test_gradmatch_back_fill_is_reported_and_small(inputs: SelectionInputs) -> None:
+    """The config's default (per class, lam 0.5, eps 1e-4, weight + bias gradients): each class
+    is one partition of 2,000 rows and 200 OMP atoms in 1,290 dimensions. Random back-fill
+    would make the subset a random one: at most 1% of it may be."""
+    sel = select_balanced(
+        select_gradmatch, inputs, BUDGET, generator=torch.Generator().manual_seed(0)
+    )
+    assert sel.diagnostics["pool_as_target"] == 0
+    assert 0 <= sel.diagnostics["backfill_rows"] <= 0.01 * BUDGET, sel.diagnostics

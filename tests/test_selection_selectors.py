@@ -496,6 +496,27 @@ def test_gradmatch_fills_the_budget_when_omp_converges_early() -> None:
     # three OMP atoms (weight ~20 each) and seven back-filled rows at the mean OMP weight:
     # everything on one scale, summing to the pool size
     torch.testing.assert_close(sel.weights, torch.full((10,), 6.0), rtol=1e-3, atol=1e-3)
+    assert sel.diagnostics == {"backfill_rows": 7, "pool_as_target": 0}
+
+
+@pytest.mark.parametrize(
+    "fn", [select_glister, partial(select_gradmatch, target="val")], ids=["glister", "gradmatch"]
+)
+def test_classes_missing_from_val_are_counted(fn: Callable) -> None:
+    inputs = make_inputs(n=200, c=4, n_val=40)
+    assert inputs.val is not None
+    assert set(inputs.val.targets.tolist()) == {0, 1, 2, 3}
+    full = select_balanced(fn, inputs, 40, generator=gen())
+    assert full.diagnostics["pool_as_target"] == 0
+    keep = torch.nonzero(inputs.val.targets >= 2).flatten()  # classes 0 and 1 lose their val rows
+    partial_val = SelectionInputs(
+        inputs.pool,
+        val=inputs.val.take(keep),
+        classifier_weight=inputs.classifier_weight,
+        classifier_bias=inputs.classifier_bias,
+    )
+    sel = select_balanced(fn, partial_val, 40, generator=gen())
+    assert sel.diagnostics["pool_as_target"] == 2
 
 
 def test_gradmatch_nnls_drops_atoms_without_repeating_them() -> None:

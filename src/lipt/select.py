@@ -7,6 +7,7 @@ then writes subset.npz and summary.json.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,14 @@ from torch import Tensor, nn
 
 from lipt.artifacts import load_checkpoint, save_subset, write_json
 from lipt.build import build_datamodule, build_model, run_dir
-from lipt.config import validate
+from lipt.config import needs_held_out, validate
 from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.pretrain import pretrain_model
 from lipt.selection import PoolOutputs, SelectionInputs, model_outputs, select_balanced
 from lipt.summary import summary_payload
+
+log = logging.getLogger(__name__)
 
 # Keys of a selector config that are lipt's, not the selector function's.
 RESERVED_SELECTOR_KEYS = ("name", "balance", "needs_model", "repeats")
@@ -69,9 +72,20 @@ def needs_model(cfg: DictConfig) -> bool:
     return cfg.selector.name != "full" and bool(cfg.selector.get("needs_model", True))
 
 
+def check_held_out(cfg: DictConfig, dm: DataModule) -> None:
+    """A selector that matches the validation split needs validation rows (else its target
+    would silently be the pool)."""
+    if needs_held_out(cfg.selector) and len(dm.val_indices) == 0:
+        raise UserError(
+            f"selector={cfg.selector.name} matches the validation split, which is empty here; "
+            "set dataset.val_size > 0"
+        )
+
+
 def selection_models(cfg: DictConfig, dm: DataModule, stages: dict[str, Any]) -> list[nn.Module]:
     """The model(s) whose outputs rank the pool: the checkpoint at `ckpt_path` (select.py), or
     the `pretrain` strategy run `selector.repeats` times from `repeat_seed(seed, r)`."""
+    check_held_out(cfg, dm)  # before any pre-training
     repeats = int(cfg.selector.get("repeats", 1))
     ckpt_path = cfg.get("ckpt_path") if cfg.get("stage") == "select" else None
     if ckpt_path:
@@ -110,12 +124,20 @@ def load_pretrained(cfg: DictConfig, dm: DataModule, path: Path) -> nn.Module:
 
 
 def choose_subset(
-    cfg: DictConfig, dm: DataModule, models: list[nn.Module], seed: int
+    cfg: DictConfig,
+    dm: DataModule,
+    models: list[nn.Module],
+    seed: int,
+    diagnostics: dict[str, int] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Positions in the original training split (ascending) and their float32 weights.
 
+    The selector's diagnostics (fallbacks it took, see `lipt.selection.Selection`) are logged
+    and, when `diagnostics` is given, stored in it.
+
     A selector that needs no model (random) never runs `models` over the pool, so random
     online (`selector=random reselect_every=R`) only re-draws."""
+    check_held_out(cfg, dm)
     pool_size = len(dm.pool_indices)
     budget = budget_for(cfg, pool_size)
     generator = torch.Generator().manual_seed(seed)
@@ -143,6 +165,12 @@ def choose_subset(
     else:
         selection = fn(inputs, budget, generator=generator)
     assert len(selection.rows) == budget and len(torch.unique(selection.rows)) == budget
+    if any(selection.diagnostics.values()):
+        log.warning("selector=%s fell back: %s", node.name, selection.diagnostics)
+    elif selection.diagnostics:
+        log.info("selector=%s diagnostics: %s", node.name, selection.diagnostics)
+    if diagnostics is not None:
+        diagnostics.update(selection.diagnostics)
     # Rows are positions in the pool; the artifact speaks positions in the original split.
     indices = inputs.pool.indices[selection.rows]
     order = torch.argsort(indices)
@@ -185,8 +213,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     models = selection_models(cfg, dm, stages) if needs_model(cfg) else []
     report = stages.pop("merge_report", None)
     start = time.perf_counter()
-    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed))
-    stages["select"] = {"seconds": round(time.perf_counter() - start, 3)}
+    diagnostics: dict[str, int] = {}
+    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), diagnostics)
+    stages["select"] = {
+        "seconds": round(time.perf_counter() - start, 3),
+        "diagnostics": diagnostics,
+    }
     save_subset(out / "subset.npz", indices, weights, subset_meta(cfg, dm))
     if report:
         write_json(out / "merge_report.json", report)

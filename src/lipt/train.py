@@ -71,8 +71,12 @@ def obtain_subset(
     if report:
         write_json(out / "merge_report.json", report)
     start = time.perf_counter()
-    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed))
-    stages["select"] = {"seconds": round(time.perf_counter() - start, 3)}
+    diagnostics: dict[str, int] = {}
+    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), diagnostics)
+    stages["select"] = {
+        "seconds": round(time.perf_counter() - start, 3),
+        "diagnostics": diagnostics,  # fallbacks the selector took (lipt.selection.Selection)
+    }
     save_subset(saved, indices, weights, subset_meta(cfg, dm))
     return (indices, weights), (models[0] if models and cfg.pretrain.name != "none" else None)
 
@@ -174,5 +178,9 @@ def run_metrics(summary: dict[str, Any]) -> dict[str, float]:
     }
     for stage, figures in summary["stages"].items():
         for key, value in figures.items():
-            metrics[f"stages/{stage}/{key}"] = float(value)
+            if isinstance(value, dict):  # e.g. stages.select.diagnostics
+                for name, count in value.items():
+                    metrics[f"stages/{stage}/{key}/{name}"] = float(count)
+            else:
+                metrics[f"stages/{stage}/{key}"] = float(value)
     return metrics

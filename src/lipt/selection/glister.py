@@ -202,7 +202,8 @@ def select_glister(
     """GLISTER-ONLINE's greedy subset (see `glister_pick_order`), weights 1.
 
     Needs `inputs.classifier_weight` / `classifier_bias` (the last layer that produced the
-    pool logits); uses `inputs.val` as the held-out split, else the pool itself.
+    pool logits); uses `inputs.val` as the held-out split, else the pool itself (counted as
+    `diagnostics["pool_as_target"]`).
     """
     order = glister_pick_order(
         inputs,
@@ -214,4 +215,4 @@ def select_glister(
         batch=batch,
         chunk_size=chunk_size,
     )
-    return finish(order, None, budget)
+    return finish(order, None, budget, {"pool_as_target": int(inputs.val is None)})

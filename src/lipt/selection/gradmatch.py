@@ -152,7 +152,8 @@ def select_gradmatch(
     gradient times the partition size (falls back to "train" without `inputs.val`). Gradients
     are weight+bias of the last layer, or bias only with `bias_only`. When OMP stops early
     (residual below `eps` relative to the target, or no row left that helps), the partition's
-    remaining budget is filled with random unpicked rows weighted by the mean OMP weight.
+    remaining budget is filled with random unpicked rows weighted by the mean OMP weight;
+    their number is the selection's `diagnostics["backfill_rows"]`.
     Finally all weights are multiplied by one common factor so that they sum to the pool size
     N (the weighted subset stands for the pool); relative weights, hence the direction of the
     matched gradient, are OMP's. A weighted loss should normalise by the weights' sum (as
@@ -211,4 +212,8 @@ def select_gradmatch(
         weights += [w, fill_weight.expand(len(fill))]
     # One common factor, so the relative weights (the gradient match) are kept as OMP set them.
     w_all = torch.cat(weights)  # [budget]
-    return finish(torch.cat(rows), w_all * (len(pool) / w_all.sum()), budget)
+    diagnostics = {
+        "backfill_rows": sum(len(fill) for _, _, fill in picked),
+        "pool_as_target": int(target == "val" and val_mean is None),
+    }
+    return finish(torch.cat(rows), w_all * (len(pool) / w_all.sum()), budget, diagnostics)
