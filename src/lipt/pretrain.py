@@ -41,12 +41,15 @@ class Pretrained:
     # Further checkpoints for pretrain.py to write, by path (relative: to the run dir), e.g.
     # every jigsaw learner's; payloads load with torch.load(weights_only=True).
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Further counts for summary.json, e.g. jigsaw's learners_merged / learners_failed.
+    counts: dict[str, int] = field(default_factory=dict)
 
     def stats(self) -> dict[str, Any]:
         return {
             "seconds": round(self.seconds, 3),
             "samples": self.samples,
             "unique_samples": self.unique_samples,
+            **self.counts,
         }
 
 
