@@ -276,7 +276,7 @@ class NonFiniteLossError(RuntimeError):
     """A learner's training loss became NaN or infinite: it stops there and is left out."""
 
 
-class StopOnNonFiniteLossError(L.Callback):
+class StopOnNonFiniteLoss(L.Callback):
     """Stop a learner at its first non-finite loss instead of training on to NaN weights."""
 
     def on_train_batch_end(
@@ -302,7 +302,7 @@ def train_learner(
             trainer = quiet_trainer(
                 cfg,
                 max_epochs=int(cfg.pretrain.local_epochs),
-                callbacks=[StopOnNonFiniteLossError()],
+                callbacks=[StopOnNonFiniteLoss()],
             )
             loader = dm.shard_dataloader(shard, randaugment_settings(cfg))
             trainer.fit(module, train_dataloaders=loader)
