@@ -51,6 +51,8 @@ def bad_files(tmp_path: Path) -> dict[str, Path]:
     ):
         (corrupt / name).write_bytes(b"\x00\x00\x08\x03garbage")
     files["corrupt_dir"] = corrupt
+    files["empty_dir"] = tmp_path / "empty"
+    files["empty_dir"].mkdir()
     return files
 
 
@@ -73,6 +75,25 @@ CASES = [
     ("pretrain.py", ["pretrain=nope"], ["pretrain"]),
     ("select.py", ["ckpt_path=/no/such.ckpt"], ["ckpt_path", "pretrain.ckpt"]),
     ("select.py", ["selector=full"], ["selector"]),
+    # Settings only main training reads: refused before pre-training starts.
+    ("train.py", ["optim.lr=0"], ["optim.lr", "positive"]),
+    ("train.py", ["optim.momentum=1"], ["optim.momentum"]),
+    ("train.py", ["optim.scheduler=step"], ["optim.scheduler"]),
+    ("train.py", ["-m", "optim.lr=0.1,0"], ["optim.lr"]),
+    ("train.py", ["trainer.precision=banana"], ["trainer", "banana"]),
+    ("train.py", ["+trainer.bogus=1"], ["trainer", "bogus"]),
+    ("train.py", ["trainer.devices=0"], ["trainer", "devices"]),
+    ("train.py", ["trainer.strategy=nope"], ["trainer", "nope"]),
+    ("train.py", ["+logger.csv.bogus=1"], ["logger.csv", "bogus"]),
+    ("train.py", ["logger.csv._target_=no.such.Logger"], ["logger=csv"]),
+    ("train.py", ["selector.greedy=sometimes"], ["selector=glister", "greedy"]),
+    ("train.py", ["+selector.bogus=1"], ["selector=glister", "bogus"]),
+    ("train.py", ["selector=gradmatch", "selector.target=test"], ["gradmatch", "target"]),
+    ("train.py", ["selector=ccs", "selector.hard_prune=1"], ["ccs", "hard_prune"]),
+    ("train.py", ["dataset=cifar10", "dataset.data_dir={empty_dir}"], ["CIFAR-10 files missing"]),
+    ("select.py", ["trainer.precision=banana"], ["trainer", "banana"]),
+    ("pretrain.py", ["pretrain.optim.lr=0"], ["pretrain.optim.lr", "positive"]),
+    ("pretrain.py", ["pretrain.min_learners=11"], ["pretrain.min_learners"]),
     slow_case(
         "shard-larger-than-data",
         "train.py",

@@ -1,4 +1,7 @@
-"""A main training killed mid-run resumes from its last checkpoint and ends as if uninterrupted."""
+"""A run killed at any stage of train.py resumes with `ckpt_path=last` and ends as if it had
+never been interrupted: killed in main training it resumes from its last checkpoint; killed in
+pre-training it keeps the learners that finished; killed after selection it keeps the subset.
+Each kill waits for an artifact of that stage to appear on disk, never for a fixed time."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,3 +85,126 @@ def test_resume_without_a_checkpoint_is_a_user_error(make_cfg):
 
     with pytest.raises(UserError, match="ckpt_path=last"):
         train_stage.run(make_cfg([*FAST, "ckpt_path=last"]))
+
+
+def _start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _kill_when(proc: subprocess.Popen, ready: Path, timeout: float = 300) -> None:
+    """SIGKILL the run (no clean-up: a crash or a pre-emption) as soon as `ready` exists."""
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline and proc.poll() is None and not ready.exists():
+            time.sleep(0.02)
+        assert proc.poll() is None, f"the run ended before {ready.name} appeared"
+        assert ready.exists(), f"{ready} did not appear in {timeout} s"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _finish(args: list[str]) -> subprocess.CompletedProcess:
+    out = subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """(inode, mtime): an atomic rewrite gives a new inode, so an untouched file keeps both."""
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns
+
+
+def _model(run_dir: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+def _same_subset(a: Path, b: Path) -> None:
+    import numpy as np
+
+    with np.load(a / "subset.npz") as sa, np.load(b / "subset.npz") as sb:
+        assert np.array_equal(sa["indices"], sb["indices"])
+        assert np.array_equal(sa["weights"], sb["weights"])  # bit for bit
+
+
+@pytest.mark.slow
+def test_killed_during_pretraining_resumes_with_the_finished_learners(tmp_path):
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    args = [
+        *FAST,
+        "dataset.image_size=28",
+        "model.width=16",
+        "pretrain=jigsaw",
+        "pretrain.num_learners=4",
+        "pretrain.local_epochs=30",  # a few seconds per learner: the kill lands mid-stage
+        "pretrain.num_threads=1",
+        "merge.ratios=5",
+        "selector=el2n",
+        "fraction=0.2",
+    ]
+    learners = killed / "learners"
+    _kill_when(_start([*args, f"hydra.run.dir={killed}"]), learners / "learner_0.ckpt")
+    finished = sorted(learners.glob("learner_*.ckpt"))
+    assert 1 <= len(finished) < 4 and not (killed / "subset.npz").exists()
+    before = {p.name: _stamp(p) for p in finished}
+
+    out = _finish([*args, f"hydra.run.dir={killed}", "ckpt_path=last"])
+    assert {p.name: _stamp(learners / p.name) for p in finished} == before  # not trained again
+    assert len(list(learners.glob("learner_*.ckpt"))) == 4
+    assert (out.stdout + out.stderr).count("reused from") == len(finished)
+
+    _finish([*args, f"hydra.run.dir={clean}"])  # never interrupted
+    report = json.loads((killed / "merge_report.json").read_text())
+    report_clean = json.loads((clean / "merge_report.json").read_text())
+    for key in ("kept", "ratios", "weights", "soup_accuracy", "best_learner_accuracy"):
+        assert report[key] == report_clean[key], key  # the same soup
+    _same_subset(killed, clean)
+    model, model_clean = _model(killed), _model(clean)
+    assert all(torch.equal(model[k], model_clean[k]) for k in model)  # bit for bit
+    assert not list(killed.rglob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_killed_after_selection_resumes_with_the_saved_subset(tmp_path):
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    args = [
+        *[o for o in FAST if not o.startswith("trainer.max_epochs")],
+        "dataset.num_train=3000",
+        "dataset.image_size=28",
+        "model.width=16",
+        "fraction=0.5",
+        "selector=el2n",
+        "trainer.max_epochs=2",
+    ]
+    subset = killed / "subset.npz"
+    _kill_when(_start([*args, f"hydra.run.dir={killed}"]), subset)
+    assert not (killed / "checkpoints" / "last.ckpt").exists()  # killed before epoch 1 ended
+    before = _stamp(subset)
+
+    out = _finish([*args, f"hydra.run.dir={killed}", "ckpt_path=last"])
+    assert _stamp(subset) == before  # kept, not selected again
+    assert "is kept (not selected again)" in out.stdout + out.stderr
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["stages"]["train"]["samples"] == 2 * summary["subset_size"]
+
+    _finish([*args, f"hydra.run.dir={clean}"])
+    _same_subset(killed, clean)
+    model, model_clean = _model(killed), _model(clean)
+    assert all(torch.equal(model[k], model_clean[k]) for k in model)  # bit for bit
+    clean_summary = json.loads((clean / "summary.json").read_text())
+    assert summary["test_accuracy"] == clean_summary["test_accuracy"]

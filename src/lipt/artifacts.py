@@ -6,6 +6,7 @@ killed mid-write never leaves a half-written file that a later run would read.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -27,10 +28,21 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+# A full disk or an exhausted quota: the user can free space and run again.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file and a rename. When the disk fills up
+    mid-write, the temporary file is removed, the previous `path` (if any) is left as it was,
+    and a UserError says so."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        _raise_if_no_space(e, path)
+        raise
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; artifacts are for other tools too
         with os.fdopen(fd, "wb") as f:
@@ -38,9 +50,20 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            _raise_if_no_space(e, path)
         raise
+
+
+def _raise_if_no_space(e: OSError, path: Path) -> None:
+    if e.errno in _NO_SPACE:
+        kept = "the previous file is unchanged" if path.exists() else "nothing was written"
+        raise UserError(
+            f"no space left on the device while writing {path} ({kept}); free some space and "
+            "run again"
+        ) from e
 
 
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:

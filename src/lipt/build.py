@@ -15,11 +15,16 @@ from torch import nn
 from lipt.artifacts import AtomicCheckpointIO
 from lipt.data import DataModule
 from lipt.module import Classifier
+from lipt.run_lock import lock_run_dir
 
 
 def run_dir(cfg: DictConfig) -> Path:
+    """The run folder, created and locked for this process (lipt.run_lock): a second run
+    pointed at it is refused. Extra DDP ranks share their rank 0's folder and lock."""
     path = Path(str(cfg.paths.output_dir))
     path.mkdir(parents=True, exist_ok=True)
+    if not is_ddp_child():
+        lock_run_dir(path)
     return path
 
 

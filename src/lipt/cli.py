@@ -71,6 +71,12 @@ def precheck(config_name: str, args: list[str]) -> None:
 
     overrides = [a for a in args if not a.startswith("hydra.") and not a.startswith("hydra/")]
     try:
+        from lipt.run_lock import check_unlocked  # before Hydra writes .hydra/ into it
+
+        ddp_child = os.environ.get("LOCAL_RANK", "0") != "0"  # shares its rank 0's folder
+        for arg in args:
+            if arg.startswith("hydra.run.dir=") and not ddp_child:
+                check_unlocked(Path(arg.split("=", 1)[1]))
         candidates = _candidate_overrides(overrides)
         for candidate in candidates:
             GlobalHydra.instance().clear()
@@ -112,7 +118,10 @@ def launch(config_name: str, stage_module: str) -> None:
         try:
             return run(cfg)
         except UserError as e:
-            remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))
+            from lipt.run_lock import RunDirLockedError
+
+            if not isinstance(e, RunDirLockedError):  # a locked folder is another run's: keep it
+                remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))
             fail(_one_line(e))
 
     main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,37 @@ def needs_held_out(selector: DictConfig | None) -> bool:
     return name == "glister" or (name == "gradmatch" and selector.get("target") == "val")
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise UserError naming the key and the fix for the first problem found."""
+def _positive(cfg: DictConfig, key: str, high: float, hint: str) -> None:
+    value = _get(cfg, key)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not (0 < value <= high):
+        raise UserError(f"{key}={value!r} is invalid: {hint}")
+
+
+def check_optim(cfg: DictConfig, prefix: str) -> None:
+    """SGD settings under `prefix` (optim, pretrain.optim), as lipt.module.Classifier uses them."""
+    _positive(cfg, f"{prefix}.lr", 1e3, "use a positive learning rate, e.g. 0.1")
+    _number(cfg, f"{prefix}.momentum", float, 0, 0.999999, "use a momentum in [0, 1)")
+    _number(cfg, f"{prefix}.weight_decay", float, 0, 1e3, "use a weight decay >= 0")
+    if not isinstance(_get(cfg, f"{prefix}.nesterov"), bool):
+        raise UserError(f"{prefix}.nesterov is invalid: use true or false")
+    scheduler = _get(cfg, f"{prefix}.scheduler")
+    if scheduler not in ("cosine", "constant"):
+        raise UserError(f"{prefix}.scheduler={scheduler!r} is invalid: use cosine or constant")
+
+
+def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
+    exists = path.is_dir() if want_dir else path.is_file()
+    if not exists:
+        raise UserError(f"{key}={path} does not exist; {what}")
+    if not os.access(path, os.R_OK | (os.X_OK if want_dir else 0)):
+        raise UserError(f"{key}={path} is not readable; fix its permissions")
+
+
+def validate(cfg: DictConfig, deep: bool = True) -> None:
+    """Raise UserError naming the key and the fix for the first problem found: the cheap checks
+    here, then (`deep`) those that build the Trainer, the loggers and the selector and look at
+    the data files (lipt.preflight)."""
     fraction = _get(cfg, "fraction")
     if (
         not isinstance(fraction, (int, float))
@@ -47,27 +77,28 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "reselect_every", int, 0, 10**9, "use 0 (select once) or a positive integer")
     _number(cfg, "batch_size", int, 1, 10**7, "use a positive integer")
     _number(cfg, "trainer.max_epochs", int, 1, 10**7, "use a positive integer")
-    _number(cfg, "optim.lr", float, 0, 1e3, "use a positive learning rate")
+    check_optim(cfg, "optim")
     if cfg.get("init_from") not in ("init", "pretrained"):
         raise UserError(f"init_from={cfg.get('init_from')!r} is invalid: use init or pretrained")
     _number(cfg, "dataset.val_size", float, 0, 10**9, "use a count or a fraction of the data")
     data_dir = _get(cfg, "dataset.data_dir")
-    if data_dir is not None and not Path(str(data_dir)).expanduser().is_dir():
-        raise UserError(
-            f"dataset.data_dir={data_dir} does not exist; point it at the {cfg.dataset.name} data"
+    if data_dir is not None:
+        _readable_path(
+            "dataset.data_dir",
+            Path(str(data_dir)).expanduser(),
+            f"point it at the {cfg.dataset.name} data",
+            want_dir=True,
         )
     subset_path = cfg.get("subset_path")
-    if subset_path is not None and not Path(str(subset_path)).expanduser().is_file():
-        raise UserError(f"subset_path={subset_path} does not exist; give a subset.npz path")
+    if subset_path is not None:
+        path = Path(str(subset_path)).expanduser()
+        _readable_path("subset_path", path, "give a subset.npz path", want_dir=False)
     ckpt_path = cfg.get("ckpt_path")
     resume_last = cfg.get("stage") == "train" and ckpt_path == "last"
-    if (
-        ckpt_path is not None
-        and not resume_last
-        and not Path(str(ckpt_path)).expanduser().is_file()
-    ):
+    if ckpt_path is not None and not resume_last:
         what = "a pretrain.ckpt" if cfg.get("stage") == "select" else "a checkpoint or last"
-        raise UserError(f"ckpt_path={ckpt_path} does not exist; give {what}")
+        path = Path(str(ckpt_path)).expanduser()
+        _readable_path("ckpt_path", path, f"give {what}", want_dir=False)
     pretrain = cfg.get("pretrain")
     if pretrain is not None and pretrain.get("name") == "full":
         _number(cfg, "pretrain.epochs", int, 1, 10**6, "use a positive number of epochs")
@@ -85,3 +116,7 @@ def validate(cfg: DictConfig) -> None:
         )
     if selector is not None and "repeats" in selector:
         _number(cfg, "selector.repeats", int, 1, 1000, "use a positive integer")
+    if deep:
+        from lipt.preflight import preflight  # imports torch, Lightning: after the cheap checks
+
+        preflight(cfg)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -271,18 +272,38 @@ def randaugment_settings(cfg: DictConfig) -> dict[str, Any] | None:
     return {str(k): v for k, v in settings.items() if k != "name"}
 
 
+class NonFiniteLossError(RuntimeError):
+    """A learner's training loss became NaN or infinite: it stops there and is left out."""
+
+
+class StopOnNonFiniteLoss(L.Callback):
+    """Stop a learner at its first non-finite loss instead of training on to NaN weights."""
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, i: int
+    ) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if isinstance(loss, Tensor) and not bool(torch.isfinite(loss).all()):
+            raise NonFiniteLossError(f"loss {float(loss)} at step {trainer.global_step}")
+
+
 def train_learner(
     cfg: DictConfig, dm: DataModule, init: nn.Module, seed: int, learner: int, shard: Tensor
 ) -> Learner:
     """Train a copy of `init` on `shard` for K passes, then prune it. A learner that raises is
-    returned with status "failed" (and a warning), one with non-finite weights as "diverged"."""
+    returned with status "failed" (and a warning); one whose loss or weights go non-finite as
+    "diverged" (it stops at the first non-finite loss)."""
     start = time.perf_counter()
     model = copy.deepcopy(init)
     result = Learner(id=learner, shard=shard, init_digest=state_digest(model.state_dict()))
     module = build_classifier(cfg, model, **learner_optim(cfg))
     try:
         with seeded(derive_seed(seed, "learner", learner)), quiet_lightning():
-            trainer = quiet_trainer(cfg, max_epochs=int(cfg.pretrain.local_epochs))
+            trainer = quiet_trainer(
+                cfg,
+                max_epochs=int(cfg.pretrain.local_epochs),
+                callbacks=[StopOnNonFiniteLoss()],
+            )
             loader = dm.shard_dataloader(shard, randaugment_settings(cfg))
             trainer.fit(module, train_dataloaders=loader)
         result.samples = module.samples_seen
@@ -290,6 +311,13 @@ def train_learner(
         result.samples += extra
     except UserError:
         raise  # a config problem: every learner would hit it
+    except NonFiniteLossError as e:  # kept (its checkpoint says so): a re-run would diverge again
+        result.status, result.error = "diverged", f"non-finite loss ({e})"
+        result.samples = module.samples_seen
+        result.state_dict = state_dict_cpu(model)
+        result.seconds = time.perf_counter() - start
+        log.warning("jigsaw learner %d diverged (%s) and is left out", learner, result.error)
+        return result
     except Exception as e:  # a learner that breaks is left out of the soup, not the whole stage
         result.status, result.error = "failed", f"{type(e).__name__}: {e}"
         result.samples = module.samples_seen
@@ -464,6 +492,16 @@ def merge_learners(
             f"no jigsaw learner is left to merge: all {len(learners)} diverged, failed or are "
             f"missing ({reasons}); lower pretrain.optim.lr or re-run the missing learner jobs"
         )
+    needed = min_learners(cfg)
+    if len(usable) < needed:
+        left_out = ", ".join(
+            f"{status} {ids}" for status, ids in learner_ids_by_status(learners).items() if ids
+        )
+        raise UserError(
+            f"only {len(usable)} of {len(learners)} jigsaw learners are usable ({left_out}), "
+            f"fewer than pretrain.min_learners={needed}; re-run the same command (it trains only "
+            "the missing learners), lower pretrain.optim.lr, or lower pretrain.min_learners"
+        )
     digest = state_digest(init.state_dict())
     strangers = [le.id for le in usable if le.init_digest != digest]
     if strangers:
@@ -481,6 +519,31 @@ def merge_learners(
     report["init_accuracy"] = init_accuracy
     report["merge_seconds"] = round(time.perf_counter() - start, 3)
     return model, report
+
+
+def min_learners(cfg: DictConfig) -> int:
+    """`pretrain.min_learners`, by default half of the learners (rounded up)."""
+    value = cfg.pretrain.get("min_learners")
+    return int(value) if value is not None else -(-int(cfg.pretrain.num_learners) // 2)
+
+
+def learner_ids_by_status(learners: Sequence[Learner]) -> dict[str, list[int]]:
+    """Ids of the learners left out of the soup, by why: missing, diverged, failed."""
+    return {
+        status: [le.id for le in learners if le.status == status]
+        for status in ("missing", "diverged", "failed")
+    }
+
+
+def learner_counts(learners: Sequence[Learner]) -> dict[str, int]:
+    """For summary.json's stages.pretrain: how many were merged, failed (diverged or raised),
+    or are missing (a job that died before writing its checkpoint)."""
+    by_status = learner_ids_by_status(learners)
+    return {
+        "learners_merged": sum(le.status == "ok" for le in learners),
+        "learners_failed": len(by_status["diverged"]) + len(by_status["failed"]),
+        "learners_missing": len(by_status["missing"]),
+    }
 
 
 def merge_report(
@@ -512,6 +575,7 @@ def merge_report(
         "bn_batches": len(evaluate.bn_batches),
         "learners": per_learner,
         "left_out": [le.id for le in learners if le.status != "ok"],
+        **learner_ids_by_status(learners),
         "kept": [ids[i] for i in raw["kept"]],
         "ratios": raw["ratios"],
         "weights": raw["weights"],
@@ -602,9 +666,40 @@ def load_learner(path: Path, learner: int, shard: Tensor, expected: dict[str, An
         samples=int(payload.get("samples", 0)),
         seconds=float(payload.get("seconds", 0.0)),
     )
-    if not is_finite_state_dict(payload["state_dict"]):
+    if payload.get("status") == "diverged":
+        result.status, result.error = "diverged", f"diverged in training ({path})"
+    elif not is_finite_state_dict(payload["state_dict"]):
         result.status, result.error = "diverged", f"non-finite weights in {path}"
     return result
+
+
+def train_or_reuse(
+    cfg: DictConfig,
+    dm: DataModule,
+    init: nn.Module,
+    seed: int,
+    learner: int,
+    shard: Tensor,
+    folder: Path,
+) -> Learner:
+    """Learner `learner` from its checkpoint in `folder` when an earlier attempt (a killed run,
+    a sweep whose other jobs died) finished it with this recipe; else trained now, and its
+    checkpoint written at once, so that a run killed later keeps it."""
+    path = folder / learner_file(learner)
+    if path.is_file():
+        try:
+            saved = load_learner(path, learner, shard, recipe(cfg, dm, seed))
+        except UserError as e:  # another recipe's learner in this folder: replaced, as before
+            log.warning("jigsaw learner %d is trained again: %s", learner, e)
+            saved = Learner(learner, shard, status="missing")
+        if saved.status != "missing":
+            log.info("jigsaw learner %d (%s) reused from %s", learner, saved.status, path)
+            return saved
+    trained = train_learner(cfg, dm, init, seed, learner, shard)
+    if trained.state_dict is not None:  # diverged ones too: the merge reports them
+        save_checkpoint(path, learner_payload(cfg, dm, seed, trained))
+        log.info("jigsaw learner %d (%s) written to %s", learner, trained.status, path)
+    return trained
 
 
 def learner_dir(cfg: DictConfig, shared: bool) -> Path:
@@ -655,16 +750,21 @@ def pretrain_jigsaw(cfg: DictConfig, dm: DataModule, model: nn.Module, seed: int
     merge_from = cfg.pretrain.get("merge_from")
     if merge_from:
         return merge_saved(cfg, dm, model, seed, Path(str(merge_from)).expanduser())
+    folder = learner_dir(cfg, shared=False)
+    if seed != int(cfg.seed):  # selector.repeats: the learners of each seed apart
+        folder = folder / f"seed_{seed}"
     with torch_threads(cfg.pretrain.get("num_threads")):
         shards = learner_shards(cfg, dm, seed)
-        learners = [train_learner(cfg, dm, model, seed, i, shard) for i, shard in enumerate(shards)]
+        learners = [
+            train_or_reuse(cfg, dm, model, seed, i, shard, folder) for i, shard in enumerate(shards)
+        ]
         soup, report = merge_learners(cfg, dm, model, seed, learners)
-    folder = learner_dir(cfg, shared=False)
     return Pretrained(
         model=soup,
         samples=sum(le.samples for le in learners),
         unique_samples=sum(len(le.shard) for le in learners),
         report=report,
+        counts=learner_counts(learners),
         checkpoints={
             str(folder / learner_file(le.id)): learner_payload(cfg, dm, seed, le)
             for le in learners
@@ -687,13 +787,9 @@ def run_learner_job(cfg: DictConfig) -> dict[str, Any]:
     folder = learner_dir(cfg, shared=True)
     learners = []
     with torch_threads(cfg.pretrain.get("num_threads")):
-        for i in ids:
-            learner = train_learner(cfg, dm, init, seed, i, learner_shard(cfg, dm, seed, i))
-            if learner.state_dict is not None:  # diverged ones too: the merge reports them
-                path = folder / learner_file(i)
-                save_checkpoint(path, learner_payload(cfg, dm, seed, learner))
-                log.info("jigsaw learner %d (%s) written to %s", i, learner.status, path)
-            learners.append(learner)
+        for i in ids:  # a re-run of the sweep trains only the learners it has no checkpoint of
+            shard = learner_shard(cfg, dm, seed, i)
+            learners.append(train_or_reuse(cfg, dm, init, seed, i, shard, folder))
     stats = {
         "seconds": round(time.perf_counter() - start, 3),
         "samples": sum(le.samples for le in learners),
@@ -721,6 +817,14 @@ def merge_saved(
     """The soup of the learner checkpoints in `folder`, merged exactly as `pretrain_jigsaw`
     merges; samples and unique samples are those the saved learners recorded."""
     learners = load_learners(cfg, dm, seed, folder)
+    missing = learner_ids_by_status(learners)["missing"]
+    if missing:
+        log.warning(
+            "jigsaw learners %s have no checkpoint in %s (their jobs died or did not run); "
+            "re-running the same sweep trains only them",
+            missing,
+            folder,
+        )
     with torch_threads(cfg.pretrain.get("num_threads")):
         soup, report = merge_learners(cfg, dm, init, seed, learners)
     present = [le for le in learners if le.status != "missing"]
@@ -731,6 +835,7 @@ def merge_saved(
         samples=sum(le.samples for le in present),
         unique_samples=sum(len(le.shard) for le in present),
         report=report,
+        counts=learner_counts(learners),
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
-from lipt.config import _get, _number
+from lipt.config import _get, _number, check_optim
 from lipt.errors import UserError
 
 PRUNE_NAMES = ("omp", "random", "snip", "none")
@@ -56,9 +56,10 @@ def validate_jigsaw(cfg: DictConfig) -> None:
             )
     if _get(cfg, "pretrain.num_threads") is not None:
         _number(cfg, "pretrain.num_threads", int, 1, 4096, "use null or a positive integer")
-    _number(cfg, "pretrain.optim.lr", float, 0, 1e3, "use a positive learning rate")
-    if _get(cfg, "pretrain.optim.scheduler") not in ("cosine", "constant"):
-        raise UserError("pretrain.optim.scheduler is invalid: use cosine or constant")
+    check_optim(cfg, "pretrain.optim")
+    min_learners = _get(cfg, "pretrain.min_learners")
+    if min_learners is not None:
+        _number(cfg, "pretrain.min_learners", int, 1, n, f"use null (half) or 1..{n}")
 
     if _choice(cfg, "augment.name", AUGMENT_NAMES, "augment") == "randaugment":
         _number(cfg, "augment.num_ops", int, 0, 14, "use 0..14 (RandAugment has 14 ops)")

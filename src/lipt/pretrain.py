@@ -38,15 +38,19 @@ class Pretrained:
     samples: int = 0  # training samples passed forward and backward
     unique_samples: int = 0  # distinct training-set items read
     report: dict[str, Any] = field(default_factory=dict)  # e.g. the jigsaw merge report
-    # Further checkpoints for pretrain.py to write, by path (relative: to the run dir), e.g.
-    # every jigsaw learner's; payloads load with torch.load(weights_only=True).
+    # Further checkpoints the strategy wrote as it went, by path, e.g. every jigsaw learner's
+    # (written when each finished, so a killed run keeps them); payloads load with
+    # torch.load(weights_only=True).
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Further counts for summary.json, e.g. jigsaw's learners_merged / learners_failed.
+    counts: dict[str, int] = field(default_factory=dict)
 
     def stats(self) -> dict[str, Any]:
         return {
             "seconds": round(self.seconds, 3),
             "samples": self.samples,
             "unique_samples": self.unique_samples,
+            **self.counts,
         }
 
 
@@ -98,8 +102,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     dm = build_datamodule(cfg)
     result = pretrain_model(cfg, dm, int(cfg.seed))
     save_checkpoint(out / "pretrain.ckpt", checkpoint_payload(cfg, dm, result.model))
-    for path, payload in result.checkpoints.items():
-        save_checkpoint(out / path, payload)
     if result.report:
         write_json(out / "merge_report.json", result.report)
     summary = summary_payload(

@@ -25,7 +25,7 @@ from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.pretrain import pretrain_model
 from lipt.selection import PoolOutputs, SelectionInputs, model_outputs, select_balanced
-from lipt.summary import summary_payload
+from lipt.summary import subset_class_counts, summary_payload
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def selection_models(cfg: DictConfig, dm: DataModule, stages: dict[str, Any]) ->
         result = pretrain_model(cfg, dm, repeat_seed(int(cfg.seed), r))
         models.append(result.model)
         for key, value in result.stats().items():
-            totals[key] += value
+            totals[key] = totals.get(key, 0) + value
         if result.report and r == 0:
             stages["merge_report"] = result.report
     if cfg.pretrain.name != "none":
@@ -222,6 +222,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     save_subset(out / "subset.npz", indices, weights, subset_meta(cfg, dm))
     if report:
         write_json(out / "merge_report.json", report)
-    summary = summary_payload(cfg, dm, None, len(indices), stages)
+    counts = subset_class_counts(dm, indices)
+    summary = summary_payload(cfg, dm, None, len(indices), stages, class_counts=counts)
     write_json(out / "summary.json", summary)
     return summary

@@ -2,11 +2,43 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import Tensor
 
 from lipt.data import DataModule
+
+log = logging.getLogger(__name__)
+
+
+def subset_class_counts(dm: DataModule, indices: Tensor) -> list[int]:
+    """How many samples of each class the subset holds, warning when it is legal but degenerate:
+    smaller than the number of classes, or with a class that has no sample (a model trained on
+    it never sees that class)."""
+    labels = dm.train_source.labels[indices]  # [k] int64
+    counts = [int(c) for c in torch.bincount(labels, minlength=dm.num_classes)]
+    size, classes = len(indices), len(counts)
+    if size < classes:
+        log.warning(
+            "the subset holds %d sample(s), fewer than the %d classes; raise fraction",
+            size,
+            classes,
+        )
+    empty = [c for c, n in enumerate(counts) if n == 0]
+    if empty:
+        shown = ", ".join(str(c) for c in empty[:10]) + (", ..." if len(empty) > 10 else "")
+        log.warning(
+            "%d of %d classes have no sample in the subset of %d (classes %s); raise fraction or "
+            "use a class-balanced selector (selector.balance=true)",
+            len(empty),
+            classes,
+            size,
+            shown,
+        )
+    return counts
 
 
 def summary_payload(
@@ -15,8 +47,9 @@ def summary_payload(
     test_accuracy: float | None,
     subset_size: int | None,
     stages: dict[str, dict[str, Any]],
+    class_counts: list[int] | None = None,
 ) -> dict[str, Any]:
-    return {
+    payload = {
         "test_accuracy": None if test_accuracy is None else float(test_accuracy),
         "train_size": len(dm.pool_indices),
         "dataset_train_size": len(dm.train_source),
@@ -24,3 +57,6 @@ def summary_payload(
         "stages": stages,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
+    if class_counts is not None:
+        payload["subset_class_counts"] = class_counts
+    return payload

@@ -7,6 +7,7 @@ read it from there instead of recomputing it.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,12 @@ from lipt.select import (
     selection_models,
     subset_meta,
 )
-from lipt.summary import summary_payload
+from lipt.summary import subset_class_counts, summary_payload
 
 SUBSET_FILE = "subset.npz"
+LEARNERS_DIR = "learners"  # as lipt.jigsaw, without importing it
+
+log = logging.getLogger(__name__)
 
 
 def load_checked_subset(cfg: DictConfig, dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
@@ -64,6 +68,16 @@ def obtain_subset(
         # A resumed run trains on what the first attempt chose (re-selected ones included).
         completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
         return load_checked_subset(cfg, dm, latest_subset(out, completed) or saved), None
+    if cfg.get("ckpt_path") == "last" and saved.is_file():
+        # Killed after selection, before main training saved an epoch: keep the subset; the
+        # pre-trained model (init_from=pretrained) is merged again from the saved learners.
+        subset = load_checked_subset(cfg, dm, saved)
+        log.info("resuming: the subset in %s is kept (not selected again)", saved)
+        if cfg.init_from != "pretrained" or not needs_model(cfg) or is_ddp_child():
+            return subset, None
+        models = selection_models(cfg, dm, stages)
+        stages.pop("merge_report", None)
+        return subset, models[0] if cfg.pretrain.name != "none" else None
     if is_ddp_child():  # extra DDP ranks read what rank 0 chose before it started them
         return load_checked_subset(cfg, dm, saved), None
     models = selection_models(cfg, dm, stages) if needs_model(cfg) else []
@@ -87,11 +101,13 @@ def resume_path(cfg: DictConfig, out: Path) -> str | None:
         return None
     if ckpt == "last":
         last = out / "checkpoints" / "last.ckpt"
-        if not last.is_file():
-            raise UserError(
-                f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
-            )
-        return str(last)
+        if last.is_file():
+            return str(last)
+        if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
+            return None  # killed before main training: its saved learners and subset are reused
+        raise UserError(
+            f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
+        )
     if not Path(str(ckpt)).is_file():
         raise UserError(f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'")
     return str(ckpt)
@@ -108,11 +124,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         dm.set_subset(None)
     else:
         dm.set_subset(*subset)
+    class_counts = None if subset is None else subset_class_counts(dm, subset[0])
 
     # Main training starts from the common initial model (paper, appendix A) unless asked.
     # Extra DDP ranks keep the init: DDP copies rank 0's weights to them when fit starts.
     model = build_model(cfg, int(cfg.seed))
-    if cfg.init_from == "pretrained" and not is_ddp_child():
+    if cfg.init_from == "pretrained" and not is_ddp_child() and resume is None:
         if pretrained is None:
             raise UserError(
                 "init_from=pretrained needs a model pre-trained in this run: use a pretrain "
@@ -159,7 +176,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if reselect is not None:
         stages["train"]["reselections"] = reselect.reselections
         stages["train"]["reselect_seconds"] = round(reselect.seconds, 3)
-    summary = summary_payload(cfg, dm, test_accuracy, subset_size, stages)
+    summary = summary_payload(cfg, dm, test_accuracy, subset_size, stages, class_counts)
     if trainer.is_global_zero:
         write_json(out / "summary.json", summary)
     for logger in trainer.loggers:  # so a dashboard can compare runs of a sweep

@@ -10,6 +10,7 @@ import gzip
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,6 +109,32 @@ def _idx_split(directory: Path, prefix: str) -> TensorImages | None:
     )
 
 
+FASHION_MNIST_STEMS = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
+
+
+def fashion_mnist_files(data_dir: str | None, download: bool = True) -> list[Path]:
+    """The four IDX files `load_fashion_mnist` will read ([] when it will download them)."""
+    candidates = [Path(data_dir).expanduser()] if data_dir else []
+    candidates.append(FASHION_MNIST_SYSTEM_DIR)
+    for directory in candidates:
+        found = [_find_idx(directory, stem) for stem in FASHION_MNIST_STEMS]
+        if all(path is not None for path in found):
+            return [path for path in found if path is not None]
+    if not download or not data_dir:
+        # Downloads go to dataset.data_dir only: a run writes nowhere else but its run folder.
+        raise UserError(
+            "Fashion-MNIST not found: set dataset.data_dir=DIR holding train-images-idx3-ubyte"
+            "[.gz] etc. (or an empty DIR to download into, with dataset.download=true), or "
+            "install the Debian package dataset-fashion-mnist"
+        )
+    return []
+
+
 def load_fashion_mnist(data_dir: str | None, download: bool = True) -> Splits:
     """IDX files from `data_dir`, else the Debian package's folder, else torchvision's download."""
     candidates = [Path(data_dir).expanduser()] if data_dir else []
@@ -116,13 +143,8 @@ def load_fashion_mnist(data_dir: str | None, download: bool = True) -> Splits:
         train, test = _idx_split(directory, "train"), _idx_split(directory, "t10k")
         if train is not None and test is not None:
             return Splits(train, test, "fashion_mnist")
-    if not download or not data_dir:
-        # Downloads go to dataset.data_dir only: a run writes nowhere else but its run folder.
-        raise UserError(
-            "Fashion-MNIST not found: set dataset.data_dir=DIR holding train-images-idx3-ubyte"
-            "[.gz] etc. (or an empty DIR to download into, with dataset.download=true), or "
-            "install the Debian package dataset-fashion-mnist"
-        )
+    fashion_mnist_files(data_dir, download)  # raises when there is nothing to download into
+    assert data_dir  # (fashion_mnist_files raised without one)
     target = Path(data_dir).expanduser()
     try:
         from torchvision.datasets import FashionMNIST
@@ -158,9 +180,8 @@ def _read_cifar_batches(files: list[Path], label_key: str) -> TensorImages:
     )
 
 
-def load_cifar(data_dir: str, num_classes: int) -> Splits:
-    """torchvision's layout: `cifar-10-batches-py/data_batch_{1..5}, test_batch` or
-    `cifar-100-python/{train,test}`, directly in `data_dir` or one level down."""
+def cifar_files(data_dir: str | None, num_classes: int) -> tuple[list[Path], list[Path]]:
+    """The train and test batch files `load_cifar` reads; UserError when any is missing."""
     if num_classes not in (10, 100):
         raise UserError(f"CIFAR has 10 or 100 classes, not {num_classes}")
     root = _existing_dir(data_dir, "cifar")
@@ -168,15 +189,23 @@ def load_cifar(data_dir: str, num_classes: int) -> Splits:
     base = root / sub if (root / sub).is_dir() else root
     if num_classes == 10:
         train_files = [base / f"data_batch_{k}" for k in range(1, 6)]
-        test_files, key = [base / "test_batch"], "labels"
+        test_files = [base / "test_batch"]
     else:
-        train_files, test_files, key = [base / "train"], [base / "test"], "fine_labels"
+        train_files, test_files = [base / "train"], [base / "test"]
     missing = [str(p) for p in train_files + test_files if not p.is_file()]
     if missing:
         raise UserError(
             f"CIFAR-{num_classes} files missing in {base}: {', '.join(missing[:3])}; "
             f"set dataset.data_dir to the folder holding {sub}/"
         )
+    return train_files, test_files
+
+
+def load_cifar(data_dir: str, num_classes: int) -> Splits:
+    """torchvision's layout: `cifar-10-batches-py/data_batch_{1..5}, test_batch` or
+    `cifar-100-python/{train,test}`, directly in `data_dir` or one level down."""
+    train_files, test_files = cifar_files(data_dir, num_classes)
+    key = "labels" if num_classes == 10 else "fine_labels"
     return Splits(
         _read_cifar_batches(train_files, key),
         _read_cifar_batches(test_files, key),
@@ -223,13 +252,20 @@ class FolderImages(ImageSource):
         return F.center_crop(img, [self.size, self.size])
 
 
-def load_image_folder(data_dir: str, resize: int, size: int) -> Splits:
+def image_folder_dirs(data_dir: str | None) -> tuple[Path, Path]:
+    """`train/` and `val/` of an ImageFolder tree; UserError when either is missing."""
     root = _existing_dir(data_dir, "imagenet")
     train_dir, val_dir = root / "train", root / "val"
     if not train_dir.is_dir() or not val_dir.is_dir():
         raise UserError(
             f"{root} must hold train/ and val/ folders of class subfolders (ImageFolder layout)"
         )
+    return train_dir, val_dir
+
+
+def load_image_folder(data_dir: str, resize: int, size: int) -> Splits:
+    root = _existing_dir(data_dir, "imagenet")
+    train_dir, val_dir = image_folder_dirs(data_dir)
     classes = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
     if not classes:
         raise UserError(f"no class folders in {train_dir}")
@@ -266,3 +302,17 @@ def _existing_dir(data_dir: str | None, name: str) -> Path:
     if not root.is_dir():
         raise UserError(f"data directory {root} does not exist; set dataset.data_dir=...")
     return root
+
+
+def expected_files(load_target: str, settings: dict[str, Any]) -> list[Path]:
+    """What the reader named `load_target` (a `dataset.load._target_`) will open, checked
+    before any stage starts; UserError when something it needs is missing."""
+    reader = load_target.rsplit(".", 1)[-1]
+    if reader == "load_fashion_mnist":
+        return fashion_mnist_files(settings.get("data_dir"), bool(settings.get("download", True)))
+    if reader == "load_cifar":
+        train, test = cifar_files(settings.get("data_dir"), int(settings["num_classes"]))
+        return train + test
+    if reader == "load_image_folder":
+        return list(image_folder_dirs(settings.get("data_dir")))
+    return []  # synthetic data, or a reader lipt does not know: it checks its own input

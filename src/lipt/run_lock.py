@@ -1,0 +1,61 @@
+"""One run per run folder: an exclusive `flock` on the folder itself.
+
+The kernel drops the lock when the process ends, however it ends (exit, exception, SIGKILL), so
+a crashed run never leaves a stale lock behind, and no lock file is left in the folder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from lipt.errors import UserError
+
+
+class RunDirLockedError(UserError):
+    """Another process holds the run folder: the folder is theirs, leave it as it is."""
+
+
+_held: dict[Path, int] = {}  # folder -> open descriptor holding its lock, for this process
+
+
+def _refusal(path: Path) -> RunDirLockedError:
+    return RunDirLockedError(
+        f"run folder {path} is in use by another lipt run; wait for it to end, or pass another "
+        "hydra.run.dir"
+    )
+
+
+def lock_run_dir(path: Path) -> None:
+    """Hold `path` (an existing folder) for this process until it exits; a no-op when this
+    process holds it already.
+
+    Raises:
+        RunDirLockedError: another process holds it.
+    """
+    key = Path(path).resolve()
+    if key in _held:
+        return
+    fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise _refusal(key) from None
+    _held[key] = fd
+
+
+def check_unlocked(path: Path) -> None:
+    """Refuse now if another process holds `path` (before anything is written into it)."""
+    key = Path(path).expanduser().resolve()
+    if not key.is_dir() or key in _held:
+        return
+    fd = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        raise _refusal(key) from None
+    finally:
+        os.close(fd)

@@ -1,0 +1,215 @@
+"""The values lipt.config.validate (with lipt.preflight) and lipt.build accept and refuse.
+
+Configs are composed as the entry points compose them (the real configs/, the stage's config
+name, then the overrides). A refused value raises UserError naming the key; an accepted one
+passes every check, the Trainer, logger and selector ones included.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+from lipt.build import build_loggers, build_model, build_trainer, quiet_trainer, run_dir
+from lipt.config import validate
+from lipt.errors import UserError
+from lipt.run_lock import RunDirLockedError
+from tests.conftest import FAST
+
+ACCEPTED = [
+    [],  # the defaults: Fashion-MNIST from the system folder, glister, jigsaw, csv
+    ["fraction=1"],
+    ["fraction=0.001"],
+    ["optim.lr=1e-4", "optim.momentum=0", "optim.nesterov=false", "optim.weight_decay=0"],
+    ["optim.scheduler=constant"],
+    ["trainer.devices=2", "trainer.strategy=ddp", "trainer.accelerator=cpu"],
+    ["trainer.precision=64-true", "trainer.deterministic=true"],
+    ["logger=wandb"],
+    ["logger=none"],
+    ["selector=random"],
+    ["selector=gradmatch", "selector.target=val", "selector.lam=0"],
+    ["selector=craig", "selector.greedy=stochastic"],
+    ["selector=ccs", "selector.score=grand", "selector.strata=5"],
+    ["selector=glister", "selector.greedy=naive", "selector.balance=false"],
+    ["selector=grand", "selector.repeats=3"],
+    ["pretrain.min_learners=10"],
+    ["pretrain.min_learners=1", "pretrain.optim.scheduler=constant"],
+    ["pretrain=full", "pretrain.epochs=1"],
+]
+
+REFUSED = [
+    # (overrides, words the message must hold)
+    (["optim.lr=0"], ["optim.lr", "positive"]),
+    (["optim.lr=-0.1"], ["optim.lr"]),
+    (["optim.momentum=1"], ["optim.momentum"]),
+    (["optim.weight_decay=-1e-4"], ["optim.weight_decay"]),
+    (["optim.nesterov=maybe"], ["optim.nesterov"]),
+    (["optim.scheduler=step"], ["optim.scheduler", "cosine"]),
+    (["pretrain.optim.lr=0"], ["pretrain.optim.lr"]),
+    (["pretrain.min_learners=0"], ["pretrain.min_learners"]),
+    (["pretrain.min_learners=11"], ["pretrain.min_learners", "1..10"]),
+    (["trainer.precision=banana"], ["trainer", "banana"]),
+    (["trainer.devices=0"], ["trainer", "devices=0"]),
+    (["+trainer.bogus=1"], ["trainer", "bogus"]),
+    (["trainer.strategy=nope"], ["trainer", "nope"]),
+    (["+trainer.limit_train_batches=-1"], ["trainer", "limit_train_batches"]),
+    (["trainer.max_epochs=0"], ["trainer.max_epochs"]),
+    (["+logger.csv.bogus=1"], ["logger.csv", "bogus"]),
+    (["logger.csv._target_=no.such.Logger"], ["logger=csv", "install"]),
+    (["selector.greedy=sometimes"], ["selector=glister", "greedy"]),
+    (["+selector.bogus=3"], ["selector=glister", "bogus"]),
+    (["selector.balance=maybe"], ["selector.balance"]),
+    (["selector=gradmatch", "selector.target=test"], ["selector=gradmatch", "target"]),
+    (["selector=ccs", "selector.hard_prune=1.5"], ["selector=ccs", "hard_prune"]),
+    (["selector=ccs", "selector.score=nope"], ["selector=ccs", "nope"]),
+    (["selector=grand", "selector.repeats=0"], ["selector.repeats"]),
+    (["seed=-1"], ["seed"]),
+    (["batch_size=0"], ["batch_size"]),
+    (["reselect_every=-2"], ["reselect_every"]),
+    (["init_from=soup"], ["init_from"]),
+    (["dataset.val_size=-5"], ["dataset.val_size"]),
+    (["dataset.data_dir=/no/such/dir"], ["dataset.data_dir", "/no/such/dir"]),
+    (["dataset=cifar10", "dataset.data_dir={empty}"], ["CIFAR-10 files missing"]),
+    (["dataset=imagenet", "dataset.data_dir={empty}"], ["train/ and val/"]),
+    (["subset_path={empty}"], ["subset_path", "does not exist"]),
+]
+
+
+def test_every_accepted_value_passes(make_cfg):
+    for overrides in ACCEPTED:
+        validate(make_cfg(overrides))
+
+
+@pytest.mark.parametrize(("overrides", "words"), REFUSED, ids=lambda v: str(v)[:60])
+def test_each_refused_value_names_its_key(make_cfg, tmp_path, overrides, words):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cfg = make_cfg([o.format(empty=empty) for o in overrides])
+    with pytest.raises(UserError) as caught:
+        validate(cfg)
+    message = str(caught.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message
+
+
+def test_an_unreadable_data_file_is_refused(make_cfg, tmp_path, monkeypatch):
+    # Running as root, permissions cannot make a file unreadable: the open fails instead.
+    import numpy as np
+
+    from tests.conftest import write_idx
+
+    data = tmp_path / "fm"
+    data.mkdir()
+    for stem in ("train-images-idx3-ubyte", "t10k-images-idx3-ubyte"):
+        write_idx(data / stem, np.zeros((2, 28, 28), np.uint8))
+    for stem in ("train-labels-idx1-ubyte", "t10k-labels-idx1-ubyte"):
+        write_idx(data / stem, np.zeros(2, np.uint8))
+    cfg = make_cfg([f"dataset.data_dir={data}", "dataset.download=false"])
+    validate(cfg)  # present and readable
+    real_open = open
+
+    def broken_open(path, *args, **kwargs):
+        if str(path).startswith(str(data)):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", broken_open)
+    with pytest.raises(UserError, match="not readable"):
+        validate(cfg)
+
+
+def test_missing_fashion_mnist_is_refused_unless_it_can_be_downloaded(
+    make_cfg, tmp_path, monkeypatch
+):
+    monkeypatch.setattr("lipt.data.sources.FASHION_MNIST_SYSTEM_DIR", tmp_path / "none")
+    with pytest.raises(UserError, match="Fashion-MNIST not found"):
+        validate(make_cfg(["dataset.download=false", f"dataset.data_dir={tmp_path}"]))
+    with pytest.raises(UserError, match="Fashion-MNIST not found"):
+        validate(make_cfg([]))  # no data_dir to download into
+    validate(make_cfg([f"dataset.data_dir={tmp_path}"]))  # downloads into it: passes
+
+
+def test_every_stage_config_is_checked_the_same(make_cfg):
+    for name in ("train", "select", "pretrain"):
+        with pytest.raises(UserError, match=r"optim\.lr"):
+            validate(make_cfg(["optim.lr=0"], config_name=name))
+        with pytest.raises(UserError, match="trainer"):
+            validate(make_cfg(["trainer.precision=banana"], config_name=name))
+
+
+# --------------------------------------------------------------------------- lipt.build
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], {"max_epochs": 1, "num_devices": 1}),
+        (["trainer.max_epochs=4"], {"max_epochs": 4}),
+        (["trainer.devices=2", "trainer.strategy=ddp"], {"num_devices": 2}),
+        (["trainer.log_every_n_steps=3"], {"log_every_n_steps": 3}),
+    ],
+)
+def test_build_trainer_takes_the_trainer_group(make_cfg, overrides, expected):
+    trainer = build_trainer(make_cfg([*FAST, *overrides]), logger=False)
+    for key, value in expected.items():
+        assert getattr(trainer, key) == value, key
+
+
+def test_build_trainer_overrides_win_and_checkpoints_are_atomic(make_cfg, tmp_path):
+    from lipt.artifacts import AtomicCheckpointIO
+
+    trainer = build_trainer(make_cfg([*FAST, "trainer.max_epochs=9"]), max_epochs=2, logger=False)
+    assert trainer.max_epochs == 2
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+    assert Path(trainer.default_root_dir) == tmp_path
+
+
+def test_quiet_trainer_is_single_device_without_logger_or_checkpoints(make_cfg):
+    trainer = quiet_trainer(make_cfg([*FAST, "trainer.devices=2", "trainer.strategy=ddp"]))
+    assert trainer.num_devices == 1 and trainer.loggers == []
+    assert trainer.checkpoint_callback is None and trainer.limit_val_batches == 0
+
+
+@pytest.mark.parametrize(
+    ("logger", "types"),
+    [("csv", [CSVLogger]), ("wandb", [WandbLogger]), ("none", [])],
+)
+def test_build_loggers_follows_the_logger_group(make_cfg, tmp_path, logger, types):
+    loggers = build_loggers(make_cfg([*FAST, f"logger={logger}"]))
+    assert [type(lg) for lg in loggers] == types
+    for lg in loggers:
+        assert Path(lg.save_dir) == tmp_path  # inside the run folder
+
+
+def test_build_model_is_a_function_of_the_seed(make_cfg):
+    cfg = make_cfg([*FAST, "model.width=16"])
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    a = build_model(cfg, 0).state_dict()
+    assert torch.equal(torch.get_rng_state(), before)  # the global generator was left alone
+    torch.rand(100)  # and its state does not matter
+    b, c = build_model(cfg, 0).state_dict(), build_model(cfg, 1).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
+
+
+def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
+    import subprocess
+    import sys
+
+    cfg = make_cfg([*FAST, f"paths.output_dir={tmp_path / 'run'}"])
+    folder = run_dir(cfg)
+    assert folder.is_dir() and run_dir(cfg) == folder  # this process may call it again
+    probe = (
+        "import sys; from pathlib import Path; from lipt.run_lock import lock_run_dir\n"
+        "lock_run_dir(Path(sys.argv[1]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode != 0 and RunDirLockedError.__name__ in out.stderr
+    assert "in use by another lipt run" in out.stderr

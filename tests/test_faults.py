@@ -1,0 +1,237 @@
+"""Faults in the jigsaw stage and in a learner sweep, injected on purpose: a learner whose loss
+goes non-finite, one that runs out of memory, a job that dies before writing its checkpoint.
+
+The survivors' checkpoints stay as they were, the soup is made of what finished and says which
+ids are missing, a re-run trains only the missing learners and gives the soup an uninterrupted
+run gives, bit for bit; too few learners is a clear error (`pretrain.min_learners`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import DictConfig, open_dict
+
+import lipt.jigsaw as jigsaw
+from lipt.build import build_datamodule
+from lipt.errors import UserError
+from lipt.pretrain import pretrain_model
+from lipt.pretrain import run as pretrain_run
+from tests.conftest import run_entry
+
+N, M, K, B = 4, 1, 3, 32
+JIGSAW = [
+    "dataset=synthetic",
+    "model.width=8",
+    f"batch_size={B}",
+    "logger=none",
+    "pretrain=jigsaw",
+    f"pretrain.num_learners={N}",
+    f"pretrain.batches_per_learner={M}",
+    f"pretrain.local_epochs={K}",
+    "pretrain.num_threads=1",
+    "merge.ratios=5",
+]
+
+
+@pytest.fixture
+def jigsaw_cfg(make_cfg: Callable[..., DictConfig], tmp_path: Path) -> Callable[..., DictConfig]:
+    def _make(out: str, *overrides: str) -> DictConfig:
+        return make_cfg(
+            [*JIGSAW, *overrides, f"paths.output_dir={tmp_path / out}"], config_name="pretrain"
+        )
+
+    return _make
+
+
+def _load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """(inode, mtime): an atomic rewrite gives a new inode, so an untouched file keeps both."""
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns
+
+
+def _diverge(ids: set[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Learners `ids` train with a learning rate of 1e30: a real NaN loss within a few steps."""
+    real = jigsaw.train_learner
+
+    def faulty(cfg, dm, init, seed, learner, shard):
+        if learner in ids:
+            cfg = cfg.copy()
+            with open_dict(cfg):
+                cfg.pretrain.optim.lr = 1e30
+        return real(cfg, dm, init, seed, learner, shard)
+
+    monkeypatch.setattr(jigsaw, "train_learner", faulty)
+
+
+def _run_out_of_memory(learner_id: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Learner `learner_id`'s first training step raises torch.OutOfMemoryError."""
+    real = jigsaw.build_classifier
+    calls = {"n": 0}
+
+    def faulty(cfg, model, **optim):
+        module = real(cfg, model, **optim)
+        calls["n"] += 1
+        if calls["n"] == learner_id + 1:  # learners are built in id order
+
+            def out_of_memory(batch, batch_idx):
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+            module.training_step = out_of_memory
+        return module
+
+    monkeypatch.setattr(jigsaw, "build_classifier", faulty)
+
+
+def _soup(folder: Path) -> dict[str, torch.Tensor]:
+    return _load(folder / "pretrain.ckpt")["state_dict"]
+
+
+def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_learner_whose_loss_goes_nan_is_stopped_dropped_and_counted(
+    jigsaw_cfg, tmp_path, monkeypatch, caplog
+):
+    _diverge({2}, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
+        summary = pretrain_run(jigsaw_cfg("run"))
+    stats = summary["stages"]["pretrain"]
+    assert (stats["learners_merged"], stats["learners_failed"], stats["learners_missing"]) == (
+        3,
+        1,
+        0,
+    )
+    on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert on_disk["stages"]["pretrain"]["learners_failed"] == 1
+    report = json.loads((tmp_path / "run" / "merge_report.json").read_text())
+    assert report["diverged"] == [2] and 2 not in report["kept"]
+    learner = report["learners"][2]
+    assert learner["status"] == "diverged" and "non-finite loss" in learner["error"]
+    # It stopped at the first non-finite loss instead of training on to NaN weights.
+    assert learner["samples"] < K * M * B
+    assert "learner 2 diverged (non-finite loss" in caplog.text
+    assert all(torch.isfinite(v).all() for v in _soup(tmp_path / "run").values())
+    # Its checkpoint says it diverged: a re-run keeps it out instead of training it again.
+    assert _load(tmp_path / "run" / "learners" / "learner_2.ckpt")["status"] == "diverged"
+
+
+def test_out_of_memory_learner_is_retrained_alone_and_the_soup_matches(
+    jigsaw_cfg, tmp_path, monkeypatch
+):
+    _run_out_of_memory(1, monkeypatch)
+    first = pretrain_run(jigsaw_cfg("run"))
+    learners = tmp_path / "run" / "learners"
+    assert first["stages"]["pretrain"]["learners_failed"] == 1
+    assert sorted(p.name for p in learners.glob("*.ckpt")) == [
+        f"learner_{i}.ckpt" for i in (0, 2, 3)
+    ]
+    before = {i: _stamp(learners / f"learner_{i}.ckpt") for i in (0, 2, 3)}
+    monkeypatch.undo()
+
+    again = pretrain_run(jigsaw_cfg("run"))  # the same command, the fault gone
+    assert {i: _stamp(learners / f"learner_{i}.ckpt") for i in (0, 2, 3)} == before
+    assert (learners / "learner_1.ckpt").is_file()
+    assert again["stages"]["pretrain"]["learners_merged"] == N
+    pretrain_run(jigsaw_cfg("clean"))  # never interrupted
+    assert _equal(_soup(tmp_path / "run"), _soup(tmp_path / "clean"))  # bit for bit
+    clean_stats = json.loads((tmp_path / "clean" / "summary.json").read_text())["stages"]
+    assert again["stages"]["pretrain"]["samples"] == clean_stats["pretrain"]["samples"]
+
+
+def test_too_few_learners_is_a_clear_error_and_min_learners_lowers_the_bar(jigsaw_cfg, monkeypatch):
+    _diverge({1, 2, 3}, monkeypatch)
+    cfg = jigsaw_cfg("a")
+    with pytest.raises(UserError, match=r"only 1 of 4 .*diverged \[1, 2, 3\].*min_learners=2"):
+        pretrain_model(cfg, build_datamodule(cfg), seed=0)
+    cfg = jigsaw_cfg("a", "pretrain.min_learners=1")  # the same learners, reused: a soup of one
+    result = pretrain_model(cfg, build_datamodule(cfg), seed=0)
+    assert result.stats()["learners_merged"] == 1 and result.report["kept"] == [0]
+
+
+def test_every_learner_diverging_is_a_clear_error(jigsaw_cfg):
+    cfg = jigsaw_cfg("a", "pretrain.optim.lr=1e30")
+    with pytest.raises(UserError, match="no jigsaw learner is left to merge: all 4 diverged"):
+        pretrain_model(cfg, build_datamodule(cfg), seed=0)
+
+
+def _job(cfg: DictConfig, learner: int, folder: Path) -> None:
+    """One job of a learner sweep (what `pretrain.py -m 'pretrain.learners=...'` runs)."""
+    job = cfg.copy()
+    job.pretrain.learners = learner
+    job.pretrain.learner_dir = str(folder)
+    job.paths.output_dir = str(folder.parent / f"job{learner}")
+    jigsaw.run_learner_job(job)
+
+
+def test_a_sweep_whose_job_died_merges_the_rest_and_a_rerun_trains_only_it(
+    jigsaw_cfg, tmp_path, caplog
+):
+    cfg = jigsaw_cfg("sweep")
+    sweep = tmp_path / "sweep"
+    folder = sweep / "learners"
+    for i in (0, 1, 3):
+        _job(cfg, i, folder)
+    # Job 2 was killed while it wrote: only its temporary file is left (atomic writes).
+    (folder / ".learner_2.ckpt.x1y2.tmp").write_bytes(b"\x80half a checkpoint")
+    before = {i: _stamp(folder / f"learner_{i}.ckpt") for i in (0, 1, 3)}
+    with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
+        summary = jigsaw.merge_learner_dir(cfg, folder, sweep)
+    assert "jigsaw learners [2] have no checkpoint" in caplog.text
+    report = json.loads((sweep / "merge_report.json").read_text())
+    assert report["missing"] == [2] and set(report["kept"]) <= {0, 1, 3}
+    stats = summary["stages"]["pretrain"]
+    assert (stats["learners_merged"], stats["learners_missing"]) == (3, 1)
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lipt.jigsaw"):
+        for i in range(N):  # the same sweep again
+            _job(cfg, i, folder)
+    assert {i: _stamp(folder / f"learner_{i}.ckpt") for i in (0, 1, 3)} == before
+    assert caplog.text.count("reused from") == 3 and "learner 2 (ok) written" in caplog.text
+    jigsaw.merge_learner_dir(cfg, folder, sweep)
+    pretrain_run(jigsaw_cfg("clean"))
+    assert _equal(_soup(sweep), _soup(tmp_path / "clean"))  # bit for bit
+
+
+@pytest.mark.slow
+def test_soup_callback_names_the_missing_ids_and_refuses_too_few(tmp_path):
+    sweep = tmp_path / "sweep"
+
+    def sweep_of(learners: str) -> object:
+        return run_entry(
+            "pretrain.py",
+            [
+                "-m",
+                *JIGSAW,
+                f"pretrain.learners={learners}",
+                "hydra/callbacks=soup",
+                f"hydra.sweep.dir={sweep}",
+            ],
+            timeout=600,
+        )
+
+    out = sweep_of("0")  # one of four: below the default min_learners (half)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "only 1 of 4 jigsaw learners are usable (missing [1, 2, 3])" in out.stderr
+    assert not (sweep / "pretrain.ckpt").exists()
+    out = sweep_of("0,1,3")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "jigsaw learners [2] have no checkpoint" in out.stdout + out.stderr
+    report = json.loads((sweep / "merge_report.json").read_text())
+    assert report["missing"] == [2]
+    stamp = _stamp(sweep / "learners" / "learner_0.ckpt")
+    out = sweep_of(f"range({N})")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert _stamp(sweep / "learners" / "learner_0.ckpt") == stamp  # reused, not retrained
+    assert json.loads((sweep / "merge_report.json").read_text())["missing"] == []

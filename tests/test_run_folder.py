@@ -1,0 +1,193 @@
+"""The run folder is guarded: one run at a time (a lock the kernel drops when the run dies), a
+full disk leaves the previous artifacts intact, and a legal but degenerate subset is reported."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lipt import select as select_stage
+from lipt import train as train_stage
+from lipt.artifacts import AtomicCheckpointIO, save_checkpoint, save_subset
+from lipt.errors import UserError
+from lipt.run_lock import RunDirLockedError, lock_run_dir
+from tests.conftest import FAST, run_entry
+
+HOLDER = """
+import sys
+from pathlib import Path
+from lipt.run_lock import lock_run_dir
+lock_run_dir(Path(sys.argv[1]))
+print("locked", flush=True)
+sys.stdin.read()  # hold it until killed
+"""
+
+
+def _hold(folder: Path) -> subprocess.Popen:
+    """Another process that holds `folder`'s lock, as a running lipt run does."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_second_run_on_a_busy_run_folder_is_refused_and_touches_nothing(tmp_path):
+    folder = tmp_path / "run"
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text("the first run's config\n")
+    holder = _hold(folder)
+    try:
+        before = _snapshot(folder)
+        out = run_entry("train.py", [*FAST, f"hydra.run.dir={folder}"], timeout=300)
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert len(lines) == 1 and "is in use by another lipt run" in lines[0], lines
+        assert _snapshot(folder) == before  # Hydra wrote nothing into the other run's folder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_lock_is_released_when_its_run_is_killed(make_cfg, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    holder = _hold(folder)
+    cfg = make_cfg([*FAST, "selector=random", f"paths.output_dir={folder}"])
+    with pytest.raises(RunDirLockedError, match="in use by another lipt run"):
+        train_stage.run(cfg)  # the stage itself refuses too (not only the entry script)
+    assert folder.is_dir()  # the other run's folder is left alone
+    os.kill(holder.pid, signal.SIGKILL)  # no clean-up runs: the kernel drops the lock
+    holder.wait()
+    lock_run_dir(folder)  # free again
+    train_stage.run(cfg)
+    assert (folder / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_lock_is_released_when_a_run_exits(tmp_path):
+    folder = tmp_path / "run"
+    for _ in range(2):  # the second run finds the folder free after the first ends
+        out = run_entry(
+            "train.py", [*FAST, "selector=random", f"hydra.run.dir={folder}"], timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+    assert "checkpoints" in os.listdir(folder)
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+def _disk_full_after(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Every write of a file called `name` fails with ENOSPC once it reaches the disk (fsync)."""
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if Path(os.readlink(f"/proc/self/fd/{fd}")).name.startswith(f".{name}."):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+
+    monkeypatch.setattr("lipt.artifacts.os.fsync", fsync)
+
+
+@pytest.mark.parametrize("kind", ["subset", "checkpoint", "lightning"])
+def test_a_full_disk_keeps_the_previous_file_and_says_so(tmp_path, monkeypatch, kind):
+    path = tmp_path / {"subset": "subset.npz", "checkpoint": "pretrain.ckpt"}.get(kind, "last.ckpt")
+
+    def write(value: float) -> None:
+        if kind == "subset":
+            save_subset(path, torch.arange(1000), torch.full((1000,), value), {"dataset": "x"})
+        elif kind == "checkpoint":
+            save_checkpoint(path, {"state_dict": {"w": torch.full((1000,), value)}})
+        else:
+            AtomicCheckpointIO().save_checkpoint({"epoch": int(value)}, path)
+
+    write(1.0)
+    before = path.read_bytes()
+    _disk_full_after(monkeypatch, path.name)
+    with pytest.raises(UserError, match=r"no space left .*\(the previous file is unchanged\)"):
+        write(2.0)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_other_write_errors_are_not_reported_as_a_full_disk(tmp_path, monkeypatch):
+    def fsync(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr("lipt.artifacts.os.fsync", fsync)
+    with pytest.raises(OSError) as caught:
+        save_checkpoint(tmp_path / "a.ckpt", {"state_dict": {}})
+    assert not isinstance(caught.value, UserError) and caught.value.errno == errno.EIO
+
+
+def test_a_run_whose_disk_fills_keeps_its_last_checkpoint_and_resumes(
+    make_cfg, tmp_path, monkeypatch
+):
+    cfg = make_cfg([*FAST, "selector=random", "trainer.max_epochs=2"])
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    real = os.fsync
+
+    def fsync(fd: int) -> None:  # the disk fills up once epoch 1's checkpoint is on it
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if Path(target).name.startswith(".last.ckpt.") and last.is_file():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+
+    monkeypatch.setattr("lipt.artifacts.os.fsync", fsync)
+    with pytest.raises(UserError, match="no space left"):
+        train_stage.run(cfg)
+    assert torch.load(last, weights_only=True)["epoch"] == 0  # epoch 1's, intact
+    monkeypatch.undo()  # space freed: resume
+    resumed = make_cfg([*FAST, "selector=random", "trainer.max_epochs=2", "ckpt_path=last"])
+    summary = train_stage.run(resumed)
+    assert torch.load(last, weights_only=True)["epoch"] == 1
+    assert summary["stages"]["train"]["samples"] == 2 * summary["subset_size"]
+
+
+# --------------------------------------------------------------------------- degenerate subsets
+
+
+def test_a_subset_smaller_than_the_classes_is_warned_about_and_counted(make_cfg, tmp_path, caplog):
+    # 0.004 of the 500-image pool: 2 images for 4 classes.
+    cfg = make_cfg([*FAST, "selector=random", "fraction=0.004"], config_name="select")
+    with caplog.at_level(logging.WARNING, logger="lipt.summary"):
+        summary = select_stage.run(cfg)
+    counts = summary["subset_class_counts"]
+    assert len(counts) == 4 and sum(counts) == 2 and counts.count(0) >= 2
+    assert "fewer than the 4 classes" in caplog.text
+    assert f"{counts.count(0)} of 4 classes have no sample" in caplog.text
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["subset_class_counts"] == counts
+
+
+def test_a_healthy_subset_records_its_class_counts_without_a_warning(make_cfg, tmp_path, caplog):
+    import numpy as np
+
+    from lipt.build import build_datamodule
+
+    cfg = make_cfg([*FAST, "selector=random", "fraction=0.2"])
+    with caplog.at_level(logging.WARNING, logger="lipt.summary"):
+        summary = train_stage.run(cfg)
+    assert caplog.text == ""
+    with np.load(tmp_path / "subset.npz") as data:
+        indices = torch.from_numpy(data["indices"])
+    labels = build_datamodule(cfg).train_source.labels[indices]
+    assert summary["subset_class_counts"] == torch.bincount(labels, minlength=4).tolist()
+    assert sum(summary["subset_class_counts"]) == 100 and min(summary["subset_class_counts"]) > 0
