@@ -31,6 +31,7 @@ from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.reselect import Reselect, latest_subset
+from lipt.seen import SeenSamples
 from lipt.select import choose_subset, needs_model, selection_models, subset_meta
 from lipt.summary import summary_payload
 
@@ -120,6 +121,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             enable_version_counter=False,
         )
     ]
+    if cfg.get("record_seen", False):
+        callbacks.append(SeenSamples(out))
     extra: dict[str, Any] = {}
     reselect = None
     if cfg.reselect_every > 0 and subset is not None and cfg.subset_path is None:
