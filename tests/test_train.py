@@ -205,17 +205,17 @@ class StartWeights(L.Callback):
 
 def _watch_main_training(monkeypatch) -> tuple[StartWeights, list]:
     start, pretrained = StartWeights(), []
-    real_models, real_trainer = train_stage.selection_models, train_stage.build_trainer
+    real_pretrain, real_trainer = select_stage.pretrain_model, train_stage.build_trainer
 
-    def models(*args, **kwargs):
-        result = real_models(*args, **kwargs)
-        pretrained.append(state_dict_cpu(result[0]))  # before anything trains it further
+    def pretrain(*args, **kwargs):
+        result = real_pretrain(*args, **kwargs)
+        pretrained.append(state_dict_cpu(result.model))  # as pre-training left it
         return result
 
     def trainer(cfg, **kwargs):
         return real_trainer(cfg, **{**kwargs, "callbacks": [*kwargs["callbacks"], start]})
 
-    monkeypatch.setattr(train_stage, "selection_models", models)
+    monkeypatch.setattr(select_stage, "pretrain_model", pretrain)
     monkeypatch.setattr(train_stage, "build_trainer", trainer)
     return start, pretrained
 
