@@ -1,13 +1,15 @@
-"""lipt.report on fake sweeps: summary.json files in the real format, with the real resolved
-config (composed from configs/), laid out as a Hydra multirun writes them."""
+"""lipt.report on a real tiny sweep (`train.py -m` on the synthetic data set) whose numbers are
+recomputed from its summary.json files, and on hand-written sweeps (summary.json in the real
+format with the real resolved config) for what a tiny sweep cannot reach: paper-sized numbers
+to format, truncated and missing summaries, select-only runs, fraction sweeps."""
 
 from __future__ import annotations
 
 import csv
 import functools
-import io
 import itertools
 import json
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -20,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from lipt import report
-from tests.conftest import CONFIGS, ROOT
+from tests.conftest import CONFIGS, FAST, ROOT, run_entry
 
 DATASET_TRAIN_SIZE = 60000
 PRETRAIN_UNIQUE = 2560
@@ -114,15 +116,6 @@ def test_flatten_makes_dotted_keys_and_comparable_lists():
     assert flat == {"a": 1, "b.c.d": "x", "b.e": "[0.5]"}
 
 
-def test_varying_keys_finds_the_selector_not_seeds_paths_or_implied_options(sweep):
-    runs, _ = report.load_summaries(sweep)
-    configs = [run.config for run in runs]
-    # Seeds, output dirs (paths, logger save_dir) and the selectors' own options all differ too.
-    for key in ("seed", "paths.output_dir", "logger.csv.save_dir", "selector._target_"):
-        assert len({c.get(key) for c in configs}) > 1, key
-    assert report.varying_keys(configs) == ["selector.name"]
-
-
 def test_varying_keys_names_rows_by_the_approach_preset_when_a_sweep_has_one():
     # `+approach=random,glister_full,lipt`: each preset pins pretrain and selector, so those
     # vary too, but only `approach` tells lipt (jigsaw) from its ablations (jigsaw, no prune).
@@ -169,30 +162,6 @@ def test_load_skips_a_truncated_summary_and_a_job_without_one_with_warnings(swee
     assert f"{sweep / '7'}: no summary.json" in warnings[1]
 
 
-def test_aggregate_accuracy_mean_and_sample_std_equal_numpy(sweep):
-    runs, _ = report.load_summaries(sweep)
-    rows = report.aggregate(runs, ["selector.name"])
-    assert [row["selector.name"] for row in rows] == ["glister", "random"]
-    for row in rows:
-        accuracies = np.array(ACCURACIES[row["selector.name"]]) * 100
-        assert row["runs"] == 3
-        assert row["seeds"] == "0,1,2"
-        assert row["test_acc_pct_mean"] == float(np.mean(accuracies))
-        assert row["test_acc_pct_std"] == float(np.std(accuracies, ddof=1))
-
-
-def test_data_used_seconds_and_samples(sweep):
-    runs, _ = report.load_summaries(sweep)
-    row = report.aggregate(runs, ["selector.name"])[0]
-    # Pre-training's shards plus the subset, over the whole training split (not the pool).
-    assert row["data_used_pct"] == pytest.approx(100 * (2560 + 5500) / 60000)  # 13.43 %
-    assert row["subset_size"] == SUBSET
-    stages = (row["pretrain_seconds"], row["select_seconds"], row["train_seconds"])
-    assert stages == pytest.approx((3.2, 1.1, 40.0))
-    assert row["total_seconds"] == pytest.approx(44.3)
-    assert row["training_samples"] == 25600 + 82500
-
-
 def test_single_runs_and_runs_without_training(tmp_path):
     # A lone run has no std; a select-only run (no pretrain, no train) no accuracy, no data used.
     write_run(tmp_path / "0", ["selector=glister"], 0.85)
@@ -209,18 +178,6 @@ def test_single_runs_and_runs_without_training(tmp_path):
     table = report.to_markdown([trained, selected], ["selector.name"])
     assert "| glister | 1 | 0 | 85.00 |" in table
     assert "| random | 1 | 0 | — | — | 0.00 | — | 1.10 | — | 1.10 | 0 |" in table
-
-
-def test_csv_parses_back_to_the_rows(sweep):
-    runs, _ = report.load_summaries(sweep)
-    rows = report.aggregate(runs, ["selector.name"])
-    parsed = list(csv.DictReader(io.StringIO(report.to_csv(rows, ["selector.name"]))))
-    assert list(parsed[0]) == ["selector.name", *report.METRICS]
-    assert [r["selector.name"] for r in parsed] == ["glister", "random"]
-    for row, back in zip(rows, parsed, strict=True):
-        assert float(back["test_acc_pct_mean"]) == row["test_acc_pct_mean"]  # full precision
-        assert float(back["test_acc_pct_std"]) == row["test_acc_pct_std"]
-        assert int(back["runs"]) == 3
 
 
 def test_markdown_table_is_formatted(sweep):
@@ -309,3 +266,142 @@ def test_command_line_error_has_no_traceback(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr == f"error: no readable summary.json under {tmp_path}\n"
+
+
+# --- a real sweep --------------------------------------------------------------------------
+
+SELECTORS = ("el2n", "random")  # el2n pre-trains (pretrain=full), random needs no model
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory) -> Path:
+    """`train.py -m selector=el2n,random seed=0,1` with wandb offline: four jobs, in one process
+    (Hydra's basic launcher), as a user runs a sweep."""
+    sweep = tmp_path_factory.mktemp("real") / "sweep"
+    fast = [o for o in FAST if o not in ("logger=none", "pretrain=none")]
+    out = run_entry(
+        "train.py",
+        [
+            "-m",
+            *fast,
+            "logger=wandb",
+            "pretrain=full",
+            "pretrain.epochs=1",
+            "fraction=0.2",
+            f"selector={','.join(SELECTORS)}",
+            "seed=0,1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return sweep
+
+
+def _by_hand(summaries: list[dict[str, Any]]) -> dict[str, float]:
+    """The report's columns for one group, from the documented definitions."""
+    accuracies = [100 * s["test_accuracy"] for s in summaries]
+    stages = [s["stages"] for s in summaries]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    seconds = {
+        name: mean([st.get(name, {}).get("seconds", 0.0) for st in stages])
+        for name in ("pretrain", "select", "train")
+    }
+    used = [
+        100
+        * (st.get("pretrain", {}).get("unique_samples", 0) + st["train"]["unique_samples"])
+        / s["dataset_train_size"]
+        for s, st in zip(summaries, stages, strict=True)
+    ]
+    samples = [st.get("pretrain", {}).get("samples", 0) + st["train"]["samples"] for st in stages]
+    return {
+        "runs": len(summaries),
+        "test_acc_pct_mean": mean(accuracies),
+        "test_acc_pct_std": statistics.stdev(accuracies),
+        "subset_size": mean([s["subset_size"] for s in summaries]),
+        "data_used_pct": mean(used),
+        **{f"{name}_seconds": value for name, value in seconds.items()},
+        "total_seconds": sum(seconds.values()),
+        "training_samples": mean(samples),
+    }
+
+
+@pytest.mark.slow
+def test_report_of_a_real_sweep_is_recomputed_from_its_summaries(real_sweep, tmp_path):
+    jobs = sorted(p for p in real_sweep.iterdir() if (p / ".hydra").is_dir())
+    assert len(jobs) == len(SELECTORS) * 2
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for job in jobs:
+        overrides = (job / ".hydra" / "overrides.yaml").read_text()
+        selector = next(name for name in SELECTORS if f"selector={name}" in overrides)
+        groups.setdefault(selector, []).append(json.loads((job / "summary.json").read_text()))
+    assert "pretrain" in groups["el2n"][0]["stages"]
+    assert "pretrain" not in groups["random"][0]["stages"]
+
+    out = subprocess.run(
+        [sys.executable, "-m", "lipt.report", str(real_sweep), "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # nothing skipped
+    rows = list(csv.DictReader((tmp_path / "results.csv").open()))
+    # Seeds, output dirs and wandb save dirs differ too; only the selector names the rows.
+    assert next(iter(rows[0])) == "selector.name"
+    assert [r["selector.name"] for r in rows] == sorted(SELECTORS)
+    table = (tmp_path / "results.md").read_text()
+    for row in rows:
+        expected = _by_hand(groups[row["selector.name"]])
+        assert row["seeds"] == "0,1"
+        for column, value in expected.items():
+            assert float(row[column]) == pytest.approx(value, rel=1e-9, abs=1e-9), column
+        mean, std = expected["test_acc_pct_mean"], expected["test_acc_pct_std"]
+        assert f"| {row['selector.name']} | 2 | 0,1 | {mean:.2f} ± {std:.2f} |" in table
+
+
+def _wandb_runs(path: Path) -> list[Any]:
+    """The run records of an offline .wandb file (LevelDB log framing: 32 KiB blocks, records
+    of a 7-byte header (crc, length, type) and a payload, split across blocks when long)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, block, runs, pending = path.read_bytes(), 32768, [], b""
+    position = 7  # the file header: ":W&B", a magic number and a version
+    while position + 7 <= len(data):
+        left = block - position % block
+        if left < 7:  # a block's tail too short for a header is padding
+            position += left
+            continue
+        length = int.from_bytes(data[position + 4 : position + 6], "little")
+        kind = data[position + 6]
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a whole record, or the last part of one
+            record = pb.Record()
+            record.ParseFromString(pending)
+            if record.WhichOneof("record_type") == "run":
+                runs.append(record.run)
+            pending = b""
+        elif length == 0 and kind == 0:
+            break
+    return runs
+
+
+@pytest.mark.slow
+def test_each_job_of_a_real_sweep_is_its_own_wandb_run_in_the_sweeps_group(real_sweep):
+    run_ids, groups = set(), set()
+    for job in sorted(p for p in real_sweep.iterdir() if (p / ".hydra").is_dir()):
+        files = list((job / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert len(files) == 1, job  # each job logs to a run of its own, in its own folder
+        records = _wandb_runs(files[0])
+        assert records, files[0]
+        run_ids.add(records[0].run_id)
+        groups.update(r.run_group for r in records)
+    assert len(run_ids) == len(SELECTORS) * 2
+    # one group for the whole sweep, named <job>/<sweep folder> (lipt.build.sweep_name)
+    (group,) = groups
+    assert group.endswith(f"/{real_sweep.name}") and group.count("/") == 1

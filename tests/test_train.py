@@ -4,15 +4,21 @@ format, subsets from files, re-selection, and DDP on two CPU processes."""
 from __future__ import annotations
 
 import json
+from itertools import pairwise
+from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from lipt import select as select_stage
 from lipt import train as train_stage
-from lipt.build import build_datamodule
+from lipt.build import build_datamodule, build_model, state_dict_cpu
 from lipt.errors import UserError
+from lipt.module import Classifier
+from lipt.seen import load_seen
 from tests.conftest import FAST, run_entry
 
 
@@ -100,41 +106,158 @@ def test_train_on_a_saved_subset_and_refuse_one_for_other_data(make_cfg, tmp_pat
         train_stage.run(other)
 
 
-def test_reselection_changes_the_subset_and_counts_unique_samples(make_cfg, tmp_path):
-    cfg = make_cfg(
-        [*FAST, "selector=el2n", "fraction=0.2", "reselect_every=1", "trainer.max_epochs=3"]
-    )
-    summary = train_stage.run(cfg)
+def _in_force(run_dir: Path, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+    """The subset file in force during 0-based `epoch`: the last re-selection made after K <= epoch
+    completed epochs, else the initial subset.npz."""
+    made = sorted(int(p.stem.split("_")[1]) for p in (run_dir / "subsets").glob("epoch_*.npz"))
+    after = [k for k in made if k <= epoch]
+    path = run_dir / "subsets" / f"epoch_{after[-1]}.npz" if after else run_dir / "subset.npz"
+    with np.load(path) as data:
+        return data["indices"], data["weights"]
+
+
+def _assert_fed_exactly(indices: np.ndarray, weights: np.ndarray, run_dir: Path, epoch: int):
+    """`indices`/`weights` (what the loader yielded in `epoch`) are the subset in force, each
+    position once, each with its own weight from the subset file."""
+    expected, expected_weights = _in_force(run_dir, epoch)
+    assert np.array_equal(np.sort(indices), np.sort(expected)), epoch
+    weight_of = dict(zip(expected.tolist(), expected_weights.tolist(), strict=True))
+    assert np.array_equal(weights, np.array([weight_of[i] for i in indices.tolist()], np.float32))
+
+
+class SimulatedCrashError(RuntimeError):
+    pass
+
+
+@pytest.mark.slow
+def test_each_epoch_feeds_the_loss_the_subset_in_force_also_after_a_resume(
+    make_cfg, tmp_path, monkeypatch
+):
+    # GradMatch: non-uniform weights, so a weight that reaches the wrong sample shows.
+    args = [
+        *FAST,
+        "selector=gradmatch",
+        "fraction=0.2",
+        "reselect_every=1",
+        "trainer.max_epochs=4",
+        "record_seen=true",
+    ]
+    real_step = Classifier.training_step
+
+    def crash_in_epoch_2(self, batch, batch_idx):
+        if self.current_epoch == 2 and batch_idx == 1:
+            raise SimulatedCrashError("killed")  # after epochs 0 and 1 are checkpointed
+        return real_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(Classifier, "training_step", crash_in_epoch_2)
+    with pytest.raises(SimulatedCrashError):
+        train_stage.run(make_cfg(args))
+    monkeypatch.setattr(Classifier, "training_step", real_step)
+    assert not (tmp_path / "seen" / "epoch_2.rank0.npz").exists()  # the crash lost epoch 2
+    summary = train_stage.run(make_cfg([*args, "ckpt_path=last"]))
+
+    subsets = [_in_force(tmp_path, e)[0] for e in range(4)]
+    # the test has teeth only if each re-selection changed the subset
+    assert all(not np.array_equal(a, b) for a, b in pairwise(subsets))
+    assert np.unique(_in_force(tmp_path, 0)[1]).size > 1  # non-uniform weights
+    fed = []
+    for epoch in range(4):  # 0: initial, 1: re-selected, 2 and 3: resumed (2 reloaded from disk)
+        indices, weights = load_seen(tmp_path, epoch)
+        _assert_fed_exactly(indices, weights, tmp_path, epoch)
+        assert not np.array_equal(indices, np.sort(indices))  # the loader shuffles
+        fed.append(indices)
     train = summary["stages"]["train"]
-    assert train["reselections"] == 2 and train["samples"] == 3 * 100
-    first = np.load(tmp_path / "subset.npz")["indices"]
-    later = np.load(tmp_path / "subsets" / "epoch_1.npz")["indices"]
-    assert len(later) == 100 and not np.array_equal(first, later)
-    union = set(first) | set(later) | set(np.load(tmp_path / "subsets" / "epoch_2.npz")["indices"])
-    assert train["unique_samples"] == len(union)
+    assert train["samples"] == sum(len(f) for f in fed)
+    assert train["unique_samples"] == len(set(np.concatenate(fed).tolist()))
 
 
-def test_init_from_pretrained_starts_main_training_from_the_warm_model(make_cfg):
-    cfg = make_cfg(
-        [*FAST, "selector=el2n", "pretrain=full", "pretrain.epochs=1", "init_from=pretrained"]
+def test_loss_weights_each_sample_by_its_subset_weight():
+    """A sample of weight k counts as k copies of it: the weighted loss of a batch equals the
+    plain mean loss of the batch with each sample repeated k times."""
+    torch.manual_seed(0)
+    module = Classifier(nn.Sequential(nn.Flatten(), nn.Linear(144, 4)), num_classes=4)
+    x, y = torch.randn(64, 1, 12, 12), torch.randint(0, 4, (64,))
+    k = torch.randint(1, 4, (64,))
+    loss = module.training_step((x, y, torch.arange(64), k.float()), 0)
+    repeated = module.training_step(
+        (
+            x.repeat_interleave(k, 0),
+            y.repeat_interleave(k),
+            torch.arange(int(k.sum())),
+            torch.ones(int(k.sum())),
+        ),
+        0,
     )
+    torch.testing.assert_close(loss, repeated)
+    unweighted = module.training_step((x, y, torch.arange(64), torch.ones(64)), 0)
+    assert abs(float((loss - unweighted).detach())) > 1e-3  # the weights matter at this batch
+
+
+class StartWeights(L.Callback):
+    """The model's weights when main training's first step is about to run."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, torch.Tensor] = {}
+
+    def on_train_start(self, trainer, pl_module):
+        self.state = state_dict_cpu(pl_module.model)
+
+
+def _watch_main_training(monkeypatch) -> tuple[StartWeights, list]:
+    start, pretrained = StartWeights(), []
+    real_pretrain, real_trainer = select_stage.pretrain_model, train_stage.build_trainer
+
+    def pretrain(*args, **kwargs):
+        result = real_pretrain(*args, **kwargs)
+        pretrained.append(state_dict_cpu(result.model))  # as pre-training left it
+        return result
+
+    def trainer(cfg, **kwargs):
+        return real_trainer(cfg, **{**kwargs, "callbacks": [*kwargs["callbacks"], start]})
+
+    monkeypatch.setattr(select_stage, "pretrain_model", pretrain)
+    monkeypatch.setattr(train_stage, "build_trainer", trainer)
+    return start, pretrained
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("init_from", ["pretrained", "init"])
+def test_main_training_starts_from_the_pretrained_or_the_common_init(
+    make_cfg, monkeypatch, init_from
+):
+    cfg = make_cfg(
+        [*FAST, "selector=el2n", "pretrain=full", "pretrain.epochs=1", f"init_from={init_from}"]
+    )
+    start, pretrained = _watch_main_training(monkeypatch)
     summary = train_stage.run(cfg)
     assert summary["stages"]["pretrain"]["samples"] == 500
+    common_init = state_dict_cpu(build_model(cfg, int(cfg.seed)))
+    assert len(pretrained) == 1 and not _same(pretrained[0], common_init)
+    expected = pretrained[0] if init_from == "pretrained" else common_init
+    assert _same(start.state, expected)
+
+
+def test_init_from_pretrained_needs_a_pretrained_model(make_cfg):
     with pytest.raises(UserError, match="init_from=pretrained"):
         train_stage.run(make_cfg([*FAST, "selector=el2n", "init_from=pretrained"]))
 
 
 @pytest.mark.ddp
-def test_ddp_two_cpu_processes_share_one_subset(tmp_path):
+def test_ddp_ranks_train_disjoint_halves_of_the_subset_in_force(tmp_path):
     run_dir = tmp_path / "run"
     out = run_entry(
         "train.py",
         [
             *FAST,
-            "selector=el2n",
+            "selector=gradmatch",
             "fraction=0.4",
             "trainer.max_epochs=3",
             "reselect_every=1",
+            "record_seen=true",
             "trainer.accelerator=cpu",
             "trainer.devices=2",
             "trainer.strategy=ddp",
@@ -144,9 +267,14 @@ def test_ddp_two_cpu_processes_share_one_subset(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    # each rank trained on its own half of the 200-sample subset: 3 epochs * 200 in total
-    assert summary["stages"]["train"]["samples"] == 3 * 200
     assert summary["stages"]["train"]["reselections"] == 2
+    for epoch in range(3):
+        (i0, w0), (i1, w1) = (load_seen(run_dir, epoch, rank) for rank in (0, 1))
+        assert len(i0) == len(i1) == 100  # each rank its own half of the 200-sample subset
+        assert not set(i0.tolist()) & set(i1.tolist())  # disjoint
+        _assert_fed_exactly(np.concatenate([i0, i1]), np.concatenate([w0, w1]), run_dir, epoch)
+    assert not np.array_equal(_in_force(run_dir, 0)[0], _in_force(run_dir, 1)[0])
+    assert summary["stages"]["train"]["samples"] == 3 * 200
     for epoch in (1, 2):
         digests = {
             (run_dir / "subsets" / f"epoch_{epoch}.rank{r}.sha256").read_text() for r in (0, 1)

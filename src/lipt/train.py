@@ -32,6 +32,7 @@ from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.reselect import Reselect, latest_subset
+from lipt.seen import SeenSamples
 from lipt.select import (
     choose_subset,
     needs_model,
@@ -147,6 +148,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             enable_version_counter=False,
         )
     ]
+    if cfg.get("record_seen", False):
+        callbacks.append(SeenSamples(out))
     extra: dict[str, Any] = {}
     reselect = None
     if cfg.reselect_every > 0 and subset is not None and cfg.subset_path is None:
