@@ -96,6 +96,10 @@ def build_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:
         "plugins": [AtomicCheckpointIO()],
         **overrides,
     }
+    if kwargs.get("enable_progress_bar", cfg.trainer.get("enable_progress_bar")) is None:
+        from lipt import console
+
+        kwargs["enable_progress_bar"] = console.bars_enabled()  # null: a bar on a terminal only
     return instantiate(cfg.trainer, **kwargs)
 
 

@@ -113,18 +113,30 @@ def launch(config_name: str, stage_module: str) -> None:
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> Any:
+        from lipt import console
+
         keep_caches_in(Path(str(cfg.paths.output_dir)))
         run: Callable[[DictConfig], Any] = importlib.import_module(stage_module).run
+        console.setup(multirun_job=is_multirun())
         try:
-            return run(cfg)
+            summary = run(cfg)
         except UserError as e:
             from lipt.run_lock import RunDirLockedError
 
             if not isinstance(e, RunDirLockedError):  # a locked folder is another run's: keep it
                 remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))
             fail(_one_line(e))
+        console.report_result(summary, Path(str(cfg.paths.output_dir)))
+        return summary
 
     main()
+
+
+def is_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def keep_caches_in(run_dir: Path) -> None:

@@ -28,7 +28,7 @@ import logging
 import random
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from lipt import console
 from lipt.artifacts import load_checkpoint, save_checkpoint, write_json
 from lipt.build import (
     build_classifier,
@@ -405,6 +406,9 @@ class HeldOut:
             self.bn_batches = [x for x, _, _ in loader]
         self.calls = 0
         self.forward_samples = 0
+        # Scores of state dicts already evaluated (by id; the caller keeps them alive): a
+        # learner scored when it finishes is not scored again by the soup.
+        self.known: dict[int, float] = {}
 
     def prepare(self, model: nn.Module) -> None:
         """Recompute BatchNorm statistics of `model` in place (no-op when off)."""
@@ -430,10 +434,21 @@ class HeldOut:
         return correct / self.size
 
     def __call__(self, state_dict: StateDict) -> float:
+        if id(state_dict) in self.known:
+            return self.known.pop(id(state_dict))
         self.calls += 1
         self.model.load_state_dict(state_dict)
         self.prepare(self.model)
         return self.accuracy(self.model)
+
+    def score_learner(self, learner: Learner) -> float | None:
+        """A finished learner's held-out accuracy (None when it is left out), kept for the
+        soup's first look at it: the same number, computed once."""
+        if learner.status != "ok" or learner.state_dict is None:
+            return None
+        score = self(learner.state_dict)
+        self.known[id(learner.state_dict)] = score
+        return score
 
 
 def bn_positions(cfg: DictConfig, dm: DataModule, seed: int) -> Tensor:
@@ -461,7 +476,18 @@ def ratio_grid(value: Any) -> Sequence[float] | str:
     return [float(r) for r in value]
 
 
-def make_soup(cfg: DictConfig, states: Sequence[StateDict], evaluate: HeldOut) -> SoupResult:
+def expected_evaluations(cfg: DictConfig, n: int) -> int:
+    """Held-out evaluations a soup of `n` ingredients makes (for the progress bar)."""
+    name, later = cfg.merge.name, max(n - 1, 0)
+    if name == "greedy_interp":
+        grid = ratio_grid(cfg.merge.ratios)
+        return n + later * (1 if isinstance(grid, str) else len(grid))
+    return n + (1 if name == "uniform" else later)
+
+
+def make_soup(
+    cfg: DictConfig, states: Sequence[StateDict], evaluate: Callable[[StateDict], float]
+) -> SoupResult:
     name = cfg.merge.name
     if name == "uniform":
         return uniform_soup(states, evaluate)
@@ -474,10 +500,16 @@ def make_soup(cfg: DictConfig, states: Sequence[StateDict], evaluate: HeldOut) -
 
 
 def merge_learners(
-    cfg: DictConfig, dm: DataModule, init: nn.Module, seed: int, learners: Sequence[Learner]
+    cfg: DictConfig,
+    dm: DataModule,
+    init: nn.Module,
+    seed: int,
+    learners: Sequence[Learner],
+    evaluate: HeldOut | None = None,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Merge the "ok" learners into one dense model (a copy of `init` with the soup's weights);
-    the others are left out with a warning. Returns the model and the merge report.
+    the others are left out with a warning. Returns the model and the merge report. `evaluate`:
+    the held-out scorer that already scored the learners as they finished (else made here).
 
     Raises:
         UserError: no learner is left, or learners started from different initial weights.
@@ -509,9 +541,21 @@ def merge_learners(
             f"jigsaw learners {strangers} did not start from this run's initial model (seed "
             f"{seed}); a soup needs one common init: re-train them with the same seed and model"
         )
-    evaluate = HeldOut(cfg, dm, init, seed, bn_positions(cfg, dm, seed))
+    if evaluate is None:
+        evaluate = HeldOut(cfg, dm, init, seed, bn_positions(cfg, dm, seed))
     init_accuracy = evaluate(init.state_dict())
-    soup = make_soup(cfg, [le.state_dict for le in usable], evaluate)  # type: ignore[misc]
+    total = expected_evaluations(cfg, len(usable))
+    with console.progress("merging: candidates", total) as step:
+        best = -1.0
+
+        def scored(state_dict: StateDict) -> float:
+            nonlocal best
+            score = evaluate(state_dict)
+            best = max(best, score)
+            step(info=f"held-out best {best:.3f}")
+            return score
+
+        soup = make_soup(cfg, [le.state_dict for le in usable], scored)  # type: ignore[misc]
     model = copy.deepcopy(init)
     model.load_state_dict(soup.state_dict)
     evaluate.prepare(model)  # the same statistics the soup was scored with
@@ -755,10 +799,18 @@ def pretrain_jigsaw(cfg: DictConfig, dm: DataModule, model: nn.Module, seed: int
         folder = folder / f"seed_{seed}"
     with torch_threads(cfg.pretrain.get("num_threads")):
         shards = learner_shards(cfg, dm, seed)
-        learners = [
-            train_or_reuse(cfg, dm, model, seed, i, shard, folder) for i, shard in enumerate(shards)
-        ]
-        soup, report = merge_learners(cfg, dm, model, seed, learners)
+        # Built before training so each learner is scored as it finishes (for the bar and the
+        # log); the soup reuses those scores, so the merge computes exactly what it did before.
+        evaluate = HeldOut(cfg, dm, model, seed, bn_positions(cfg, dm, seed))
+        learners = []
+        with console.progress("pre-training: learners", len(shards)) as step:
+            for i, shard in enumerate(shards):
+                learners.append(train_or_reuse(cfg, dm, model, seed, i, shard, folder))
+                score = evaluate.score_learner(learners[-1])
+                shown = "left out" if score is None else f"held-out {score:.3f}"
+                console.detail.info("learner %d/%d: %s", i + 1, len(shards), shown)
+                step(info=f"learner {i}: {shown}")
+        soup, report = merge_learners(cfg, dm, model, seed, learners, evaluate)
     return Pretrained(
         model=soup,
         samples=sum(le.samples for le in learners),

@@ -14,6 +14,7 @@ import lightning as L
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from lipt import console
 from lipt.artifacts import save_checkpoint, write_json
 from lipt.build import (
     build_classifier,
@@ -58,13 +59,16 @@ def pretrain_model(cfg: DictConfig, dm: DataModule, seed: int) -> Pretrained:
     """Run the configured strategy from the common initial model of `seed`."""
     start = time.perf_counter()
     name = cfg.pretrain.name
+    console.stage(console.describe_pretrain(cfg, len(dm.pool_indices)))
     model = build_model(cfg, seed)
     if name == "none":
         return Pretrained(model, time.perf_counter() - start)
     if name == "full":
         module = build_classifier(cfg, model)
         L.seed_everything(seed, workers=True, verbose=False)
-        trainer = quiet_trainer(cfg, max_epochs=int(cfg.pretrain.epochs))
+        trainer = quiet_trainer(
+            cfg, max_epochs=int(cfg.pretrain.epochs), enable_progress_bar=console.bars_enabled()
+        )
         dm.set_subset(None)
         trainer.fit(module, train_dataloaders=dm.train_dataloader())
         return Pretrained(
@@ -75,6 +79,7 @@ def pretrain_model(cfg: DictConfig, dm: DataModule, seed: int) -> Pretrained:
 
         result = pretrain_jigsaw(cfg, dm, model, seed)
         result.seconds = time.perf_counter() - start
+        console.stage(console.soup_line(result.report))
         return result
     raise UserError(f"pretrain.name={name!r} is unknown; use pretrain=none, full or jigsaw")
 

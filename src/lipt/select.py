@@ -18,11 +18,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
+from lipt import console
 from lipt.artifacts import load_checkpoint, save_subset, write_json
 from lipt.build import build_datamodule, build_model, run_dir
 from lipt.config import needs_held_out, validate
 from lipt.data import DataModule
 from lipt.errors import UserError
+from lipt.pictures import SUBSET_PICTURE, write_subset_picture
 from lipt.pretrain import pretrain_model
 from lipt.selection import PoolOutputs, SelectionInputs, model_outputs, select_balanced
 from lipt.summary import subset_class_counts, summary_payload
@@ -140,6 +142,7 @@ def choose_subset(
     check_held_out(cfg, dm)
     pool_size = len(dm.pool_indices)
     budget = budget_for(cfg, pool_size)
+    console.stage(console.describe_selection(cfg, budget, pool_size))
     generator = torch.Generator().manual_seed(seed)
     node = cfg.selector
     fn = instantiate(
@@ -147,8 +150,16 @@ def choose_subset(
     )
     if models and needs_model(cfg):
         device = next(models[0].parameters()).device
-        pools = [model_outputs(m, dm.pool_dataloader(), device) for m in models]
-        val = model_outputs(models[0], dm.val_dataloader(), device) if len(dm.val_indices) else None
+        rows = pool_size * len(models) + len(dm.val_indices)
+        with console.progress("selecting: rows scored", rows) as step:
+            pools = [
+                model_outputs(m, console.counted(dm.pool_dataloader(), step), device)
+                for m in models
+            ]
+            val = None
+            if len(dm.val_indices):
+                val_batches = console.counted(dm.val_dataloader(), step)
+                val = model_outputs(models[0], val_batches, device)
         head = models[0].classifier
         assert isinstance(head, nn.Linear), "lipt models end in a `classifier` nn.Linear"
         inputs = SelectionInputs(
@@ -160,10 +171,12 @@ def choose_subset(
         )
     else:
         inputs = SelectionInputs(pool=labels_only(dm))
-    if node.get("balance", False):
-        selection = select_balanced(fn, inputs, budget, generator=generator)
-    else:
-        selection = fn(inputs, budget, generator=generator)
+    with console.progress(f"selecting: {node.name} picks", budget) as step:
+        picking = console.counting_selector(fn, step)
+        if node.get("balance", False):
+            selection = select_balanced(picking, inputs, budget, generator=generator)
+        else:
+            selection = picking(inputs, budget, generator=generator)
     assert len(selection.rows) == budget and len(torch.unique(selection.rows)) == budget
     if any(selection.diagnostics.values()):
         log.warning("selector=%s fell back: %s", node.name, selection.diagnostics)
@@ -220,6 +233,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "diagnostics": diagnostics,
     }
     save_subset(out / "subset.npz", indices, weights, subset_meta(cfg, dm))
+    write_subset_picture(dm, indices, out / SUBSET_PICTURE)
     if report:
         write_json(out / "merge_report.json", report)
     counts = subset_class_counts(dm, indices)

@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
+from lipt import console
 from lipt.artifacts import check_subset, load_subset, save_subset, write_json
 from lipt.build import (
     build_classifier,
@@ -31,6 +32,7 @@ from lipt.build import (
 from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
+from lipt.pictures import SUBSET_PICTURE, log_to_wandb, write_subset_picture
 from lipt.reselect import Reselect, latest_subset
 from lipt.seen import SeenSamples
 from lipt.select import (
@@ -93,7 +95,15 @@ def obtain_subset(
         "diagnostics": diagnostics,  # fallbacks the selector took (lipt.selection.Selection)
     }
     save_subset(saved, indices, weights, subset_meta(cfg, dm))
+    write_subset_picture(dm, indices, out / SUBSET_PICTURE)
     return (indices, weights), (models[0] if models and cfg.pretrain.name != "none" else None)
+
+
+def reselect_quietly(
+    cfg: DictConfig, dm: DataModule, model: nn.Module, seed: int
+) -> tuple[Tensor, Tensor]:
+    with console.no_bars():  # Lightning's own bar is live during training
+        return choose_subset(cfg, dm, [model], seed)
 
 
 def resume_path(cfg: DictConfig, out: Path) -> str | None:
@@ -156,7 +166,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         reselect = Reselect(
             int(cfg.reselect_every),
             dm,
-            lambda m, epoch: choose_subset(cfg, dm, [m], reselect_seed(int(cfg.seed), epoch)),
+            lambda m, epoch: reselect_quietly(cfg, dm, m, reselect_seed(int(cfg.seed), epoch)),
             out,
             subset_meta(cfg, dm),
         )
@@ -165,6 +175,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=callbacks, **extra)
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    train_size = len(dm.pool_indices) if subset is None else len(subset[0])
+    console.stage(console.describe_training(cfg, train_size, len(dm.pool_indices)))
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     samples = module.total_samples_seen()
@@ -185,6 +197,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     for logger in trainer.loggers:  # so a dashboard can compare runs of a sweep
         logger.log_hyperparams(summary["config"])
         logger.log_metrics(run_metrics(summary))
+        if trainer.is_global_zero and type(logger).__name__ == "WandbLogger":
+            log_to_wandb(logger, dm, None if subset is None else subset[0], out)
         logger.save()
     return summary
 

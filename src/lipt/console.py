@@ -1,0 +1,311 @@
+"""What a user sees on the terminal: one line per stage, progress bars, the closing block.
+
+- Stage lines go through the `lipt` logger (so the run's log file keeps them too), printed as
+  plain text by `TerminalHandler`; `TerminalFilter` keeps third-party notices and Python warnings
+  off the terminal (they stay in `<run>/<stage>.log`, see configs/hydra/default.yaml).
+- `progress` draws a rich bar on a terminal and does nothing when output is piped, in CI, in a
+  Hydra multirun job or in an extra DDP rank; pure code (lipt.selection, lipt.soup) never sees
+  rich: callers hand it a plain callback or wrap its inputs (`counted`, `counting_selector`).
+- `closing_block` (a single run) and `job_line` (a multirun job) print the result; `SweepTable`
+  (a Hydra callback) prints a short table when a sweep ends.
+
+Nothing here draws random numbers: the same config and seed give the same subset and model
+with or without a terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+log = logging.getLogger("lipt")
+# Per-item details (each learner, each candidate): the log file only, never the terminal.
+detail = logging.getLogger("lipt.detail")
+
+Step = Callable[..., None]  # step(advance=1, **fields) after each item
+
+# Set by `setup` at the start of a run: is this process drawing bars / talking per stage?
+_state = {"bars": False, "multirun_job": False, "bars_paused": False, "extra_rank": False}
+
+
+# --------------------------------------------------------------------------- logging
+
+
+class TerminalHandler(logging.StreamHandler):
+    """A StreamHandler that writes to whatever `sys.stdout` is at the time of the record, so a
+    line logged while a rich bar is live is printed above the bar instead of through it."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__(stream)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.setStream(sys.stdout)
+        super().emit(record)
+
+
+class TerminalFilter(logging.Filter):
+    """Which records reach the terminal: lipt's own lines (in a multirun job, only the job's
+    result line), and warnings and errors of any logger except Python warnings from outside
+    lipt (deprecations, data-loader hints). Everything else stays in the run's log file."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        if name == "lipt.detail" or name.startswith("lipt.detail."):
+            return False
+        if name == "py.warnings":
+            return f"{os.sep}lipt{os.sep}" in str(record.msg)
+        if name == "lipt" or name.startswith("lipt."):
+            return not _state["multirun_job"] or getattr(record, "job_line", False)
+        if name.startswith("hydra"):
+            return record.levelno >= logging.INFO and "\t#" not in str(record.msg)
+        return record.levelno >= logging.WARNING
+
+
+def setup(multirun_job: bool) -> None:
+    """Call once a stage's modules are imported: Lightning's own console handler goes (its lines
+    reach the root handlers once, not twice), Python warnings go to logging (the log file), and
+    bars are on only for an interactive terminal outside multirun jobs and extra DDP ranks."""
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+    logging.captureWarnings(True)
+    warnings.simplefilter("default")  # each warning once per place, into the log file
+    os.environ.setdefault("WANDB_SILENT", "true")  # its banner says nothing about the run
+    _state["multirun_job"] = multirun_job
+    extra_rank = os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0"
+    _state["extra_rank"] = extra_rank
+    _state["bars"] = sys.stdout.isatty() and not multirun_job and not extra_rank
+
+
+def bars_enabled() -> bool:
+    return bool(_state["bars"]) and not _state["bars_paused"]
+
+
+@contextlib.contextmanager
+def no_bars() -> Iterator[None]:
+    """No lipt bar in the block (e.g. a re-selection while Lightning's own bar is live)."""
+    before = _state["bars_paused"]
+    _state["bars_paused"] = True
+    try:
+        yield
+    finally:
+        _state["bars_paused"] = before
+
+
+def stage(text: str) -> None:
+    """The line that opens a stage, once (terminal and log file; not from extra DDP ranks)."""
+    if not _state["extra_rank"]:
+        log.info(text)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+@contextlib.contextmanager
+def progress(description: str, total: int, info: str = "") -> Iterator[Step]:
+    """A bar of `total` items: `step(advance=1, info="...")` after each. No-op off a terminal."""
+    if not bars_enabled() or total <= 0:
+        yield lambda advance=1, **fields: None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"),
+    )
+    with Progress(*columns) as bar:
+        task = bar.add_task(description, total=total, info=info)
+        yield lambda advance=1, **fields: bar.update(task, advance=advance, **fields)
+
+
+def counted(batches: Iterable[Any], step: Step) -> Iterator[Any]:
+    """`batches` unchanged, advancing `step` by each batch's size (its second entry's length)."""
+    for batch in batches:
+        yield batch
+        step(len(batch[1]))
+
+
+def counting_selector(fn: Callable[..., Any], step: Step) -> Callable[..., Any]:
+    """Selector `fn` that advances `step` by the rows it picked (per class under balance)."""
+
+    def picked(inputs: Any, budget: int, **kwargs: Any) -> Any:
+        selection = fn(inputs, budget, **kwargs)
+        step(budget)
+        return selection
+
+    return picked
+
+
+# --------------------------------------------------------------------------- stage lines
+
+
+def _count(n: int) -> str:
+    return f"{n:,}"
+
+
+def describe_pretrain(cfg: DictConfig, pool_size: int) -> str:
+    p = cfg.pretrain
+    if p.name == "none":
+        return "pre-training: none (selection ranks with the untrained initial model)"
+    if p.name == "full":
+        return f"pre-training: full, {p.epochs} epochs on the whole pool of {_count(pool_size)}"
+    if p.get("merge_from"):
+        return (
+            f"pre-training: merging the jigsaw learners saved in {p.merge_from} ({cfg.merge.name})"
+        )
+    batches = int(p.batches_per_learner)
+    parts = [
+        f"{p.num_learners} learners x {batches} batch{'es' if batches > 1 else ''} x "
+        f"{p.local_epochs} passes"
+    ]
+    augment, prune = cfg.get("augment"), cfg.get("prune")
+    if augment is not None and augment.name != "none":
+        parts.append({"randaugment": "RandAugment"}.get(augment.name, augment.name))
+    if prune is not None and prune.name != "none":
+        parts.append(f"{prune.name.upper()} {prune.density_low}-{prune.density_high}")
+    parts.append(f"soup {cfg.merge.name}")
+    return "pre-training: jigsaw, " + ", ".join(parts)
+
+
+def describe_selection(cfg: DictConfig, budget: int, pool_size: int) -> str:
+    balanced = " (balanced)" if cfg.selector.get("balance", False) else ""
+    return f"selecting {_count(budget)} of {_count(pool_size)} with {cfg.selector.name}{balanced}"
+
+
+def describe_training(cfg: DictConfig, train_size: int, pool_size: int) -> str:
+    share = f"{train_size / pool_size:.0%} of the pool" if pool_size else "the pool"
+    start = "pre-trained" if cfg.init_from == "pretrained" else "initial"
+    epochs = int(cfg.trainer.max_epochs)
+    devices = cfg.trainer.get("devices", 1)
+    where = f", {devices} devices ({cfg.trainer.strategy})" if devices not in (1, "1") else ""
+    return (
+        f"training: {cfg.model._target_.rsplit('.', 1)[-1]}, {epochs} epoch{'s' * (epochs != 1)} "
+        f"on {_count(train_size)} images ({share}), from the {start} model{where}"
+    )
+
+
+def soup_line(report: Mapping[str, Any]) -> str:
+    kept, n = len(report.get("kept", [])), report.get("num_learners", 0)
+    return (
+        f"  soup: held-out {report['soup_accuracy']:.3f} (best learner "
+        f"{report['best_learner_accuracy']:.3f}, kept {kept} of {n})"
+    )
+
+
+# --------------------------------------------------------------------------- results
+
+
+ARTIFACTS = (
+    "summary.json",
+    "subset.npz",
+    "subset.png",
+    "checkpoints/last.ckpt",
+    "pretrain.ckpt",
+    "merge_report.json",
+)
+
+
+def _seconds(stages: Mapping[str, Any]) -> str:
+    parts = [f"{name} {figures['seconds']:.1f} s" for name, figures in stages.items()]
+    return ", ".join(p for p in parts if p)
+
+
+def closing_block(summary: Mapping[str, Any], out: Path) -> str:
+    """The result of a run: test accuracy, subset, seconds per stage, where the files are."""
+    lines = ["", "done."]
+    if summary.get("test_accuracy") is not None:
+        lines.append(f"  {'test accuracy':<17} {summary['test_accuracy']:.4f}")
+    size, pool = summary.get("subset_size"), summary.get("train_size")
+    if size is not None and pool:
+        lines.append(f"  {'subset':<17} {_count(size)} of {_count(pool)} ({size / pool:.1%})")
+    if summary.get("stages"):
+        lines.append(f"  {'seconds':<17} {_seconds(summary['stages'])}")
+    files = [(Path(name).name, out / name) for name in ARTIFACTS if (out / name).is_file()]
+    files += [("log", path) for path in sorted(out.glob("*.log"))[:1]]
+    lines += [f"  {name:<17} {shown(path)}" for name, path in files]
+    return "\n".join(lines)
+
+
+def shown(path: Path) -> str:
+    """`path` relative to the working directory when it is below it (as a user would type it)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def job_line(summary: Mapping[str, Any], out: Path, label: str) -> str:
+    """One line for a job of a multirun."""
+    parts = [label]
+    if summary.get("test_accuracy") is not None:
+        parts.append(f"test {summary['test_accuracy']:.4f}")
+    if summary.get("subset_size") is not None:
+        parts.append(f"subset {_count(summary['subset_size'])}")
+    total = sum(float(s.get("seconds", 0.0)) for s in (summary.get("stages") or {}).values())
+    parts += [f"{total:.0f} s", shown(out)]
+    return "  ".join(parts)
+
+
+def report_result(summary: Any, out: Path) -> None:
+    """After a stage's run: the closing block, or in a multirun job its one line."""
+    if not isinstance(summary, Mapping):
+        return
+    from hydra.core.hydra_config import HydraConfig
+
+    if _state["multirun_job"] and HydraConfig.initialized():
+        job = HydraConfig.get().job
+        label = f"#{job.num} {' '.join(job.override_dirname.split(',')) or '(defaults)'}:"
+        log.info(job_line(summary, out, label), extra={"job_line": True})
+    else:
+        log.info(closing_block(summary, out))
+
+
+class SweepTable(Callback):
+    """At the end of a multirun: a short table of the sweep's summaries (lipt.report's grouping:
+    one row per swept setting, mean over seeds) and where the sweep folder is."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from lipt.report import MARKDOWN_COLUMNS, aggregate, load_summaries, varying_keys
+
+        sweep = Path(str(config.hydra.sweep.dir))
+        runs, _ = load_summaries(sweep) if sweep.is_dir() else ([], [])
+        if not runs:
+            return
+        keys = varying_keys([run.config for run in runs])
+        columns = [c for c in MARKDOWN_COLUMNS if c[0] in SWEEP_COLUMNS]
+        header = [*keys, *(name for name, _ in columns)]
+        rows = [
+            [str(row[key]) for key in keys] + [show(row) for _, show in columns]
+            for row in aggregate(runs, keys)
+        ]
+        widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+        lines = [f"sweep of {len(runs)} runs: {sweep}"]
+        for cells in [header, *rows]:
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
+        lines.append(f"  (tables and plots: make report SWEEP={sweep})")
+        print("\n".join(lines), flush=True)
+
+
+SWEEP_COLUMNS = ("runs", "test acc. (%)", "subset", "total (s)")

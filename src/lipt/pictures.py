@@ -1,0 +1,117 @@
+"""Pictures of a run: `subset.png` (the subset's classes beside the pool's, and sample images
+from the subset) and, with `logger=wandb`, the merge report, class histogram and pictures in the
+wandb run. Reads only; draws no random numbers (samples are evenly spaced, not drawn)."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lipt.artifacts import atomic_write_bytes
+from lipt.data import DataModule
+from lipt.report import _new_figure
+
+SUBSET_PICTURE = "subset.png"
+GRID_CLASSES = 10  # rows of the sample grid (the first classes, for data sets with many)
+GRID_COLUMNS = 8
+
+
+def class_counts(dm: DataModule, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """(pool counts [C], subset counts [C]) per class; `indices` in the original split."""
+    labels = dm.train_source.labels
+    pool = torch.bincount(labels[dm.pool_indices], minlength=dm.num_classes)
+    subset = torch.bincount(labels[indices], minlength=dm.num_classes)
+    return pool, subset
+
+
+def sample_grid(dm: DataModule, indices: Tensor) -> list[list[Tensor]]:
+    """Up to GRID_COLUMNS images [C, H, W] (uint8) per class, evenly spaced over the subset's
+    members of that class, for the first GRID_CLASSES classes present."""
+    labels = dm.train_source.labels[indices]
+    rows = []
+    for c in torch.unique(labels).tolist()[:GRID_CLASSES]:
+        members = indices[labels == c]
+        take = torch.linspace(0, len(members) - 1, min(GRID_COLUMNS, len(members))).round().long()
+        rows.append([dm.train_source.image(int(i)) for i in members[take]])
+    return rows
+
+
+def write_subset_picture(dm: DataModule, indices: Tensor, path: Path) -> None:
+    """subset.png: per-class shares of the pool and of the subset, side by side, and a grid of
+    sample images from the subset (one row per class)."""
+    pool, subset = class_counts(dm, indices)
+    grid = sample_grid(dm, indices)
+    figure = _new_figure(12, 5)
+    left, right = figure.subplots(1, 2, width_ratios=[1, 1])
+    classes = torch.arange(dm.num_classes).numpy()
+    width = 0.4
+    left.bar(classes - width / 2, (100 * pool / pool.sum()).numpy(), width, label="pool")
+    left.bar(classes + width / 2, (100 * subset / subset.sum()).numpy(), width, label="subset")
+    if dm.num_classes <= 20:
+        left.set_xticks(classes)
+    left.set_xlabel("class")
+    left.set_ylabel("share of images (%)")
+    left.set_title(f"classes: subset of {len(indices):,} beside the pool of {int(pool.sum()):,}")
+    left.legend(loc="upper right")
+    tiles = [
+        torch.cat(row + [torch.zeros_like(row[0])] * (GRID_COLUMNS - len(row)), 2) for row in grid
+    ]
+    mosaic = torch.cat(tiles, 1).permute(1, 2, 0).numpy()  # [rows*H, cols*W, C]
+    right.imshow(mosaic[..., 0] if mosaic.shape[2] == 1 else mosaic, cmap="gray")
+    right.set_title("sample images from the subset (one row per class)")
+    right.set_yticks([(r + 0.5) * grid[0][0].shape[1] for r in range(len(grid))])
+    right.set_yticklabels([str(int(c)) for c in range(len(grid))])
+    right.set_xticks([])
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path) -> None:
+    """Into the run's wandb run: the merge report as a table, the class histogram (as a wandb
+    bar chart), subset.png, and the learners' held-out accuracies as a plot."""
+    import wandb
+
+    run = logger.experiment
+    payload: dict[str, Any] = {}
+    report_path = out / "merge_report.json"
+    if report_path.is_file():
+        report = json.loads(report_path.read_text())
+        columns: list[str | int] = ["learner", "status", "density", "held-out accuracy", "kept"]
+        kept = set(report.get("kept", []))
+        table = wandb.Table(columns=columns)
+        for le in report["learners"]:
+            table.add_data(
+                le["id"],
+                le["status"],
+                le["density"],
+                le["accuracy"],
+                le["id"] in kept,
+                le["seconds"],
+            )
+        payload["merge/learners"] = table
+        payload["merge/held_out_accuracy"] = wandb.plot.bar(
+            table, "learner", "held-out accuracy", title="jigsaw learners: held-out accuracy"
+        )
+        payload["merge/soup_accuracy"] = report["soup_accuracy"]
+    if indices is not None:
+        pool, subset = class_counts(dm, indices)
+        names: list[str | int] = ["class", "pool share", "subset share", "subset count"]
+        classes = wandb.Table(columns=names)
+        for c in range(dm.num_classes):
+            classes.add_data(
+                c, float(pool[c] / pool.sum()), float(subset[c] / subset.sum()), int(subset[c])
+            )
+        payload["subset/classes"] = classes
+        payload["subset/class_histogram"] = wandb.plot.bar(
+            classes, "class", "subset share", title="subset: share of each class"
+        )
+    if (out / SUBSET_PICTURE).is_file():
+        payload["subset/picture"] = wandb.Image(str(out / SUBSET_PICTURE))
+    if payload:
+        run.log(payload)
