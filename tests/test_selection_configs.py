@@ -63,3 +63,16 @@ def test_no_validation_rows_is_a_user_error_before_any_work(make_cfg, tmp_path) 
         choose_subset(cfg, dm, [build_model(cfg, 0)], 0)
     with pytest.raises(UserError, match="validation split"):
         selection_models(cfg, dm, {})
+
+
+def test_gradmatch_per_batch_runs_from_the_config(make_cfg) -> None:
+    cfg = make_cfg(
+        [*FAST, "selector=gradmatch", "selector.granularity=batch", "selector.balance=false"]
+    )
+    assert cfg.selector.batch_size == cfg.batch_size == 32  # the training batch, as in CORDS
+    dm = build_datamodule(cfg)
+    diagnostics: dict[str, int] = {}
+    indices, weights = choose_subset(cfg, dm, [build_model(cfg, 0)], 0, diagnostics)
+    assert len(indices) == 50 and diagnostics["backfill_rows"] <= 50
+    # one weight per 32-row batch: 2 batches (the second cut to 18 rows), unless OMP stopped
+    assert len(torch.unique(weights)) <= 2 + diagnostics["backfill_rows"]

@@ -142,9 +142,11 @@ def choose_subset(
     budget = budget_for(cfg, pool_size)
     generator = torch.Generator().manual_seed(seed)
     node = cfg.selector
-    fn = instantiate(
-        OmegaConf.masked_copy(node, [k for k in node if k not in RESERVED_SELECTOR_KEYS])
-    )
+    # Resolved in place first: a copy of the node alone cannot see top-level keys
+    # (gradmatch's batch_size: ${batch_size}).
+    resolved = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(resolved, dict)
+    fn = instantiate({k: v for k, v in resolved.items() if k not in RESERVED_SELECTOR_KEYS})
     if models and needs_model(cfg):
         device = next(models[0].parameters()).device
         pools = [model_outputs(m, dm.pool_dataloader(), device) for m in models]
