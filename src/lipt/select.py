@@ -8,6 +8,7 @@ then writes subset.npz and summary.json.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,12 @@ def budget_for(cfg: DictConfig, pool_size: int) -> int:
             f"fraction={cfg.fraction} of a pool of {pool_size} selects nothing; raise fraction"
         )
     return budget
+
+
+def subset_steps(cfg: DictConfig, pool_size: int) -> int:
+    """Optimiser steps of a main training run on a subset of `fraction` (one device): what
+    `selector.match_subset_steps` gives the full-data run."""
+    return int(cfg.trainer.max_epochs) * math.ceil(budget_for(cfg, pool_size) / int(cfg.batch_size))
 
 
 # Purposes of the derived random streams (the first word of a SeedSequence spawn key).
