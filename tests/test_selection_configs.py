@@ -63,3 +63,25 @@ def test_no_validation_rows_is_a_user_error_before_any_work(make_cfg, tmp_path) 
         choose_subset(cfg, dm, [build_model(cfg, 0)], 0)
     with pytest.raises(UserError, match="validation split"):
         selection_models(cfg, dm, {})
+
+
+def test_gradmatch_per_batch_runs_from_the_config(make_cfg) -> None:
+    cfg = make_cfg(
+        [*FAST, "selector=gradmatch", "selector.granularity=batch", "selector.balance=false"]
+    )
+    assert cfg.selector.batch_size == cfg.batch_size == 32  # the training batch, as in CORDS
+    dm = build_datamodule(cfg)
+    diagnostics: dict[str, int] = {}
+    indices, weights = choose_subset(cfg, dm, [build_model(cfg, 0)], 0, diagnostics)
+    assert len(indices) == 50 and diagnostics["backfill_rows"] <= 50
+    # one weight per 32-row batch: 2 batches (the second cut to 18 rows), unless OMP stopped
+    assert len(torch.unique(weights)) <= 2 + diagnostics["backfill_rows"]
+
+
+def test_full_steps_trains_the_whole_pool_for_the_subset_runs_steps(make_cfg) -> None:
+    """approach=full_steps: the whole pool (500 rows), stopped after the 2 x ceil(100 / 32) = 8
+    optimiser steps a 20% subset run makes in 2 epochs: 8 full batches, not 2 epochs of 500."""
+    overrides = [*FAST, "+approach=full_steps", "fraction=0.2", "trainer.max_epochs=2"]
+    summary = train_stage.run(make_cfg(overrides))
+    assert summary["config"]["selector"]["name"] == "full" and summary["subset_size"] == 500
+    assert summary["stages"]["train"]["samples"] == 8 * 32

@@ -120,3 +120,50 @@ def test_gradmatch_back_fill_is_reported_and_small(inputs: SelectionInputs) -> N
     )
     assert sel.diagnostics["pool_as_target"] == 0
     assert 0 <= sel.diagnostics["backfill_rows"] <= 0.01 * BUDGET, sel.diagnostics
+
+
+def test_gradmatch_per_batch_picks_whole_batches_that_match_the_gradient(
+    inputs: SelectionInputs,
+) -> None:
+    """CORDS' default (per-batch, mixed classes, lam 0.5, batch 256): the subset is made of whole
+    random mini-batches (the last one cut to the budget), one weight per batch, and the weighted
+    mean gradients of its batches match the pool's gradient better than random batches do."""
+    batch, n = 256, len(inputs.pool)
+    sel = select_gradmatch(
+        inputs, BUDGET, generator=torch.Generator().manual_seed(0), granularity="batch"
+    )
+    assert sel.diagnostics["backfill_rows"] <= 0.01 * BUDGET, sel.diagnostics
+    # the batches select_gradmatch cut: its generator's first draw
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    batches = [b.sort().values for b in torch.tensor_split(perm, -(-n // batch))]
+    chosen = set(sel.rows.tolist())
+    taken = [b for b in batches if chosen & set(b.tolist())]
+    assert len(taken) == -(-BUDGET // batch)  # 8 batches for 2,000 rows
+    assert sum(set(b.tolist()) <= chosen for b in taken) == len(taken) - 1  # one is cut
+    weight_of = dict(zip(sel.rows.tolist(), sel.weights.tolist(), strict=True))
+    for b in taken:
+        assert len({weight_of[r] for r in b.tolist() if r in chosen}) == 1
+
+    errors = errors_of(inputs.pool)
+    h = inputs.pool.embeddings
+
+    def flat(rows: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        g = gradient_sum(errors[rows] * w[:, None].double(), h[rows].double())
+        assert g.weight is not None
+        return torch.cat([g.weight.flatten(), g.bias])
+
+    target = flat(torch.arange(n), torch.ones(n, dtype=torch.float64))
+
+    def residual(rows: torch.Tensor, w: torch.Tensor) -> float:
+        match = flat(rows, w.double())
+        scale = (match @ target) / (match @ match)  # the loss normalises the weights
+        return float((scale * match - target).norm() / target.norm())
+
+    ours = residual(sel.rows, sel.weights)
+    others = []
+    for seed in range(1, 11):
+        g = torch.Generator().manual_seed(seed)
+        pick = torch.cat([batches[int(i)] for i in torch.randperm(len(batches), generator=g)[:8]])
+        others.append(residual(pick[:BUDGET], torch.ones(BUDGET)))
+    # 2,000 rows of 256-row batches are already a fair estimate; OMP's still beat every draw
+    assert ours < min(others) and ours < 0.8 * sum(others) / len(others), (ours, others)

@@ -99,12 +99,20 @@ ALL = {
     **SELECTORS,
     "gradmatch_val": partial(select_gradmatch, target="val", partition_size=50),
     "gradmatch_bias": partial(select_gradmatch, bias_only=True),
+    "gradmatch_batch": partial(select_gradmatch, granularity="batch", batch_size=8),
     "craig_parts": partial(select_craig, partition_size=50, greedy="stochastic"),
     "glister_naive": partial(select_glister, greedy="naive", batch=3),
     "uncertainty_margin": partial(select_uncertainty, score="margin"),
     "ccs_grand": partial(select_ccs, score="grand", strata=5),
 }
-WEIGHTED = ("gradmatch", "gradmatch_val", "gradmatch_bias", "craig", "craig_parts")
+WEIGHTED = (
+    "gradmatch",
+    "gradmatch_val",
+    "gradmatch_bias",
+    "gradmatch_batch",
+    "craig",
+    "craig_parts",
+)
 
 
 # ---------------------------------------------------------------- the contract, every selector

@@ -8,6 +8,7 @@ then writes subset.npz and summary.json.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,12 @@ def budget_for(cfg: DictConfig, pool_size: int) -> int:
             f"fraction={cfg.fraction} of a pool of {pool_size} selects nothing; raise fraction"
         )
     return budget
+
+
+def subset_steps(cfg: DictConfig, pool_size: int) -> int:
+    """Optimiser steps of a main training run on a subset of `fraction` (one device): what
+    `selector.match_subset_steps` gives the full-data run."""
+    return int(cfg.trainer.max_epochs) * math.ceil(budget_for(cfg, pool_size) / int(cfg.batch_size))
 
 
 # Purposes of the derived random streams (the first word of a SeedSequence spawn key).
@@ -145,9 +152,11 @@ def choose_subset(
     console.stage(console.describe_selection(cfg, budget, pool_size))
     generator = torch.Generator().manual_seed(seed)
     node = cfg.selector
-    fn = instantiate(
-        OmegaConf.masked_copy(node, [k for k in node if k not in RESERVED_SELECTOR_KEYS])
-    )
+    # Resolved in place first: a copy of the node alone cannot see top-level keys
+    # (gradmatch's batch_size: ${batch_size}).
+    resolved = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(resolved, dict)
+    fn = instantiate({k: v for k, v in resolved.items() if k not in RESERVED_SELECTOR_KEYS})
     if models and needs_model(cfg):
         device = next(models[0].parameters()).device
         rows = pool_size * len(models) + len(dm.val_indices)

@@ -41,6 +41,7 @@ from lipt.select import (
     reselect_seed,
     selection_models,
     subset_meta,
+    subset_steps,
 )
 from lipt.summary import subset_class_counts, summary_payload
 
@@ -172,6 +173,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
         callbacks.append(reselect)
         extra["reload_dataloaders_every_n_epochs"] = int(cfg.reselect_every)
+    if cfg.selector.name == "full" and cfg.selector.get("match_subset_steps", False):
+        extra["max_steps"] = subset_steps(cfg, len(dm.pool_indices))  # approach=full_steps
     trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=callbacks, **extra)
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)

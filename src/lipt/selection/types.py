@@ -7,7 +7,7 @@ return positions into that pool.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -70,6 +70,10 @@ class Selection:
     rows: Tensor  # [k] int64
     weights: Tensor  # [k] float32, > 0
     diagnostics: dict[str, int] = field(default_factory=dict)
+
+    def with_diagnostics(self, **counts: int) -> Selection:
+        """The same selection with `counts` added to its diagnostics."""
+        return replace(self, diagnostics={**self.diagnostics, **counts})
 
     def __post_init__(self) -> None:
         assert self.rows.dtype == torch.int64, self.rows.dtype
