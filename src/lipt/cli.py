@@ -78,12 +78,16 @@ def precheck(config_name: str, args: list[str]) -> None:
             if arg.startswith("hydra.run.dir=") and not ddp_child:
                 check_unlocked(Path(arg.split("=", 1)[1]))
         candidates = _candidate_overrides(overrides)
+        configs = []
         for candidate in candidates:
             GlobalHydra.instance().clear()
             with initialize_config_dir(str(config_dir()), version_base="1.3"):
                 cfg = compose(config_name, overrides=candidate, return_hydra_config=False)
                 cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
-                validate(cfg)
+                validate(cfg, deep=False)
+                configs.append(cfg)
+        for cfg in configs:  # then what builds the Trainer, selector, ... (imports torch)
+            validate(cfg)
     except (HydraException, OmegaConfBaseException, UserError) as e:
         fail(_one_line(e) + ("" if isinstance(e, UserError) else _hint(e)))
     finally:

@@ -114,6 +114,8 @@ def validate(cfg: DictConfig, deep: bool = True) -> None:
             f"selector={selector.name} matches the validation split, but dataset.val_size=0; "
             "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
         )
+    if cfg.get("stage") == "select" and selector is not None and selector.get("name") == "full":
+        raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
     if selector is not None and "repeats" in selector:
         _number(cfg, "selector.repeats", int, 1, 1000, "use a positive integer")
     if deep:

@@ -68,13 +68,14 @@ def check_trainer(cfg: DictConfig) -> None:
 
 def check_loggers(cfg: DictConfig) -> None:
     """Each logger class imports and accepts the configured keys."""
-    from hydra.utils import get_class
+    import importlib
 
     for name, node in (cfg.get("logger") or {}).items():
         if node is None or "_target_" not in node:
             continue
+        module, _, attr = str(node._target_).rpartition(".")
         try:
-            cls = get_class(str(node._target_))
+            cls = getattr(importlib.import_module(module), attr)
         except Exception as e:
             raise UserError(
                 f"logger={name} cannot be used ({_cause(e)}); install its package "
