@@ -14,6 +14,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
@@ -159,6 +160,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         logger.log_hyperparams(summary["config"])
         logger.log_metrics(run_metrics(summary))
         logger.save()
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            # End this job's wandb run: the next job of a multirun (same process) would log into
+            # it instead of starting its own.
+            logger.experiment.finish()
     return summary
 
 
