@@ -24,9 +24,10 @@ from tests.conftest import run_entry
 
 N, M, K, B = 4, 1, 2, 32
 # Small and quick: 4 learners, 2 passes over one minibatch of 32 each, 5 interpolation ratios,
-# one thread (so learners are bit-identical across processes).
+# one thread on the CPU (so learners are bit-identical across processes, GPU or not).
 JIGSAW = [
     "pretrain=jigsaw",
+    "trainer.accelerator=cpu",
     "dataset=synthetic",
     "model.width=8",
     f"batch_size={B}",

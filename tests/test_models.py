@@ -1,36 +1,40 @@
-"""Every model exposes penultimate features and a final linear layer that produce its logits."""
+"""Every model exposes non-negative penultimate features and a final linear layer."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra.utils import instantiate
 
 
 @pytest.mark.parametrize(
-    ("name", "dataset", "size"),
-    [
-        ("convnet", "synthetic", 12),
-        ("resnet18", "synthetic", 16),
-        ("wrn_28_10", "synthetic", 16),
-        ("wrn_50_2", "synthetic", 32),
-    ],
+    ("name", "size"),
+    [("convnet", 12), ("resnet18", 16), ("wrn_28_10", 16), ("wrn_50_2", 32)],
 )
-def test_embed_and_classifier_compose_to_forward(make_cfg, name, dataset, size):
-    overrides = [
-        f"model={name}",
-        f"dataset={dataset}",
-        f"dataset.image_size={size}",
-        "dataset.channels=3",
-    ]
+def test_models_give_relu_features_to_a_final_linear_layer(make_cfg, name, size):
+    """What the selectors rely on: `embed` gives non-negative (ReLU) features of the width
+    `classifier` takes, the last layer's gradient is (softmax - onehot) x features as the
+    selectors compute it, and the loss's gradient reaches the first layer."""
+    overrides = ["model=" + name, "dataset=synthetic", f"dataset.image_size={size}"]
+    overrides.append("dataset.channels=3")
     if name == "wrn_28_10":
         overrides += ["model.k=1", "model.depth=10"]  # the real width is too big for a unit test
-    model = instantiate(make_cfg(overrides).model).eval()
-    x = torch.randn(2, 3, size, size)
-    h = model.embed(x)
-    assert h.ndim == 2 and h.shape[1] == model.classifier.in_features
+    torch.manual_seed(0)
+    model = instantiate(make_cfg(overrides).model)
     assert isinstance(model.classifier, torch.nn.Linear) and model.classifier.out_features == 4
-    torch.testing.assert_close(model(x), model.classifier(h))
+    x, y = torch.randn(16, 3, size, size), torch.arange(16) % 4
+    model.eval()  # fixed batch-norm statistics: embed and forward see the same features
+    h = model.embed(x)
+    assert h.shape == (16, model.classifier.in_features)
+    assert float(h.min()) >= 0 and float((h > 0).float().mean()) > 0.2  # ReLU, not dead
+    loss = F.cross_entropy(model(x), y, reduction="sum")
+    first = next(p for p in model.parameters() if p.ndim == 4)  # the stem's conv weight
+    grad, stem_grad = torch.autograd.grad(loss, [model.classifier.weight, first])
+    residual = F.softmax(model.classifier(h), 1) - F.one_hot(y, 4)  # [B, C]
+    torch.testing.assert_close(grad, residual.T @ h, rtol=1e-4, atol=1e-5)  # [C, D]
+
+    assert torch.isfinite(stem_grad).all() and float(stem_grad.abs().sum()) > 0
 
 
 def test_full_size_models_have_the_published_parameter_counts(make_cfg):

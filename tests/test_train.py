@@ -43,9 +43,15 @@ def test_random_subset_run_writes_summary_and_subset(make_cfg, tmp_path):
 
 
 def test_full_selector_trains_on_the_whole_pool_and_learns(make_cfg, tmp_path):
-    cfg = make_cfg([*FAST, "selector=full", "trainer.max_epochs=3", "optim.lr=0.05"])
+    cfg = make_cfg(
+        [*FAST, "selector=full", "trainer.max_epochs=3", "optim.lr=0.05", "record_seen=true"]
+    )
     summary = train_stage.run(cfg)
     assert summary["subset_size"] == 500 and summary["stages"]["train"]["samples"] == 1500
+    pool = build_datamodule(cfg).pool_indices.numpy()
+    for epoch in range(3):  # every pool item once per epoch with weight 1, no validation item
+        indices, weights = load_seen(tmp_path, epoch)
+        assert np.array_equal(np.sort(indices), pool) and (weights == 1).all()
     assert summary["test_accuracy"] > 0.6  # 4 well-separated classes: chance is 0.25
     assert not (tmp_path / "subset.npz").exists()
 
@@ -95,9 +101,11 @@ def test_train_on_a_saved_subset_and_refuse_one_for_other_data(make_cfg, tmp_pat
     with np.load(saved) as data:
         chosen = data["indices"].copy()
     run2 = tmp_path / "second"
-    cfg2 = make_cfg([*FAST, f"subset_path={saved}", f"paths.output_dir={run2}"])
+    cfg2 = make_cfg([*FAST, f"subset_path={saved}", f"paths.output_dir={run2}", "record_seen=true"])
     summary = train_stage.run(cfg2)
     assert summary["subset_size"] == len(chosen)
+    indices, _ = load_seen(run2, 0)
+    assert np.array_equal(np.sort(indices), chosen)  # trained on the saved subset
     assert "select" not in summary["stages"]
     other = make_cfg(
         [*FAST, f"subset_path={saved}", f"paths.output_dir={run2}", "dataset.num_train=700"]

@@ -15,6 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
@@ -203,6 +204,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         if trainer.is_global_zero and type(logger).__name__ == "WandbLogger":
             log_to_wandb(logger, dm, None if subset is None else subset[0], out)
         logger.save()
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            # End this job's wandb run: the next job of a multirun (same process) would log into
+            # it instead of starting its own.
+            logger.experiment.finish()
     return summary
 
 
