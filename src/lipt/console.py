@@ -286,9 +286,15 @@ class SweepTable(Callback):
     """At the end of a multirun: a short table of the sweep's summaries (lipt.report's grouping:
     one row per swept setting, mean over seeds) and where the sweep folder is."""
 
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        _state["multirun_job"] = False  # lines after the jobs (other callbacks') reach the terminal
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from lipt.report import MARKDOWN_COLUMNS, aggregate, load_summaries, varying_keys
+        from lipt.soup_callback import learner_sweep
 
+        if learner_sweep(config):  # jigsaw learner jobs: the soup callback reports the merge
+            return
         sweep = Path(str(config.hydra.sweep.dir))
         runs, _ = load_summaries(sweep) if sweep.is_dir() else ([], [])
         if not runs:

@@ -83,6 +83,7 @@ def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path)
     if report_path.is_file():
         report = json.loads(report_path.read_text())
         columns: list[str | int] = ["learner", "status", "density", "held-out accuracy", "kept"]
+        columns.append("seconds")
         kept = set(report.get("kept", []))
         table = wandb.Table(columns=columns)
         for le in report["learners"]:
