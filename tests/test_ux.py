@@ -348,3 +348,17 @@ def test_wandb_run_gets_the_merge_table_class_histogram_and_picture(
     rows = json.loads(table.read_text())["data"]
     report = json.loads((tmp_path / "merge_report.json").read_text())
     assert [r[3] for r in rows] == [le["accuracy"] for le in report["learners"]]
+
+
+@pytest.mark.slow
+def test_wandb_sweep_logs_the_report_tables_and_plots(tmp_path):
+    args = ["-m", "selector=random,el2n", "pretrain=none", *BASE[:-1], "logger=wandb"]
+    code, raw = run_script("train.py", args, tmp_path, terminal=False)
+    assert code == 0, raw[-3000:]
+    (sweep,) = (tmp_path / "multirun" / "train").glob("*/*")
+    for name in ("results.md", "results.csv", "accuracy_vs_data.png", "stage_times.png"):
+        assert (sweep / "report" / name).is_file(), name
+    runs = list((sweep / "wandb").glob("offline-run-*"))  # the sweep's own "report" run
+    media = {p.name.split("_")[0] for run in runs for p in run.rglob("media/**/*.*")}
+    assert media >= {"accuracy", "stage", "results"}, media
+    assert f"(tables and plots in {sweep.relative_to(tmp_path)}/report)" in raw

@@ -19,7 +19,6 @@ import contextlib
 import logging
 import os
 import sys
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -80,7 +79,6 @@ def setup(multirun_job: bool) -> None:
             logger.removeHandler(handler)
         logger.propagate = True
     logging.captureWarnings(True)
-    warnings.simplefilter("default")  # each warning once per place, into the log file
     os.environ.setdefault("WANDB_SILENT", "true")  # its banner says nothing about the run
     _state["multirun_job"] = multirun_job
     extra_rank = os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0"
@@ -270,7 +268,7 @@ def job_line(summary: Mapping[str, Any], out: Path, label: str) -> str:
 
 def report_result(summary: Any, out: Path) -> None:
     """After a stage's run: the closing block, or in a multirun job its one line."""
-    if not isinstance(summary, Mapping):
+    if not isinstance(summary, Mapping) or _state["extra_rank"]:
         return
     from hydra.core.hydra_config import HydraConfig
 
@@ -307,10 +305,14 @@ class SweepTable(Callback):
             for row in aggregate(runs, keys)
         ]
         widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
-        lines = [f"sweep of {len(runs)} runs: {sweep}"]
+        lines = [f"sweep of {len(runs)} runs: {shown(sweep)}"]
         for cells in [header, *rows]:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
-        lines.append(f"  (tables and plots: make report SWEEP={sweep})")
+        from lipt.pictures import log_sweep_report
+
+        report = log_sweep_report(config, sweep)  # with logger=wandb: also into wandb
+        made = f"in {shown(report)}" if report else f"with make report SWEEP={shown(sweep)}"
+        lines.append(f"  (tables and plots {made})")
         print("\n".join(lines), flush=True)
 
 
