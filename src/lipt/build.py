@@ -79,14 +79,18 @@ def build_loggers(cfg: DictConfig) -> list:
 
 
 def sweep_name() -> str | None:
-    """`<job>/<sweep folder>` inside a Hydra multirun, else None."""
+    """The sweep folder (relative to the working directory when below it) inside a Hydra
+    multirun, else None."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
-    hydra_cfg = HydraConfig.get()
-    return f"{hydra_cfg.job.name}/{Path(hydra_cfg.sweep.dir).name}"
+    from lipt.console import shown
+    from lipt.jigsaw import sweep_dir_of_job
+
+    sweep = sweep_dir_of_job()
+    return None if sweep is None else shown(sweep)  # multirun/<stage>/<date>/<time>
 
 
 def build_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:

@@ -169,6 +169,15 @@ def remove_if_only_bookkeeping(run_dir: Path) -> None:
     if all(p.name in (".hydra", ".cache") or p.suffix == ".log" for p in run_dir.iterdir()):
         logging.shutdown()  # close the log file before removing it
         shutil.rmtree(run_dir, ignore_errors=True)
+        # outputs/<stage>/<date> made for this run alone go with it (below the working dir only)
+        cwd = Path.cwd().resolve()
+        for parent in run_dir.resolve().parents:
+            if cwd not in parent.parents:
+                break
+            try:
+                parent.rmdir()  # only when empty
+            except OSError:
+                break
 
 
 def train_main() -> None:

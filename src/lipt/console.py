@@ -19,7 +19,6 @@ import contextlib
 import logging
 import os
 import sys
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -80,7 +79,6 @@ def setup(multirun_job: bool) -> None:
             logger.removeHandler(handler)
         logger.propagate = True
     logging.captureWarnings(True)
-    warnings.simplefilter("default")  # each warning once per place, into the log file
     os.environ.setdefault("WANDB_SILENT", "true")  # its banner says nothing about the run
     _state["multirun_job"] = multirun_job
     extra_rank = os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0"
@@ -270,7 +268,7 @@ def job_line(summary: Mapping[str, Any], out: Path, label: str) -> str:
 
 def report_result(summary: Any, out: Path) -> None:
     """After a stage's run: the closing block, or in a multirun job its one line."""
-    if not isinstance(summary, Mapping):
+    if not isinstance(summary, Mapping) or _state["extra_rank"]:
         return
     from hydra.core.hydra_config import HydraConfig
 
@@ -286,9 +284,15 @@ class SweepTable(Callback):
     """At the end of a multirun: a short table of the sweep's summaries (lipt.report's grouping:
     one row per swept setting, mean over seeds) and where the sweep folder is."""
 
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        _state["multirun_job"] = False  # lines after the jobs (other callbacks') reach the terminal
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from lipt.report import MARKDOWN_COLUMNS, aggregate, load_summaries, varying_keys
+        from lipt.soup_callback import learner_sweep
 
+        if learner_sweep(config):  # jigsaw learner jobs: the soup callback reports the merge
+            return
         sweep = Path(str(config.hydra.sweep.dir))
         runs, _ = load_summaries(sweep) if sweep.is_dir() else ([], [])
         if not runs:
@@ -301,10 +305,14 @@ class SweepTable(Callback):
             for row in aggregate(runs, keys)
         ]
         widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
-        lines = [f"sweep of {len(runs)} runs: {sweep}"]
+        lines = [f"sweep of {len(runs)} runs: {shown(sweep)}"]
         for cells in [header, *rows]:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
-        lines.append(f"  (tables and plots: make report SWEEP={sweep})")
+        from lipt.pictures import log_sweep_report
+
+        report = log_sweep_report(config, sweep)  # with logger=wandb: also into wandb
+        made = f"in {shown(report)}" if report else f"with make report SWEEP={shown(sweep)}"
+        lines.append(f"  (tables and plots {made})")
         print("\n".join(lines), flush=True)
 
 

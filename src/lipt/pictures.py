@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from lipt.artifacts import atomic_write_bytes
+from lipt.console import shown
 from lipt.data import DataModule
 from lipt.report import _new_figure
 
@@ -83,6 +84,7 @@ def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path)
     if report_path.is_file():
         report = json.loads(report_path.read_text())
         columns: list[str | int] = ["learner", "status", "density", "held-out accuracy", "kept"]
+        columns.append("seconds")
         kept = set(report.get("kept", []))
         table = wandb.Table(columns=columns)
         for le in report["learners"]:
@@ -115,3 +117,41 @@ def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path)
         payload["subset/picture"] = wandb.Image(str(out / SUBSET_PICTURE))
     if payload:
         run.log(payload)
+
+
+def log_sweep_report(config: Any, sweep: Path) -> Path | None:
+    """With `logger=wandb`, at the end of a sweep: write lipt.report's tables and plots to
+    <sweep>/report and log them (results table, accuracy against data used, seconds per stage)
+    in a wandb run named "report" in the sweep's group. Returns the report folder (None: no
+    wandb logger in this sweep)."""
+    import csv
+
+    node = (config.get("logger") or {}).get("wandb")
+    if node is None:
+        return None
+    import wandb
+
+    from lipt.report import parse_args, write_report
+
+    out = sweep / "report"
+    write_report(parse_args([str(sweep), "--out", str(out)]))
+    with (out / "results.csv").open() as f:
+        rows = list(csv.reader(f))
+    columns: list[str | int] = list(rows[0])
+    run = wandb.init(
+        project=node.get("project", "lipt"),
+        group=shown(sweep),  # as lipt.build.sweep_name names the sweep's runs
+        name="report",
+        dir=str(sweep),
+        mode="offline" if node.get("offline", True) else "online",
+        reinit=True,
+    )
+    run.log(
+        {
+            "report/results": wandb.Table(columns=columns, data=rows[1:]),
+            "report/accuracy_vs_data": wandb.Image(str(out / "accuracy_vs_data.png")),
+            "report/stage_times": wandb.Image(str(out / "stage_times.png")),
+        }
+    )
+    run.finish()
+    return out
