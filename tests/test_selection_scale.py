@@ -3,7 +3,6 @@ none may be as large as the [N, C*D] per-sample gradient matrix (or anything N x
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -78,13 +77,10 @@ CASES = {
 def test_selector_never_builds_a_gradient_matrix(big_inputs: SelectionInputs, name: str) -> None:
     fn = CASES[name]
     budget = 400  # 0.2%: keeps the greedy loops short; the partitions are full size
-    start = time.perf_counter()
-    with LargestTensor() as watch:
+    with LargestTensor() as watch:  # (its time is benchmarks/selection_cost.py's business)
         sel = fn(big_inputs, budget, generator=torch.Generator().manual_seed(0))
-    seconds = time.perf_counter() - start
     assert len(sel.rows) == budget
     assert watch.largest < N * C * D // 4, (name, watch.largest)
-    assert seconds < 20, (name, seconds)
 
 
 def test_balanced_stays_small(big_inputs: SelectionInputs) -> None:
