@@ -127,10 +127,8 @@ def fashion_mnist_part(repeats: int) -> list[dict]:
 def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     """One selector on a synthetic pool; prints its time (peak memory is read by the parent)."""
     from hydra import compose, initialize_config_dir
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
-    from lipt.select import RESERVED_SELECTOR_KEYS
+    from lipt.build import build_selector
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     g = torch.Generator().manual_seed(0)
@@ -146,9 +144,7 @@ def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     inputs = SelectionInputs(outputs(n), outputs(n // 50), (), weight, bias)
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         node = compose("train", overrides=["paths.output_dir=/tmp", f"selector={name}"]).selector
-    fn = instantiate(
-        OmegaConf.masked_copy(node, [k for k in node if k not in RESERVED_SELECTOR_KEYS])
-    )
+    fn = build_selector(node)
     start = time.perf_counter()
     budget = n // 10
     if node.get("balance", False):

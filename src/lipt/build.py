@@ -60,6 +60,19 @@ def build_model(cfg: DictConfig, seed: int) -> nn.Module:
         return instantiate(cfg.model)
 
 
+# Keys of a selector config that are lipt's, not the selector function's.
+RESERVED_SELECTOR_KEYS = ("name", "balance", "needs_model", "repeats")
+
+
+def build_selector(node: DictConfig) -> Any:
+    """The `selector` group's function (a functools.partial), lipt's own keys left out. The node
+    is resolved in place first: a copy of it alone cannot see top-level keys (gradmatch's
+    batch_size: ${batch_size})."""
+    resolved = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(resolved, dict)
+    return instantiate({k: v for k, v in resolved.items() if k not in RESERVED_SELECTOR_KEYS})
+
+
 def build_classifier(cfg: DictConfig, model: nn.Module, **optim: Any) -> Classifier:
     settings = {**OmegaConf.to_container(cfg.optim, resolve=True), **optim}  # type: ignore[dict-item]
     return Classifier(model, num_classes=cfg.dataset.num_classes, **settings)

@@ -18,12 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from lipt.errors import UserError
 
-# Keys of a selector config that are lipt's, not the selector function's (as lipt.select).
-RESERVED_SELECTOR_KEYS = ("name", "balance", "needs_model", "repeats")
 # Rows, classes and features of the tiny pool the selector is tried on.
 DRY_RUN_ROWS, DRY_RUN_FEATURES = 64, 8
 
@@ -92,8 +90,8 @@ def check_selector(cfg: DictConfig) -> None:
     """Instantiate the selector's partial, bind its keys, and run it once on a tiny pool, so a
     bad value (an unknown `greedy` mode, a negative `eta`) fails now, not after pre-training."""
     import torch
-    from hydra.utils import instantiate
 
+    from lipt.build import build_selector
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     node = cfg.get("selector")
@@ -104,9 +102,7 @@ def check_selector(cfg: DictConfig) -> None:
         if key in node and not isinstance(node[key], kind):
             raise UserError(f"selector.{key}={node[key]!r} is invalid: use true or false")
     try:
-        fn = instantiate(
-            OmegaConf.masked_copy(node, [k for k in node if k not in RESERVED_SELECTOR_KEYS])
-        )
+        fn = build_selector(node)
         inspect.signature(fn.func).bind_partial(*fn.args, **fn.keywords)
     except Exception as e:
         raise UserError(f"selector={name} settings are invalid: {_cause(e)}") from e

@@ -15,13 +15,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from lipt import console
 from lipt.artifacts import load_checkpoint, save_subset, write_json
-from lipt.build import build_datamodule, build_model, run_dir
+from lipt.build import build_datamodule, build_model, build_selector, run_dir
 from lipt.config import needs_held_out, validate
 from lipt.data import DataModule
 from lipt.errors import UserError
@@ -31,9 +30,6 @@ from lipt.selection import PoolOutputs, SelectionInputs, model_outputs, select_b
 from lipt.summary import subset_class_counts, summary_payload
 
 log = logging.getLogger(__name__)
-
-# Keys of a selector config that are lipt's, not the selector function's.
-RESERVED_SELECTOR_KEYS = ("name", "balance", "needs_model", "repeats")
 
 
 def budget_for(cfg: DictConfig, pool_size: int) -> int:
@@ -152,11 +148,7 @@ def choose_subset(
     console.stage(console.describe_selection(cfg, budget, pool_size))
     generator = torch.Generator().manual_seed(seed)
     node = cfg.selector
-    # Resolved in place first: a copy of the node alone cannot see top-level keys
-    # (gradmatch's batch_size: ${batch_size}).
-    resolved = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(resolved, dict)
-    fn = instantiate({k: v for k, v in resolved.items() if k not in RESERVED_SELECTOR_KEYS})
+    fn = build_selector(node)
     if models and needs_model(cfg):
         device = next(models[0].parameters()).device
         rows = pool_size * len(models) + len(dm.val_indices)
