@@ -21,8 +21,14 @@ from lipt.build import build_datamodule, build_model, run_dir
 from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
-from lipt.pretrain import pretrain_model
-from lipt.selection import PoolOutputs, SelectionInputs, model_outputs, select_balanced
+from lipt.pretrain import heads_from_payload, pretrain_model
+from lipt.selection import (
+    LearnerHeads,
+    PoolOutputs,
+    SelectionInputs,
+    model_outputs,
+    select_balanced,
+)
 from lipt.summary import summary_payload
 
 # Keys of a selector config that are lipt's, not the selector function's.
@@ -42,9 +48,12 @@ def needs_model(cfg: DictConfig) -> bool:
     return cfg.selector.name != "full" and bool(cfg.selector.get("needs_model", True))
 
 
-def selection_models(cfg: DictConfig, dm: DataModule, stages: dict[str, Any]) -> list[nn.Module]:
+def selection_models(
+    cfg: DictConfig, dm: DataModule, stages: dict[str, Any]
+) -> tuple[list[nn.Module], LearnerHeads | None]:
     """The model(s) whose outputs rank the pool: the checkpoint at `ckpt_path` (select.py), or
-    the `pretrain` strategy run `selector.repeats` times from seeds seed, seed+1, ..."""
+    the `pretrain` strategy run `selector.repeats` times from seeds seed, seed+1, ...; and the
+    jigsaw learners' heads of the first one (None unless it is a jigsaw soup)."""
     repeats = int(cfg.selector.get("repeats", 1))
     ckpt_path = cfg.get("ckpt_path") if cfg.get("stage") == "select" else None
     if ckpt_path:
@@ -52,18 +61,22 @@ def selection_models(cfg: DictConfig, dm: DataModule, stages: dict[str, Any]) ->
             raise UserError(
                 "selector.repeats > 1 needs several models; drop ckpt_path to pre-train in-process"
             )
-        return [load_pretrained(cfg, dm, Path(str(ckpt_path)))]
+        path = Path(str(ckpt_path))
+        return [load_pretrained(cfg, dm, path)], heads_from_payload(load_checkpoint(path))
+    heads = None
     models, totals = [], {"seconds": 0.0, "samples": 0, "unique_samples": 0}
     for r in range(repeats):
         result = pretrain_model(cfg, dm, int(cfg.seed) + r)
         models.append(result.model)
         for key, value in result.stats().items():
             totals[key] += value
-        if result.report and r == 0:
-            stages["merge_report"] = result.report
+        if r == 0:
+            heads = result.learner_heads
+            if result.report:
+                stages["merge_report"] = result.report
     if cfg.pretrain.name != "none":
         stages["pretrain"] = {**totals, "seconds": round(totals["seconds"], 3)}
-    return models
+    return models, heads
 
 
 def load_pretrained(cfg: DictConfig, dm: DataModule, path: Path) -> nn.Module:
@@ -83,9 +96,14 @@ def load_pretrained(cfg: DictConfig, dm: DataModule, path: Path) -> nn.Module:
 
 
 def choose_subset(
-    cfg: DictConfig, dm: DataModule, models: list[nn.Module], seed: int
+    cfg: DictConfig,
+    dm: DataModule,
+    models: list[nn.Module],
+    seed: int,
+    learner_heads: LearnerHeads | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Positions in the original training split (ascending) and their float32 weights."""
+    """Positions in the original training split (ascending) and their float32 weights.
+    `learner_heads` (the jigsaw learners', fitting models[0]'s embeddings) go to the selector."""
     pool_size = len(dm.pool_indices)
     budget = budget_for(cfg, pool_size)
     generator = torch.Generator().manual_seed(seed)
@@ -105,6 +123,7 @@ def choose_subset(
             extra_pools=tuple(pools[1:]),
             classifier_weight=head.weight.detach().cpu(),
             classifier_bias=head.bias.detach().cpu(),
+            learner_heads=learner_heads,
         )
     else:
         inputs = SelectionInputs(pool=labels_only(dm))
@@ -152,10 +171,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     out = run_dir(cfg)
     dm = build_datamodule(cfg)
     stages: dict[str, Any] = {}
-    models = selection_models(cfg, dm, stages) if needs_model(cfg) else []
+    models, heads = selection_models(cfg, dm, stages) if needs_model(cfg) else ([], None)
     report = stages.pop("merge_report", None)
     start = time.perf_counter()
-    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed))
+    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), heads)
     stages["select"] = {"seconds": round(time.perf_counter() - start, 3)}
     save_subset(out / "subset.npz", indices, weights, subset_meta(cfg, dm))
     if report:
