@@ -1,18 +1,20 @@
-"""Every experiment config composes, and so does every run of its sweep; so does every sweep
-command that docs/RESULTS.md says made its tables."""
+"""Every run of every experiment, composed as Hydra's sweeper composes it, follows the paper's
+protocol; every sweep command that docs/RESULTS.md says made its tables still composes."""
 
 from __future__ import annotations
 
-import itertools
+import math
 import re
 import shlex
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from lipt.config import validate
+from lipt.pretrain import warmup_epochs
 from tests.conftest import CONFIGS, ROOT
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
@@ -24,29 +26,20 @@ def without_sweeps(overrides: list[str]) -> list[str]:
     return [str(o.input_line) for o in parsed if not o.is_sweep_override()]
 
 
-def sweep_runs(overrides: list[str]) -> tuple[dict[str, str], list[list[str]]]:
-    """(the sweeper's params, the swept overrides of each job) for `python train.py -m
-    <overrides>`, expanded as Hydra's basic sweeper does: the experiment's
-    `hydra.sweeper.params`, then the command line's own sweeps and values, which replace a
-    swept key's values."""
-    base = compose("train", overrides=without_sweeps(overrides), return_hydra_config=True)
+def sweep_jobs(arguments: list[str]) -> list[list[str]]:
+    """The override list of every job of `python train.py -m <arguments>`, exactly as Hydra's
+    BasicSweeper builds them: the sweeper's params (of the config the command line composes)
+    FIRST, then the command line, a repeated key keeping its first place with the last value.
+    So `+approach=...` comes before `+experiment=...`, and the experiment's keys override the
+    approach preset's."""
+    base = compose("train", overrides=without_sweeps(arguments), return_hydra_config=True)
     params = OmegaConf.to_container(base.hydra.sweeper.params)
     assert isinstance(params, dict) and params
-    own = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]
     parsed = OverridesParser.create().parse_overrides(
-        [*(f"{k}={v}" for k, v in params.items()), *own]
+        [*(f"{k}={v}" for k, v in params.items()), *arguments]
     )
-    choices: dict[str, list[str]] = {}
-    for o in parsed:
-        key = o.get_key_element()
-        if key not in params and not o.is_sweep_override():
-            continue  # a fixed override: the same in every job, composed by the caller
-        if o.is_sweep_override():
-            values = list(o.sweep_string_iterator())
-        else:
-            values = [o.get_value_element_as_str()]
-        choices[key] = [f"{key}={v}" for v in values]
-    return params, [list(run) for run in itertools.product(*choices.values())]
+    (jobs,) = BasicSweeper.split_arguments(parsed, None)
+    return jobs
 
 
 def test_every_paper_experiment_has_a_gpu_and_a_cpu_version():
@@ -55,28 +48,101 @@ def test_every_paper_experiment_has_a_gpu_and_a_cpu_version():
         assert {base, f"{base}_cpu"} <= names
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
-def test_experiment_sweep_composes(name, tmp_path):
+def test_the_sweeper_applies_the_approach_before_the_experiment():
+    """The order this file relies on: a key the experiment sets globally beats the preset."""
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        params, runs = sweep_runs([f"+experiment={name}"])
-        # every table has its random row, except the lipt-only sensitivity/ablation sweeps
-        approaches = str(params.get("+approach", "")).split(",")
-        if not name.startswith("figure"):  # a figure of lipt alone: the sensitivity sweep
-            assert "random" in approaches or "full_data" in approaches, approaches
-        assert len(runs) == len(
-            list(itertools.product(*(str(v).split(",") for v in params.values())))
-        )
-        for run in runs:
-            overrides = [f"+experiment={name}", f"paths.output_dir={tmp_path}", *run]
-            if "cpu" not in name:  # CIFAR needs its folder (validate checks that it exists)
+        (job, *_) = sweep_jobs(["+experiment=table2_cpu", "+approach=grand_full"])
+        assert job.index("+approach=grand_full") < job.index("+experiment=table2_cpu")
+        cfg = compose("train", overrides=job)
+        assert cfg.pretrain.epochs == 2  # table2_cpu's glister warm-up, not grand_full's 1
+
+
+# The paper's protocol (appendix A; tables 1-3, appendices B-D, figure 3). Main training:
+# 200 epochs; re-selection every 20 (table 1 only, and the random-online baseline);
+# GraNd: 10 models x 1 epoch of warm-up; GLISTER: 10 epochs; GradMatch: kappa = 0.5, i.e.
+# ceil(0.5 x epochs x fraction). The _cpu versions: 15 epochs (table 1: 20, to keep its
+# 20-of-200 re-selection ratio at 2 of 20), random online every 2, GLISTER warm-up 2 epochs.
+ALL_5_TO_50 = {0.05, 0.1, 0.2, 0.3, 0.4, 0.5}
+PAPER: dict[str, dict] = {
+    "table1": {"epochs": 200, "fractions": {0.1}, "grand_full": {0.2}, "every": 20},
+    "table2": {"epochs": 200, "fractions": {0.01, 0.05, 0.1, 0.2}},
+    "table3": {"epochs": 200, "fractions": {0.1, 0.7}},
+    "appendix_b": {"epochs": 200, "fractions": ALL_5_TO_50},
+    "appendix_c": {"epochs": 200, "fractions": ALL_5_TO_50 - {0.05}},
+    "appendix_d": {"epochs": 200, "fractions": ALL_5_TO_50 - {0.05}},
+    "figure3": {"epochs": 200, "fractions": {0.1}},
+    "table1_cpu": {"epochs": 20, "fractions": {0.1}, "grand_full": {0.2}, "every": 2},
+    "table2_cpu": {"epochs": 15, "fractions": {0.01, 0.05, 0.1, 0.2}, "glister_warmup": 2},
+    "table3_cpu": {"epochs": 15, "fractions": {0.1}},
+    "appendix_b_cpu": {"epochs": 15, "fractions": {0.1}},
+    "appendix_c_cpu": {"epochs": 15, "fractions": {0.1}},
+    "appendix_d_cpu": {"epochs": 15, "fractions": {0.1}},
+    "figure3_cpu": {"epochs": 15, "fractions": {0.1}},
+}
+BASELINES = {"random", "random_online", "random_balanced", "full_steps"}
+RESELECTING = {"table1": {"grand_full", "grand_lipt"}, "table1_cpu": {"grand_full", "grand_lipt"}}
+
+
+def expected_warmup(name: str, approach: str, epochs: int, fraction: float) -> int | None:
+    """Epochs of the warm-up on the whole pool, None for approaches without one."""
+    if approach == "grand_full":
+        return 1
+    if approach == "glister_full":
+        return PAPER[name].get("glister_warmup", 10)
+    if approach == "gradmatch_full":
+        return math.ceil(0.5 * epochs * fraction)
+    return None
+
+
+def test_the_protocol_table_covers_every_experiment():
+    assert set(PAPER) == set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_run_of_an_experiment_follows_the_paper(name, tmp_path):
+    """Every job, composed in the sweeper's order, validates and has the paper's main-training
+    epochs, fraction, re-selection period, warm-up epochs and GraNd repeats, for 3 seeds."""
+    paper = PAPER[name]
+    cpu = name.endswith("_cpu")
+    period = paper.get("every", 2 if cpu else 20)
+    seen: dict[str, set[float]] = {}
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        jobs = sweep_jobs([f"+experiment={name}"])
+        assert len(jobs) == len(set(map(tuple, jobs)))
+        # Seeds are plain leaves that nothing interpolates: each setting runs for seeds 0, 1,
+        # 2, and is composed once (every job's composition costs ~0.2 s of CPU).
+        settings: dict[tuple[str, ...], set[str]] = {}
+        for job in jobs:
+            rest = tuple(o for o in job if not o.startswith("seed="))
+            settings.setdefault(rest, set()).update(o for o in job if o.startswith("seed="))
+        assert all(seeds == {"seed=0", "seed=1", "seed=2"} for seeds in settings.values())
+        for job in map(list, settings):
+            overrides = [*job, f"paths.output_dir={tmp_path}"]
+            if not cpu:  # CIFAR needs its folder (validate checks that it exists)
                 overrides.append(f"dataset.data_dir={tmp_path}")
             cfg = compose("train", overrides=overrides)
             validate(cfg)
-            approach = next((o.split("=", 1)[1] for o in run if o.startswith("+approach=")), None)
-            if approach is not None:
-                assert cfg.approach == approach
-            if "cpu" in name:
+            approach = str(cfg.approach)
+            assert f"+approach={approach}" in job
+            if cpu:
                 assert cfg.dataset.name == "fashion_mnist" and "ConvNet" in cfg.model._target_
+            epochs, fraction = int(cfg.trainer.max_epochs), float(cfg.fraction)
+            assert epochs == paper["epochs"], (approach, epochs)
+            seen.setdefault(approach, set()).add(fraction)
+            reselects = approach == "random_online" or approach in RESELECTING.get(name, ())
+            assert cfg.reselect_every == (period if reselects else 0), (approach, job)
+            warmup = expected_warmup(name, approach, epochs, fraction)
+            assert (cfg.pretrain.name == "full") == (warmup is not None), approach
+            if warmup is not None:
+                assert warmup_epochs(cfg) == warmup, (approach, fraction)
+            assert cfg.selector.get("repeats", 1) == (10 if approach == "grand_full" else 1)
+            if approach == "full_steps":
+                assert cfg.selector.name == "full" and cfg.selector.match_subset_steps
+    for approach, fractions in seen.items():
+        if approach != "full_data":  # the whole pool: fraction is not used
+            assert fractions == paper.get(approach, paper["fractions"]), (approach, fractions)
+    if not name.startswith("figure"):  # a figure of lipt alone: the sensitivity sweep
+        assert set(seen) >= BASELINES, set(seen)
 
 
 def results_commands() -> list[list[str]]:
@@ -95,10 +161,8 @@ def test_results_doc_names_a_command_for_every_cpu_experiment_it_reports():
 @pytest.mark.parametrize("command", results_commands(), ids=lambda c: " ".join(c[:1]))
 def test_results_doc_sweep_command_composes_every_run(command, tmp_path):
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        _, runs = sweep_runs(command)
-        for run in runs:
-            fixed = without_sweeps(command)
-            cfg = compose("train", overrides=[*fixed, f"paths.output_dir={tmp_path}", *run])
+        for job in sweep_jobs(command):
+            cfg = compose("train", overrides=[*job, f"paths.output_dir={tmp_path}"])
             validate(cfg)
             assert cfg.dataset.name == "fashion_mnist"
 

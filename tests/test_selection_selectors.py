@@ -99,12 +99,20 @@ ALL = {
     **SELECTORS,
     "gradmatch_val": partial(select_gradmatch, target="val", partition_size=50),
     "gradmatch_bias": partial(select_gradmatch, bias_only=True),
+    "gradmatch_batch": partial(select_gradmatch, granularity="batch", batch_size=8),
     "craig_parts": partial(select_craig, partition_size=50, greedy="stochastic"),
     "glister_naive": partial(select_glister, greedy="naive", batch=3),
     "uncertainty_margin": partial(select_uncertainty, score="margin"),
     "ccs_grand": partial(select_ccs, score="grand", strata=5),
 }
-WEIGHTED = ("gradmatch", "gradmatch_val", "gradmatch_bias", "craig", "craig_parts")
+WEIGHTED = (
+    "gradmatch",
+    "gradmatch_val",
+    "gradmatch_bias",
+    "gradmatch_batch",
+    "craig",
+    "craig_parts",
+)
 
 
 # ---------------------------------------------------------------- the contract, every selector
@@ -322,42 +330,47 @@ def _val_log_likelihood(val: PoolOutputs, weight: Tensor, b: Tensor) -> float:
     return -float(F.cross_entropy(logits, val.targets, reduction="sum"))
 
 
-def _explicit_gains(inputs: SelectionInputs, weight: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """(gains g_i . G_val [N], per-sample gradients [N, C*D+C]) at (W, b), by autograd for
-    G_val and materialised per-sample gradients."""
+def _val_gradient(inputs: SelectionInputs, weight: Tensor, b: Tensor) -> Tensor:
+    """G_val = d(sum_val CE)/d(W, b) at (W, b) by autograd, [C*D + C]."""
     assert inputs.val is not None
-    W = weight
-    Wp, bp = W.clone().requires_grad_(), b.clone().requires_grad_()
+    Wp, bp = weight.clone().requires_grad_(), b.clone().requires_grad_()
     h_v = inputs.val.embeddings
     loss = F.cross_entropy(h_v @ Wp.T + bp, inputs.val.targets, reduction="sum")
     gw, gb = torch.autograd.grad(loss, [Wp, bp])
-    G_val = torch.cat([gw.flatten(), gb])
+    return torch.cat([gw.flatten(), gb])
+
+
+def _explicit_gains(inputs: SelectionInputs, weight: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """(gains g_i . G_val [N], per-sample gradients [N, C*D+C]), both at (W, b): autograd for
+    G_val, materialised per-sample gradients."""
     h = inputs.pool.embeddings
-    grads = last_layer_gradients(h @ W.T + b, inputs.pool.targets, h)
-    return grads @ G_val, grads
+    grads = last_layer_gradients(h @ weight.T + b, inputs.pool.targets, h)
+    return grads @ _val_gradient(inputs, weight, b), grads
 
 
-def test_glister_naive_is_exact_greedy_and_never_lowers_the_objective() -> None:
+def test_glister_naive_is_exact_greedy_at_the_virtual_model() -> None:
+    """Each pick maximises g_i(theta_0) . G_val(theta_S), theta_S = theta_0 - eta * mean of the
+    picks' gradients at theta_0 (DeepCore's virtual model), all computed explicitly here."""
     inputs = make_inputs(n=80, seed=4)
-    eta = 0.02
+    eta = 0.5
     order = glister_pick_order(inputs, 25, generator=gen(), eta=eta, greedy="naive", batch=1)
     assert len(set(order.tolist())) == 25
     assert inputs.classifier_weight is not None and inputs.classifier_bias is not None
-    W, b = inputs.classifier_weight.clone(), inputs.classifier_bias.clone()
-    C, D = W.shape
+    assert inputs.val is not None
+    W0, b0 = inputs.classifier_weight.clone(), inputs.classifier_bias.clone()
+    C, D = W0.shape
+    _, grads = _explicit_gains(inputs, W0, b0)  # [N, C*D+C] at theta_0
+    W, b = W0, b0
     taken: list[int] = []
-    objective = [_val_log_likelihood(inputs.val, W, b)]  # type: ignore[arg-type]
     for row in order.tolist():
-        gains, grads = _explicit_gains(inputs, W, b)
+        gains = grads @ _val_gradient(inputs, W, b)
         gains[taken] = -math.inf
-        assert row == int(torch.argmax(gains)), "not the greedy choice at the current params"
-        W = W - eta * grads[row, : C * D].view(C, D)  # Taylor step with this sample's gradient
-        b = b - eta * grads[row, C * D :]
+        assert row == int(torch.argmax(gains)), "not the greedy choice at the virtual model"
         taken.append(row)
-        objective.append(_val_log_likelihood(inputs.val, W, b))  # type: ignore[arg-type]
-    steps = torch.tensor(objective).diff()
-    assert bool((steps >= -1e-9).all()), steps
-    assert objective[-1] > objective[0]
+        mean = grads[taken].mean(0)
+        W, b = W0 - eta * mean[: C * D].view(C, D), b0 - eta * mean[C * D :]
+    # the virtual model of the picks fits the held-out split better than theta_0
+    assert _val_log_likelihood(inputs.val, W, b) > _val_log_likelihood(inputs.val, W0, b0)
 
 
 def _duplicates_case() -> SelectionInputs:
@@ -491,6 +504,27 @@ def test_gradmatch_fills_the_budget_when_omp_converges_early() -> None:
     # three OMP atoms (weight ~20 each) and seven back-filled rows at the mean OMP weight:
     # everything on one scale, summing to the pool size
     torch.testing.assert_close(sel.weights, torch.full((10,), 6.0), rtol=1e-3, atol=1e-3)
+    assert sel.diagnostics == {"backfill_rows": 7, "pool_as_target": 0}
+
+
+@pytest.mark.parametrize(
+    "fn", [select_glister, partial(select_gradmatch, target="val")], ids=["glister", "gradmatch"]
+)
+def test_classes_missing_from_val_are_counted(fn: Callable) -> None:
+    inputs = make_inputs(n=200, c=4, n_val=40)
+    assert inputs.val is not None
+    assert set(inputs.val.targets.tolist()) == {0, 1, 2, 3}
+    full = select_balanced(fn, inputs, 40, generator=gen())
+    assert full.diagnostics["pool_as_target"] == 0
+    keep = torch.nonzero(inputs.val.targets >= 2).flatten()  # classes 0 and 1 lose their val rows
+    partial_val = SelectionInputs(
+        inputs.pool,
+        val=inputs.val.take(keep),
+        classifier_weight=inputs.classifier_weight,
+        classifier_bias=inputs.classifier_bias,
+    )
+    sel = select_balanced(fn, partial_val, 40, generator=gen())
+    assert sel.diagnostics["pool_as_target"] == 2
 
 
 def test_gradmatch_nnls_drops_atoms_without_repeating_them() -> None:

@@ -26,6 +26,14 @@ def _number(cfg: DictConfig, key: str, kind: type, low: float, high: float, hint
         raise UserError(f"{key}={value!r} is invalid: {hint}")
 
 
+def needs_held_out(selector: DictConfig | None) -> bool:
+    """Whether the selector's target is the validation split (GLISTER; GradMatch target=val)."""
+    if selector is None:
+        return False
+    name = selector.get("name")
+    return name == "glister" or (name == "gradmatch" and selector.get("target") == "val")
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise UserError naming the key and the fix for the first problem found."""
     fraction = _get(cfg, "fraction")
@@ -70,5 +78,10 @@ def validate(cfg: DictConfig) -> None:
 
         validate_jigsaw(cfg)
     selector = cfg.get("selector")
+    if needs_held_out(selector) and float(_get(cfg, "dataset.val_size")) == 0:
+        raise UserError(
+            f"selector={selector.name} matches the validation split, but dataset.val_size=0; "
+            "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
+        )
     if selector is not None and "repeats" in selector:
         _number(cfg, "selector.repeats", int, 1, 1000, "use a positive integer")

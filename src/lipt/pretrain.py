@@ -6,6 +6,7 @@ lipt cuts), `jigsaw` is the paper's method (lipt.jigsaw). `run` is `pretrain.py`
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,16 @@ class Pretrained:
         }
 
 
+def warmup_epochs(cfg: DictConfig) -> int:
+    """Epochs of `pretrain=full`: `pretrain.epochs`, or with `pretrain.kappa` GradMatch's
+    warm-start T_f = kappa * T_s * fraction (T_s: main training epochs), rounded up
+    (Killamsetty et al., ICML 2021, https://arxiv.org/abs/2103.00123, section 4)."""
+    kappa = cfg.pretrain.get("kappa")
+    if kappa is None:
+        return int(cfg.pretrain.epochs)
+    return max(1, math.ceil(float(kappa) * int(cfg.trainer.max_epochs) * float(cfg.fraction)))
+
+
 def pretrain_model(cfg: DictConfig, dm: DataModule, seed: int) -> Pretrained:
     """Run the configured strategy from the common initial model of `seed`."""
     start = time.perf_counter()
@@ -64,7 +75,7 @@ def pretrain_model(cfg: DictConfig, dm: DataModule, seed: int) -> Pretrained:
     if name == "full":
         module = build_classifier(cfg, model)
         L.seed_everything(seed, workers=True, verbose=False)
-        trainer = quiet_trainer(cfg, max_epochs=int(cfg.pretrain.epochs))
+        trainer = quiet_trainer(cfg, max_epochs=warmup_epochs(cfg))
         dm.set_subset(None)
         trainer.fit(module, train_dataloaders=dm.train_dataloader())
         return Pretrained(

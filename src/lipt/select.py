@@ -7,10 +7,13 @@ then writes subset.npz and summary.json.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -18,7 +21,7 @@ from torch import Tensor, nn
 
 from lipt.artifacts import load_checkpoint, save_subset, write_json
 from lipt.build import build_datamodule, build_model, run_dir
-from lipt.config import validate
+from lipt.config import needs_held_out, validate
 from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.pretrain import heads_from_payload, pretrain_model
@@ -30,6 +33,8 @@ from lipt.selection import (
     select_balanced,
 )
 from lipt.summary import summary_payload
+
+log = logging.getLogger(__name__)
 
 # Keys of a selector config that are lipt's, not the selector function's.
 RESERVED_SELECTOR_KEYS = ("name", "balance", "needs_model", "repeats")
@@ -44,16 +49,59 @@ def budget_for(cfg: DictConfig, pool_size: int) -> int:
     return budget
 
 
+def subset_steps(cfg: DictConfig, pool_size: int) -> int:
+    """Optimiser steps of a main training run on a subset of `fraction` (one device): what
+    `selector.match_subset_steps` gives the full-data run."""
+    return int(cfg.trainer.max_epochs) * math.ceil(budget_for(cfg, pool_size) / int(cfg.batch_size))
+
+
+# Purposes of the derived random streams (the first word of a SeedSequence spawn key).
+REPEAT_STREAM, RESELECT_STREAM = 1, 2
+
+
+def derived_seed(seed: int, purpose: int, index: int) -> int:
+    """A 32-bit seed for the `index`-th draw of `purpose` in the run of `seed`, from
+    `numpy.random.SeedSequence(seed, spawn_key=(purpose, index))`: streams of different runs,
+    purposes or indices share nothing (seed + index would give runs 0 and 1 nine of their ten
+    GraNd warm-up models in common). Index 0 is the run's own seed, so the initial selection and
+    the first pre-trained model stay what they always were."""
+    if index == 0:
+        return int(seed)
+    sequence = np.random.SeedSequence(int(seed), spawn_key=(purpose, index))
+    return int(sequence.generate_state(1, dtype=np.uint32)[0])
+
+
+def repeat_seed(seed: int, repeat: int) -> int:
+    """The seed of the `repeat`-th model a selector averages over (GraNd's `repeats`)."""
+    return derived_seed(seed, REPEAT_STREAM, repeat)
+
+
+def reselect_seed(seed: int, epoch: int) -> int:
+    """The seed of the selector's generator when it re-selects after `epoch` epochs."""
+    return derived_seed(seed, RESELECT_STREAM, epoch)
+
+
 def needs_model(cfg: DictConfig) -> bool:
     return cfg.selector.name != "full" and bool(cfg.selector.get("needs_model", True))
+
+
+def check_held_out(cfg: DictConfig, dm: DataModule) -> None:
+    """A selector that matches the validation split needs validation rows (else its target
+    would silently be the pool)."""
+    if needs_held_out(cfg.selector) and len(dm.val_indices) == 0:
+        raise UserError(
+            f"selector={cfg.selector.name} matches the validation split, which is empty here; "
+            "set dataset.val_size > 0"
+        )
 
 
 def selection_models(
     cfg: DictConfig, dm: DataModule, stages: dict[str, Any]
 ) -> tuple[list[nn.Module], LearnerHeads | None]:
     """The model(s) whose outputs rank the pool: the checkpoint at `ckpt_path` (select.py), or
-    the `pretrain` strategy run `selector.repeats` times from seeds seed, seed+1, ...; and the
+    the `pretrain` strategy run `selector.repeats` times from `repeat_seed(seed, r)`; and the
     jigsaw learners' heads of the first one (None unless it is a jigsaw soup)."""
+    check_held_out(cfg, dm)  # before any pre-training
     repeats = int(cfg.selector.get("repeats", 1))
     ckpt_path = cfg.get("ckpt_path") if cfg.get("stage") == "select" else None
     if ckpt_path:
@@ -66,7 +114,7 @@ def selection_models(
     heads = None
     models, totals = [], {"seconds": 0.0, "samples": 0, "unique_samples": 0}
     for r in range(repeats):
-        result = pretrain_model(cfg, dm, int(cfg.seed) + r)
+        result = pretrain_model(cfg, dm, repeat_seed(int(cfg.seed), r))
         models.append(result.model)
         for key, value in result.stats().items():
             totals[key] += value
@@ -100,18 +148,28 @@ def choose_subset(
     dm: DataModule,
     models: list[nn.Module],
     seed: int,
+    diagnostics: dict[str, int] | None = None,
     learner_heads: LearnerHeads | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Positions in the original training split (ascending) and their float32 weights.
-    `learner_heads` (the jigsaw learners', fitting models[0]'s embeddings) go to the selector."""
+
+    The selector's diagnostics (fallbacks it took, see `lipt.selection.Selection`) are logged
+    and, when `diagnostics` is given, stored in it. `learner_heads` (the jigsaw learners',
+    fitting models[0]'s embeddings) go to the selector.
+
+    A selector that needs no model (random) never runs `models` over the pool, so random
+    online (`selector=random reselect_every=R`) only re-draws."""
+    check_held_out(cfg, dm)
     pool_size = len(dm.pool_indices)
     budget = budget_for(cfg, pool_size)
     generator = torch.Generator().manual_seed(seed)
     node = cfg.selector
-    fn = instantiate(
-        OmegaConf.masked_copy(node, [k for k in node if k not in RESERVED_SELECTOR_KEYS])
-    )
-    if models:
+    # Resolved in place first: a copy of the node alone cannot see top-level keys
+    # (gradmatch's batch_size: ${batch_size}).
+    resolved = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(resolved, dict)
+    fn = instantiate({k: v for k, v in resolved.items() if k not in RESERVED_SELECTOR_KEYS})
+    if models and needs_model(cfg):
         device = next(models[0].parameters()).device
         pools = [model_outputs(m, dm.pool_dataloader(), device) for m in models]
         val = model_outputs(models[0], dm.val_dataloader(), device) if len(dm.val_indices) else None
@@ -132,6 +190,12 @@ def choose_subset(
     else:
         selection = fn(inputs, budget, generator=generator)
     assert len(selection.rows) == budget and len(torch.unique(selection.rows)) == budget
+    if any(selection.diagnostics.values()):
+        log.warning("selector=%s fell back: %s", node.name, selection.diagnostics)
+    elif selection.diagnostics:
+        log.info("selector=%s diagnostics: %s", node.name, selection.diagnostics)
+    if diagnostics is not None:
+        diagnostics.update(selection.diagnostics)
     # Rows are positions in the pool; the artifact speaks positions in the original split.
     indices = inputs.pool.indices[selection.rows]
     order = torch.argsort(indices)
@@ -174,8 +238,12 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     models, heads = selection_models(cfg, dm, stages) if needs_model(cfg) else ([], None)
     report = stages.pop("merge_report", None)
     start = time.perf_counter()
-    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), heads)
-    stages["select"] = {"seconds": round(time.perf_counter() - start, 3)}
+    diagnostics: dict[str, int] = {}
+    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), diagnostics, heads)
+    stages["select"] = {
+        "seconds": round(time.perf_counter() - start, 3),
+        "diagnostics": diagnostics,
+    }
     save_subset(out / "subset.npz", indices, weights, subset_meta(cfg, dm))
     if report:
         write_json(out / "merge_report.json", report)

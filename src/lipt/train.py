@@ -31,7 +31,14 @@ from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.reselect import Reselect, latest_subset
-from lipt.select import choose_subset, needs_model, selection_models, subset_meta
+from lipt.select import (
+    choose_subset,
+    needs_model,
+    reselect_seed,
+    selection_models,
+    subset_meta,
+    subset_steps,
+)
 from lipt.summary import summary_payload
 
 SUBSET_FILE = "subset.npz"
@@ -65,8 +72,12 @@ def obtain_subset(
     if report:
         write_json(out / "merge_report.json", report)
     start = time.perf_counter()
-    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), heads)
-    stages["select"] = {"seconds": round(time.perf_counter() - start, 3)}
+    diagnostics: dict[str, int] = {}
+    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), diagnostics, heads)
+    stages["select"] = {
+        "seconds": round(time.perf_counter() - start, 3),
+        "diagnostics": diagnostics,  # fallbacks the selector took (lipt.selection.Selection)
+    }
     save_subset(saved, indices, weights, subset_meta(cfg, dm))
     return (indices, weights), (models[0] if models and cfg.pretrain.name != "none" else None)
 
@@ -126,12 +137,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         reselect = Reselect(
             int(cfg.reselect_every),
             dm,
-            lambda m, epoch: choose_subset(cfg, dm, [m], int(cfg.seed) + epoch),
+            lambda m, epoch: choose_subset(cfg, dm, [m], reselect_seed(int(cfg.seed), epoch)),
             out,
             subset_meta(cfg, dm),
         )
         callbacks.append(reselect)
         extra["reload_dataloaders_every_n_epochs"] = int(cfg.reselect_every)
+    if cfg.selector.name == "full" and cfg.selector.get("match_subset_steps", False):
+        extra["max_steps"] = subset_steps(cfg, len(dm.pool_indices))  # approach=full_steps
     trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=callbacks, **extra)
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
@@ -172,5 +185,9 @@ def run_metrics(summary: dict[str, Any]) -> dict[str, float]:
     }
     for stage, figures in summary["stages"].items():
         for key, value in figures.items():
-            metrics[f"stages/{stage}/{key}"] = float(value)
+            if isinstance(value, dict):  # e.g. stages.select.diagnostics
+                for name, count in value.items():
+                    metrics[f"stages/{stage}/{key}/{name}"] = float(count)
+            else:
+                metrics[f"stages/{stage}/{key}"] = float(value)
     return metrics

@@ -9,7 +9,7 @@ from lipt.selection.ccs import select_ccs
 from lipt.selection.common import Selector, select_balanced, split_budget
 from lipt.selection.coverage import ensemble_difficulty, select_coverage
 from lipt.selection.craig import select_craig
-from lipt.selection.glister import glister_pick_order, select_glister
+from lipt.selection.glister import GlisterRun, glister_greedy, glister_pick_order, select_glister
 from lipt.selection.gradients import (
     LastLayerGradient,
     bias_gradients,
@@ -34,6 +34,7 @@ from lipt.selection.types import LearnerHeads, PoolOutputs, Selection, Selection
 
 __all__ = [
     "SCORES",
+    "GlisterRun",
     "LastLayerGradient",
     "LearnerHeads",
     "PoolOutputs",
@@ -42,6 +43,7 @@ __all__ = [
     "Selector",
     "bias_gradients",
     "ensemble_difficulty",
+    "glister_greedy",
     "glister_pick_order",
     "gradient_dots",
     "gradient_gram",

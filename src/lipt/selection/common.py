@@ -53,7 +53,12 @@ def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
         raise UserError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
-def finish(rows: Tensor, weights: Tensor | None, budget: int) -> Selection:
+def finish(
+    rows: Tensor,
+    weights: Tensor | None,
+    budget: int,
+    diagnostics: dict[str, int] | None = None,
+) -> Selection:
     """Sort rows ascending (weights follow), cast, and check the invariants every selector
     promises: exactly `budget` unique rows, finite positive float32 weights."""
     rows = rows.to(torch.int64)
@@ -64,7 +69,7 @@ def finish(rows: Tensor, weights: Tensor | None, budget: int) -> Selection:
     assert rows.shape[0] == budget, (rows.shape, budget)
     assert rows.shape[0] < 2 or bool((rows[1:] != rows[:-1]).all()), "duplicate rows"
     assert bool(torch.isfinite(weights).all()) and bool((weights > 0).all()), "bad weights"
-    return Selection(rows=rows.cpu(), weights=weights.cpu())
+    return Selection(rows=rows.cpu(), weights=weights.cpu(), diagnostics=dict(diagnostics or {}))
 
 
 @contextmanager
@@ -130,7 +135,8 @@ def select_balanced(
     The budget is split over classes proportionally to their pool counts (largest remainder,
     exact total). `fn` sees only one class's rows of `pool` and `extra_pools` and, when there is
     a held-out split, only that class's rows of `val` (None when the class is absent from val,
-    so GLISTER/GradMatch fall back to the class's pool rows). Rows are mapped back to pool
+    so GLISTER/GradMatch fall back to the class's pool rows and count it in their
+    diagnostics, which are summed over classes here). Rows are mapped back to pool
     positions; weights are kept as `fn` returned them (weighted selectors scale a class's
     weights to the class size, so they still sum to the pool size).
     """
@@ -142,6 +148,7 @@ def select_balanced(
 
     rows: list[Tensor] = []
     weights: list[Tensor] = []
+    diagnostics: dict[str, int] = {}
     for c, pos, share in zip(classes, members, shares, strict=True):
         if share == 0:
             continue
@@ -158,7 +165,9 @@ def select_balanced(
         chosen = fn(sub, share, generator=generator)
         rows.append(pos.cpu()[chosen.rows])
         weights.append(chosen.weights)
-    return finish(torch.cat(rows), torch.cat(weights), budget)
+        for key, count in chosen.diagnostics.items():
+            diagnostics[key] = diagnostics.get(key, 0) + count
+    return finish(torch.cat(rows), torch.cat(weights), budget, diagnostics)
 
 
 def all_pools(inputs: SelectionInputs) -> tuple[PoolOutputs, ...]:

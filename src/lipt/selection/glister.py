@@ -6,14 +6,24 @@ with the first-order Taylor model of the last linear layer theta = (W, b):
 
     LL_val(theta - eta g_i) ~ LL_val(theta) + eta g_i . G_val,   G_val = d(sum_val CE)/d theta
 
-so the gain of candidate i is g_i . G_val (both at the current theta). After each batch of
-picks theta moves by -eta * sum of their gradients, and both the val gradient G_val and the
-pool gradients g_i are recomputed at the new theta (logits = h @ W^T + b in closed form).
+so the gain of candidate i is g_i . G_val. As in DeepCore, the base of the authors' code
+(https://github.com/PatrickZH/DeepCore, deepcore/methods/glister.py, `update_val_gradients`),
+the pool gradients g_i are taken once at the pre-trained theta_0, and after each batch of picks
+the virtual model the held-out gradient is recomputed at is
+
+    theta_S = theta_0 - eta * mean_{j in S} g_j(theta_0)      (logits = h @ W^T + b, closed form)
+
+i.e. one step of size eta along the MEAN gradient of the picks so far. A summed step (eta times
+the sum, or cumulative steps per batch) moves the model by hundreds of learning-rate steps: with
+128-dim ReLU features and eta 0.1 the held-out errors of a class fall to ~1e-7 within a few
+updates, and every later pick is decided by rounding.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,7 +34,25 @@ from lipt.selection.gradients import DEFAULT_CHUNK, LastLayerGradient, bias_grad
 from lipt.selection.types import Selection, SelectionInputs
 
 
+@dataclass(frozen=True)
+class GlisterRun:
+    """What GLISTER's greedy did: the picks and the state of the held-out target per update."""
+
+    order: Tensor  # [budget] int64, pool rows in the order they were picked
+    gains: Tensor  # [budget] float32, each pick's gain g_i . G_val when it was picked
+    val_gradient_norms: Tensor  # [updates] ||G_val|| before each Taylor update
+    val_class_errors: Tensor  # [updates, C] mean ||softmax - onehot|| of each class's val rows
+
+
 def glister_pick_order(
+    inputs: SelectionInputs, budget: int, *, generator: torch.Generator, **hyper: Any
+) -> Tensor:
+    """Pool rows in the order GLISTER's greedy picks them, [budget] int64 (`glister_greedy`'s
+    order; `hyper` are its keyword arguments)."""
+    return glister_greedy(inputs, budget, generator=generator, **hyper).order
+
+
+def glister_greedy(
     inputs: SelectionInputs,
     budget: int,
     *,
@@ -34,14 +62,14 @@ def glister_pick_order(
     epsilon: float = 0.01,
     batch: int | None = None,
     chunk_size: int = DEFAULT_CHUNK,
-) -> Tensor:
-    """Pool rows in the order GLISTER's greedy picks them, [budget] int64.
+) -> GlisterRun:
+    """GLISTER's greedy picks, with the held-out target's state at every Taylor update.
 
     greedy="naive" evaluates every remaining row at each pick; "stochastic" (Mirzasoleiman et
     al., "Lazier Than Lazy Greedy", AAAI 2015, https://arxiv.org/abs/1409.7938) evaluates
     ceil(N / budget * ln(1 / epsilon)) remaining rows drawn at random (with replacement).
-    `batch` rows are picked per Taylor update; None means max(1, budget // 100), i.e. about
-    100 updates whatever the budget (batch=1 is the exact one-pick-per-update greedy).
+    `batch` rows are picked per update of the virtual model; None means max(1, budget // 100),
+    i.e. about 100 updates whatever the budget (batch=1: an update after every pick).
     Without `inputs.val` the pool itself is the held-out target.
     """
     budget = check_budget(inputs, budget)
@@ -74,8 +102,18 @@ def glister_pick_order(
     n = len(pool)
     sample_size = min(n, math.ceil(n / budget * math.log(1.0 / epsilon)))
 
-    def val_gradient() -> LastLayerGradient:
-        """G_val at the current (W, b): the summed val gradient, (sum e h^T [C, D], sum e [C])."""
+    W0, b0 = W.clone(), b.clone()
+    # Pool gradients at theta_0 (fixed, as DeepCore's train_grads): dL/db rows e [N, C].
+    E = torch.cat(
+        [
+            bias_gradients(H[s : s + chunk_size] @ W0.T + b0, y[s : s + chunk_size])
+            for s in range(0, n, chunk_size)
+        ]
+    )  # [N, C]
+
+    def val_gradient() -> tuple[LastLayerGradient, Tensor]:
+        """G_val at the current (W, b): the summed val gradient, (sum e h^T [C, D], sum e [C]),
+        and the per-sample val errors e [Nv, C]."""
         e_v = torch.cat(
             [
                 bias_gradients(Hv[s : s + chunk_size] @ W.T + b, yv[s : s + chunk_size])
@@ -85,29 +123,39 @@ def glister_pick_order(
         weight = W.new_zeros(W.shape)  # [C, D]
         for s in range(0, len(yv), chunk_size):
             weight += e_v[s : s + chunk_size].T @ Hv[s : s + chunk_size]
-        return LastLayerGradient(weight, e_v.sum(0) if has_bias else torch.zeros_like(b))
+        return LastLayerGradient(weight, e_v.sum(0) if has_bias else torch.zeros_like(b)), e_v
 
-    def gains(h: Tensor, targets: Tensor, grad: LastLayerGradient) -> Tensor:
-        """g_i . G_val for rows with embeddings h [n, D], at the current (W, b), [n]."""
-        e = bias_gradients(h @ W.T + b, targets)  # [n, C] per-sample dL/db at theta
+    def gains(rows: Tensor, grad: LastLayerGradient) -> Tensor:
+        """g_i(theta_0) . G_val for pool rows `rows` [n], [n]."""
         assert grad.weight is not None
-        return (e * (h @ grad.weight.T + grad.bias)).sum(1)  # e_i . (G_W h_i + G_b)
+        return (E[rows] * (H[rows] @ grad.weight.T + grad.bias)).sum(1)  # e_i . (G_W h_i + G_b)
 
     available = torch.ones(n, dtype=torch.bool, device=device)
     order: list[int] = []
+    picked_gains: list[Tensor] = []
+    norms: list[Tensor] = []
+    class_errors: list[Tensor] = []
+    val_counts = torch.bincount(yv, minlength=W.shape[0]).clamp_min(1).float()  # [C]
+    sum_weight, sum_bias = torch.zeros_like(W0), torch.zeros_like(b0)  # sum_S g_j(theta_0)
     with serial_loop(device):
         while len(order) < budget:
-            grad = val_gradient()
+            grad, e_v = val_gradient()
+            norms.append(grad.sq_norm().sqrt())
+            per_row = e_v.norm(dim=1)  # [Nv]
+            class_errors.append(
+                torch.zeros_like(val_counts).index_add_(0, yv, per_row) / val_counts
+            )  # [C]
             step = min(batch, budget - len(order))
             if greedy == "naive":
                 all_gains = torch.cat(
                     [
-                        gains(H[s : s + chunk_size], y[s : s + chunk_size], grad)
+                        gains(torch.arange(s, min(s + chunk_size, n)), grad)
                         for s in range(0, n, chunk_size)
                     ]
                 ).masked_fill(~available, -math.inf)  # [N]
                 rows = torch.sort(all_gains, descending=True, stable=True).indices[:step]
                 available[rows] = False
+                picked_gains.append(all_gains[rows])
             else:
                 remaining = torch.nonzero(available).flatten()  # [n_left]
                 chosen = []
@@ -117,18 +165,27 @@ def glister_pick_order(
                     cand = cand[available[cand]]  # drop rows already picked in this batch
                     if len(cand) == 0:
                         cand = torch.nonzero(available).flatten()
-                    best = cand[torch.argmax(gains(H[cand], y[cand], grad))]
+                    cand_gains = gains(cand, grad)
+                    top = torch.argmax(cand_gains)
+                    best = cand[top]
                     available[best] = False
                     chosen.append(best)
+                    picked_gains.append(cand_gains[top : top + 1])
                 rows = torch.stack(chosen)
             order += rows.tolist()
 
-            # Taylor step on the last layer: theta <- theta - eta * sum_{i in batch} g_i(theta).
-            e = bias_gradients(H[rows] @ W.T + b, y[rows])  # [step, C]
-            W -= eta * (e.T @ H[rows])  # [C, D]
+            # The virtual model: theta_S = theta_0 - eta * mean_{j in S} g_j(theta_0).
+            sum_weight += E[rows].T @ H[rows]  # [C, D]
+            sum_bias += E[rows].sum(0)  # [C]
+            W = W0 - (eta / len(order)) * sum_weight
             if has_bias:
-                b -= eta * e.sum(0)  # [C]
-    return torch.tensor(order, dtype=torch.long)
+                b = b0 - (eta / len(order)) * sum_bias
+    return GlisterRun(
+        order=torch.tensor(order, dtype=torch.long),
+        gains=torch.cat(picked_gains).float().cpu(),
+        val_gradient_norms=torch.stack(norms).float().cpu(),
+        val_class_errors=torch.stack(class_errors).float().cpu(),
+    )
 
 
 def select_glister(
@@ -145,7 +202,8 @@ def select_glister(
     """GLISTER-ONLINE's greedy subset (see `glister_pick_order`), weights 1.
 
     Needs `inputs.classifier_weight` / `classifier_bias` (the last layer that produced the
-    pool logits); uses `inputs.val` as the held-out split, else the pool itself.
+    pool logits); uses `inputs.val` as the held-out split, else the pool itself (counted as
+    `diagnostics["pool_as_target"]`).
     """
     order = glister_pick_order(
         inputs,
@@ -157,4 +215,4 @@ def select_glister(
         batch=batch,
         chunk_size=chunk_size,
     )
-    return finish(order, None, budget)
+    return finish(order, None, budget, {"pool_as_target": int(inputs.val is None)})

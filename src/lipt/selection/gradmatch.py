@@ -12,9 +12,16 @@ r = T - sum_S w_j g_j, i.e. c_i - sum_S w_j K_ij with c_i = g_i . T and K_ij = g
 only the K columns of picked atoms are formed, never an [N, C*D] gradient matrix or an N x N
 Gram matrix. The pool is split into random partitions of at most `partition_size` rows with
 the budget spread proportionally, as GradMatch's per-batch/per-class variants do, to bound time.
+
+`granularity="batch"` is the paper's per-batch variant (GradMatchPB, CORDS' default): the pool
+is cut into random mini-batches of `batch_size` rows, each atom is a mini-batch's MEAN gradient
+(an explicit [C*D + C] vector: there are only N / batch_size of them), OMP picks about
+budget / batch_size batches, and every row of a picked batch gets its batch's weight.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -144,15 +151,22 @@ def select_gradmatch(
     target: str = "train",
     bias_only: bool = False,
     partition_size: int = 4096,
+    granularity: str = "class",
+    batch_size: int = 256,
     chunk_size: int = DEFAULT_CHUNK,
 ) -> Selection:
     """GradMatch-OMP subset with non-negative weights.
+
+    granularity="class": per-sample gradients are the atoms (GradMatch per-class when run
+    within each class by `select_balanced`, as the config's `balance: true` does); "batch":
+    mini-batch mean gradients of `batch_size` random rows (see the module docstring).
 
     target="train" matches each partition's summed gradient; "val" matches the mean held-out
     gradient times the partition size (falls back to "train" without `inputs.val`). Gradients
     are weight+bias of the last layer, or bias only with `bias_only`. When OMP stops early
     (residual below `eps` relative to the target, or no row left that helps), the partition's
-    remaining budget is filled with random unpicked rows weighted by the mean OMP weight.
+    remaining budget is filled with random unpicked rows weighted by the mean OMP weight;
+    their number is the selection's `diagnostics["backfill_rows"]`.
     Finally all weights are multiplied by one common factor so that they sum to the pool size
     N (the weighted subset stands for the pool); relative weights, hence the direction of the
     matched gradient, are OMP's. A weighted loss should normalise by the weights' sum (as
@@ -160,6 +174,9 @@ def select_gradmatch(
     """
     budget = check_budget(inputs, budget)
     check_choice("gradmatch target", target, ("train", "val"))
+    check_choice("gradmatch granularity", granularity, ("class", "batch"))
+    if batch_size < 1:
+        raise UserError(f"gradmatch batch_size must be >= 1, got {batch_size}")
     if lam < 0 or eps < 0:
         raise UserError(f"gradmatch lam and eps must be >= 0, got lam={lam}, eps={eps}")
     pool = inputs.pool
@@ -173,6 +190,12 @@ def select_gradmatch(
         val_errors = errors_of(val).to(device)  # [Nv, C]
         val_h = None if bias_only else val.embeddings.to(device)
         val_mean = gradient_sum(val_errors, val_h, chunk_size=chunk_size).scaled(1.0 / len(val))
+
+    pool_as_target = int(target == "val" and val_mean is None)
+    if granularity == "batch":
+        return select_batches(
+            E_all, H_all, val_mean, budget, generator, lam=lam, eps=eps, batch_size=batch_size
+        ).with_diagnostics(pool_as_target=pool_as_target)
 
     parts = random_partitions(len(pool), partition_size, generator)
     shares = split_budget([len(p) for p in parts], budget)
@@ -211,4 +234,73 @@ def select_gradmatch(
         weights += [w, fill_weight.expand(len(fill))]
     # One common factor, so the relative weights (the gradient match) are kept as OMP set them.
     w_all = torch.cat(weights)  # [budget]
-    return finish(torch.cat(rows), w_all * (len(pool) / w_all.sum()), budget)
+    diagnostics = {
+        "backfill_rows": sum(len(fill) for _, _, fill in picked),
+        "pool_as_target": pool_as_target,
+    }
+    return finish(torch.cat(rows), w_all * (len(pool) / w_all.sum()), budget, diagnostics)
+
+
+def batch_gradients(errors: Tensor, embeddings: Tensor | None, batches: list[Tensor]) -> Tensor:
+    """Mean last-layer gradient of each mini-batch, flattened as `last_layer_gradients` lays a
+    row out: [M, C*D + C] (weight row-major, then bias), or [M, C] bias only. float64."""
+    atoms = []
+    for rows in batches:
+        e = errors[rows].double()  # [B, C]
+        bias = e.mean(0)  # [C]
+        if embeddings is None:
+            atoms.append(bias)
+        else:
+            weight = e.T @ embeddings[rows].double() / len(rows)  # [C, D]
+            atoms.append(torch.cat([weight.flatten(), bias]))
+    return torch.stack(atoms)  # [M, P]
+
+
+def select_batches(
+    errors: Tensor,
+    embeddings: Tensor | None,
+    val_mean: LastLayerGradient | None,
+    budget: int,
+    generator: torch.Generator,
+    *,
+    lam: float,
+    eps: float,
+    batch_size: int,
+) -> Selection:
+    """GradMatch per-batch: OMP over mini-batch mean gradients, picked batches expanded to their
+    rows (in order of decreasing weight; the last one cut to the budget), weights per batch.
+    Matches the sum of all batch means (train) or M times the mean held-out gradient (val).
+    If OMP stops before the budget is covered, random rows of unpicked batches fill it at the
+    mean OMP weight (`diagnostics["backfill_rows"]`)."""
+    n = errors.shape[0]
+    device = errors.device
+    batches = random_partitions(n, batch_size, generator)
+    batches = [b.to(device) for b in batches]
+    atoms = batch_gradients(errors, embeddings, batches)  # [M, P]
+    if val_mean is None:
+        goal = atoms.sum(0)  # [P]
+    else:
+        parts = [] if val_mean.weight is None else [val_mean.weight.double().flatten()]
+        goal = torch.cat([*parts, val_mean.bias.double()]) * len(batches)  # [P]
+    k = min(len(batches), math.ceil(budget / batch_size))
+    # Explicit vectors as "bias-only" gradients: the Gram is then the plain inner product.
+    with serial_loop(device):
+        chosen, w = omp_nonneg(atoms, None, LastLayerGradient(None, goal), k, lam=lam, eps=eps)
+    by_weight = torch.argsort(w, descending=True, stable=True)
+    chosen, w = chosen[by_weight], w[by_weight]
+    rows = torch.cat([batches[int(a)] for a in chosen]) if len(chosen) else errors.new_zeros(0)
+    row_w = (
+        torch.cat([w[i].expand(len(batches[int(a)])) for i, a in enumerate(chosen)])
+        if len(chosen)
+        else w
+    )
+    rows, row_w = rows.long()[:budget], row_w[:budget]
+    fill_count = budget - len(rows)
+    if fill_count > 0:  # OMP stopped early: random rows of the batches it left
+        free = torch.ones(n, dtype=torch.bool, device=device)
+        free[rows] = False
+        free_rows = torch.nonzero(free).flatten()
+        fill = free_rows[randperm(len(free_rows), generator, device)[:fill_count]]
+        fill_w = (w.mean() if len(w) else torch.ones((), dtype=torch.float64)).expand(fill_count)
+        rows, row_w = torch.cat([rows, fill]), torch.cat([row_w, fill_w.to(row_w)])
+    return finish(rows, row_w * (n / row_w.sum()), budget, {"backfill_rows": fill_count})

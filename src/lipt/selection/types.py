@@ -7,7 +7,7 @@ return positions into that pool.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -83,10 +83,19 @@ class SelectionInputs:
 
 @dataclass(frozen=True)
 class Selection:
-    """Chosen rows of the pool (positions 0..N-1, unique) and their loss weights."""
+    """Chosen rows of the pool (positions 0..N-1, unique) and their loss weights.
+
+    `diagnostics` counts what the selector did instead of what was asked (summed over classes
+    by `select_balanced`): `pool_as_target` (held-out target missing, the pool stood in),
+    `backfill_rows` (GradMatch rows filled at random after OMP stopped early)."""
 
     rows: Tensor  # [k] int64
     weights: Tensor  # [k] float32, > 0
+    diagnostics: dict[str, int] = field(default_factory=dict)
+
+    def with_diagnostics(self, **counts: int) -> Selection:
+        """The same selection with `counts` added to its diagnostics."""
+        return replace(self, diagnostics={**self.diagnostics, **counts})
 
     def __post_init__(self) -> None:
         assert self.rows.dtype == torch.int64, self.rows.dtype
