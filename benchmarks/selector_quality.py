@@ -106,8 +106,13 @@ def main() -> None:
     parser.add_argument("--out", default="outputs/selector_quality")
     parser.add_argument("--json", default=None, help="write every seed's figures here")
     parser.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides")
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="run only --selectors (e.g. while random runs elsewhere); no table without random",
+    )
     args = parser.parse_args()
-    if "random" not in args.selectors:
+    if "random" not in args.selectors and not args.no_baseline:
         args.selectors = ["random", *args.selectors]  # the baseline every table shows
 
     results: dict[str, dict[str, dict[int, dict[str, float | None]]]] = {}
@@ -137,6 +142,8 @@ def main() -> None:
                     flush=True,
                 )
 
+    if "random" not in results:
+        return
     mode = f"re-selected every {args.reselect_every} epochs" if args.reselect_every else "once"
     print(f"\npretrain={args.pretrain}, {args.epochs} epochs, seeds {args.seeds}, selected {mode}")
     print(
