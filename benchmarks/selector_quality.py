@@ -90,6 +90,17 @@ def run_one(selector: str, fraction: float, seed: int, args: argparse.Namespace)
     return train_stage.run(compose_cfg("train", [f"paths.output_dir={out}", *overrides]))
 
 
+def select_seconds(
+    selector: str, fraction: float, seed: int, summary: dict, args: argparse.Namespace
+) -> float | None:
+    """The selection stage's seconds: select.py's own summary where it ran apart."""
+    own = summary["stages"].get("select", {}).get("seconds")
+    apart = cached(
+        Path(args.out) / selector / f"f{fraction}" / f"seed{seed}" / "select" / "summary.json"
+    )
+    return apart["stages"]["select"]["seconds"] if apart and own is None else own
+
+
 def mean_std(values: list[float]) -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.2f} ± {std:.2f}"
@@ -126,7 +137,7 @@ def main() -> None:
                     "test": 100 * summary["test_accuracy"],
                     "val": None if val is None else 100 * val,
                     "train_seconds": summary["stages"]["train"]["seconds"],
-                    "select_seconds": summary["stages"].get("select", {}).get("seconds"),
+                    "select_seconds": select_seconds(selector, fraction, seed, summary, args),
                 }
                 results.setdefault(selector, {}).setdefault(str(fraction), {})[seed] = row
                 print(
