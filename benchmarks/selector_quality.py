@@ -67,11 +67,11 @@ def pretrained(seed: int, args: argparse.Namespace) -> Path:
     return out / "pretrain.ckpt"
 
 
-def run_one(selector: str, fraction: float, seed: int, args: argparse.Namespace) -> dict:
+def run_one(selector: str, fraction: float, seed: int, args: argparse.Namespace) -> dict | None:
     tag = selector if not args.reselect_every else f"{selector}_reselect{args.reselect_every}"
     out = Path(args.out) / tag / f"f{fraction}" / f"seed{seed}"
     summary = cached(out / "summary.json")
-    if summary is not None:  # resumable: finished runs are not repeated
+    if summary is not None or args.cached_only:  # resumable: finished runs are not repeated
         return summary
     overrides = [f"selector={selector}", f"fraction={fraction}", *common(args, seed)]
     if args.reselect_every:
@@ -101,9 +101,9 @@ def select_seconds(
     return apart["stages"]["select"]["seconds"] if apart and own is None else own
 
 
-def mean_std(values: list[float]) -> str:
+def mean_std(values: list[float], sign: str = "") -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.2f} ± {std:.2f}"
+    return f"{statistics.mean(values):{sign}.2f} ± {std:.2f}"
 
 
 def main() -> None:
@@ -117,6 +117,9 @@ def main() -> None:
     parser.add_argument("--out", default="outputs/selector_quality")
     parser.add_argument("--json", default=None, help="write every seed's figures here")
     parser.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides")
+    parser.add_argument(
+        "--cached-only", action="store_true", help="tabulate finished runs only, run nothing"
+    )
     parser.add_argument(
         "--no-baseline",
         action="store_true",
@@ -132,6 +135,8 @@ def main() -> None:
             for seed in args.seeds:
                 start = time.perf_counter()
                 summary = run_one(selector, fraction, seed, args)
+                if summary is None:  # --cached-only and not run yet
+                    continue
                 val = summary.get("val_accuracy")
                 row = {
                     "test": 100 * summary["test_accuracy"],
@@ -165,14 +170,16 @@ def main() -> None:
     for fraction in args.fractions:
         base = results["random"][str(fraction)]
         for selector in args.selectors:
-            runs = results[selector][str(fraction)]
-            seeds = sorted(runs)
+            runs = results.get(selector, {}).get(str(fraction), {})
+            seeds = sorted(s for s in runs if s in base)  # paired: both runs finished
+            if not seeds:
+                continue
             tests = [runs[s]["test"] for s in seeds]
             diffs = [runs[s]["test"] - base[s]["test"] for s in seeds]  # type: ignore[operator]
             vals = [v for s in seeds if (v := runs[s]["val"]) is not None]
             per_seed = ", ".join(f"{d:+.2f}" for d in diffs)
             print(
-                f"| {selector} | {fraction} | {mean_std(tests)} | {mean_std(diffs)} | {per_seed} "
+                f"| {selector} | {fraction} | {mean_std(tests)} | {mean_std(diffs, '+')} | {per_seed} "
                 f"| {mean_std(vals) if vals else '-'} |"
             )
     if args.json:
