@@ -179,8 +179,8 @@ def main() -> None:
             vals = [v for s in seeds if (v := runs[s]["val"]) is not None]
             per_seed = ", ".join(f"{d:+.2f}" for d in diffs)
             print(
-                f"| {selector} | {fraction} | {mean_std(tests)} | {mean_std(diffs, '+')} | {per_seed} "
-                f"| {mean_std(vals) if vals else '-'} |"
+                f"| {selector} | {fraction} | {mean_std(tests)} | {mean_std(diffs, '+')} "
+                f"| {per_seed} | {mean_std(vals) if vals else '-'} |"
             )
     if args.json:
         payload = {"args": vars(args), "results": results}
