@@ -160,8 +160,12 @@ def main() -> None:
 
     if "random" not in results:
         return
-    mode = f"re-selected every {args.reselect_every} epochs" if args.reselect_every else "once"
-    print(f"\npretrain={args.pretrain}, {args.epochs} epochs, seeds {args.seeds}, selected {mode}")
+    mode = (
+        f"re-selected every {args.reselect_every} epochs"
+        if args.reselect_every
+        else "selected once"
+    )
+    print(f"\npretrain={args.pretrain}, {args.epochs} epochs, seeds {args.seeds}, {mode}")
     print(
         "| selector | fraction | test acc. (%) | paired diff. vs random (points) | per seed "
         "(diff.) | val acc. (%) |"
@@ -177,7 +181,7 @@ def main() -> None:
             tests = [runs[s]["test"] for s in seeds]
             diffs = [runs[s]["test"] - base[s]["test"] for s in seeds]  # type: ignore[operator]
             vals = [v for s in seeds if (v := runs[s]["val"]) is not None]
-            per_seed = ", ".join(f"{d:+.2f}" for d in diffs)
+            per_seed = ", ".join(f"s{s} {d:+.2f}" for s, d in zip(seeds, diffs, strict=True))
             print(
                 f"| {selector} | {fraction} | {mean_std(tests)} | {mean_std(diffs, '+')} "
                 f"| {per_seed} | {mean_std(vals) if vals else '-'} |"
