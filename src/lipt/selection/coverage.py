@@ -174,7 +174,7 @@ def select_coverage(
     *,
     generator: torch.Generator,
     class_tilt: float = 0.5,
-    hard_cut: float = 0.05,
+    hard_cut: float = 0.0,
     disagreement_weight: float = 0.0,
     within: str = "kmeans",
     pick: str = "nearest",
