@@ -1,11 +1,20 @@
 """Subset quality: test accuracy of main training (fixed recipe) on each selector's subset,
-beside a random subset of the same size with the same seeds.
+beside a random subset of the same size with the same seed (paired difference per seed).
 
-    python benchmarks/selector_quality.py                        # Fashion-MNIST, convnet, 10%
-    python benchmarks/selector_quality.py --pretrain jigsaw --seeds 0 1 2 --epochs 15
+    python benchmarks/selector_quality.py --selectors coverage glister --pretrain jigsaw \
+        --seeds 0 1 2 --fractions 0.1 0.05                      # the README's quality table
+    python benchmarks/selector_quality.py --selectors coverage --pretrain jigsaw \
+        --seeds 0 1 2 --fractions 0.1 --reselect-every 5        # against random re-sampled every 5
 
-Every run is a real `lipt.train.run` (pre-train, select, train, test); its summary.json lands in
---out/<selector>/seed<k>/, so `python -m lipt.report <out>` can tabulate them again.
+Selecting once, the stages run as a user would run them separately: `pretrain.py` once per seed
+(out/pretrain/seed<k>/pretrain.ckpt, reused by every selector and fraction), `select.py
+ckpt_path=...`, then `train.py subset_path=...`. A selector that needs no model (random) runs
+`train.py` alone; with the same seed it draws the same subset and trains from the same initial
+model as `python train.py selector=random`. With --reselect-every R every run is one
+`train.py ... reselect_every=R` (pre-training in-process), random included (re-sampled every R
+epochs). Every stage's summary.json lands under --out, finished runs are not repeated, and the
+final table (and --json: every seed's figures) reports test and validation accuracy, mean ± std
+over seeds, and the paired difference against random with the same seed.
 """
 
 from __future__ import annotations
@@ -15,83 +24,172 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 
+from lipt import pretrain as pretrain_stage
+from lipt import select as select_stage
 from lipt import train as train_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTORS = ["random", "uncertainty", "el2n", "grand", "glister", "gradmatch", "craig", "ccs"]
+MODEL_FREE = ("random",)
 
 
-def run_one(selector: str, seed: int, args: argparse.Namespace) -> dict:
-    out = Path(args.out) / selector / f"seed{seed}"
-    summary_path = out / "summary.json"
-    if summary_path.is_file():  # resumable: finished runs are not repeated
-        return json.loads(summary_path.read_text())
-    overrides = [
-        f"paths.output_dir={out}",
-        f"selector={selector}",
-        f"pretrain={args.pretrain}",
-        f"fraction={args.fraction}",
+def compose_cfg(config: str, overrides: list[str]) -> Any:
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        return compose(config, overrides=overrides)
+
+
+def cached(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def common(args: argparse.Namespace, seed: int) -> list[str]:
+    return [
         f"seed={seed}",
+        f"pretrain={args.pretrain}",
         f"trainer.max_epochs={args.epochs}",
         "trainer.enable_progress_bar=false",
         "logger=csv",
         *args.override,
     ]
-    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
-    return train_stage.run(cfg)
+
+
+def pretrained(seed: int, args: argparse.Namespace) -> Path:
+    """out/pretrain/seed<k>/pretrain.ckpt, pre-trained once per seed."""
+    out = Path(args.out) / "pretrain" / f"seed{seed}"
+    if cached(out / "summary.json") is None:
+        pretrain_stage.run(
+            compose_cfg("pretrain", [f"paths.output_dir={out}", *common(args, seed)])
+        )
+    return out / "pretrain.ckpt"
+
+
+def run_one(selector: str, fraction: float, seed: int, args: argparse.Namespace) -> dict | None:
+    tag = selector if not args.reselect_every else f"{selector}_reselect{args.reselect_every}"
+    out = Path(args.out) / tag / f"f{fraction}" / f"seed{seed}"
+    summary = cached(out / "summary.json")
+    if summary is not None or args.cached_only:  # resumable: finished runs are not repeated
+        return summary
+    overrides = [f"selector={selector}", f"fraction={fraction}", *common(args, seed)]
+    if args.reselect_every:
+        overrides.append(f"reselect_every={args.reselect_every}")
+    elif selector not in MODEL_FREE and args.pretrain != "none":
+        ckpt = pretrained(seed, args)
+        select_dir = out / "select"
+        if cached(select_dir / "summary.json") is None:
+            select_stage.run(
+                compose_cfg(
+                    "select",
+                    [f"paths.output_dir={select_dir}", f"ckpt_path={ckpt}", *overrides],
+                )
+            )
+        overrides.append(f"subset_path={select_dir / 'subset.npz'}")
+    return train_stage.run(compose_cfg("train", [f"paths.output_dir={out}", *overrides]))
+
+
+def select_seconds(
+    selector: str, fraction: float, seed: int, summary: dict, args: argparse.Namespace
+) -> float | None:
+    """The selection stage's seconds: select.py's own summary where it ran apart."""
+    own = summary["stages"].get("select", {}).get("seconds")
+    apart = cached(
+        Path(args.out) / selector / f"f{fraction}" / f"seed{seed}" / "select" / "summary.json"
+    )
+    return apart["stages"]["select"]["seconds"] if apart and own is None else own
+
+
+def mean_std(values: list[float], sign: str = "") -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):{sign}.2f} ± {std:.2f}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--selectors", nargs="+", default=SELECTORS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--fraction", type=float, default=0.1)
+    parser.add_argument("--fractions", nargs="+", type=float, default=[0.1])
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--pretrain", default="none")
+    parser.add_argument("--reselect-every", type=int, default=0, help="R (0: select once)")
     parser.add_argument("--out", default="outputs/selector_quality")
+    parser.add_argument("--json", default=None, help="write every seed's figures here")
     parser.add_argument("--override", nargs="*", default=[], help="extra Hydra overrides")
+    parser.add_argument(
+        "--cached-only", action="store_true", help="tabulate finished runs only, run nothing"
+    )
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="run only --selectors (e.g. while random runs elsewhere); no table without random",
+    )
     args = parser.parse_args()
-    if "random" not in args.selectors:
+    if "random" not in args.selectors and not args.no_baseline:
         args.selectors = ["random", *args.selectors]  # the baseline every table shows
 
-    rows = []
-    for selector in args.selectors:
-        accuracies, seconds = [], []
-        for seed in args.seeds:
-            start = time.perf_counter()
-            summary = run_one(selector, seed, args)
-            accuracies.append(100 * summary["test_accuracy"])
-            seconds.append(sum(s["seconds"] for s in summary["stages"].values()))
-            print(
-                json.dumps(
-                    {
-                        "selector": selector,
-                        "seed": seed,
-                        "acc": accuracies[-1],
-                        "wall_s": time.perf_counter() - start,
-                    }
-                ),
-                flush=True,
-            )
-        rows.append((selector, accuracies, statistics.mean(seconds)))
+    results: dict[str, dict[str, dict[int, dict[str, float | None]]]] = {}
+    for fraction in args.fractions:
+        for selector in args.selectors:
+            for seed in args.seeds:
+                start = time.perf_counter()
+                summary = run_one(selector, fraction, seed, args)
+                if summary is None:  # --cached-only and not run yet
+                    continue
+                val = summary.get("val_accuracy")
+                row = {
+                    "test": 100 * summary["test_accuracy"],
+                    "val": None if val is None else 100 * val,
+                    "train_seconds": summary["stages"]["train"]["seconds"],
+                    "select_seconds": select_seconds(selector, fraction, seed, summary, args),
+                }
+                results.setdefault(selector, {}).setdefault(str(fraction), {})[seed] = row
+                print(
+                    json.dumps(
+                        {
+                            "selector": selector,
+                            "fraction": fraction,
+                            "seed": seed,
+                            **row,
+                            "wall_s": round(time.perf_counter() - start, 1),
+                        }
+                    ),
+                    flush=True,
+                )
 
-    random_mean = statistics.mean(rows[0][1])
-    print(
-        f"\npretrain={args.pretrain}, fraction={args.fraction}, {args.epochs} epochs, "
-        f"seeds {args.seeds}"
+    if "random" not in results:
+        return
+    mode = (
+        f"re-selected every {args.reselect_every} epochs"
+        if args.reselect_every
+        else "selected once"
     )
-    print("| selector | test accuracy (%) | vs random (points) | stage seconds |")
-    print("| --- | --- | --- | --- |")
-    for selector, accs, secs in rows:
-        std = statistics.stdev(accs) if len(accs) > 1 else 0.0
-        delta = statistics.mean(accs) - random_mean
-        print(
-            f"| {selector} | {statistics.mean(accs):.2f} ± {std:.2f} | {delta:+.2f} | {secs:.0f} |"
-        )
+    print(f"\npretrain={args.pretrain}, {args.epochs} epochs, seeds {args.seeds}, {mode}")
+    print(
+        "| selector | fraction | test acc. (%) | paired diff. vs random (points) | per seed "
+        "(diff.) | val acc. (%) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for fraction in args.fractions:
+        base = results["random"][str(fraction)]
+        for selector in args.selectors:
+            runs = results.get(selector, {}).get(str(fraction), {})
+            seeds = sorted(s for s in runs if s in base)  # paired: both runs finished
+            if not seeds:
+                continue
+            tests = [runs[s]["test"] for s in seeds]
+            diffs = [runs[s]["test"] - base[s]["test"] for s in seeds]  # type: ignore[operator]
+            vals = [v for s in seeds if (v := runs[s]["val"]) is not None]
+            per_seed = ", ".join(f"s{s} {d:+.2f}" for s, d in zip(seeds, diffs, strict=True))
+            print(
+                f"| {selector} | {fraction} | {mean_std(tests)} | {mean_std(diffs, '+')} "
+                f"| {per_seed} | {mean_std(vals) if vals else '-'} |"
+            )
+    if args.json:
+        payload = {"args": vars(args), "results": results}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from lipt.selection import (
     select_ccs,
+    select_coverage,
     select_craig,
     select_el2n,
     select_glister,
@@ -42,6 +43,7 @@ SELECTORS = {
     "gradmatch": select_gradmatch,
     "craig": select_craig,
     "ccs": select_ccs,
+    "coverage": select_coverage,
 }
 
 # Small, quick settings for end-to-end runs on the synthetic data set. On the CPU even where a

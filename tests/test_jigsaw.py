@@ -16,7 +16,7 @@ from lipt.build import build_datamodule, build_model
 from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
-from lipt.pretrain import pretrain_model
+from lipt.pretrain import heads_from_payload, pretrain_model
 from lipt.pretrain import run as pretrain_run
 from lipt.select import load_pretrained
 from lipt.soup_callback import learner_sweep
@@ -105,6 +105,13 @@ def test_stage_writes_learners_with_disjoint_shards_and_counts_samples(
     soup = _load(tmp_path / "pretrain.ckpt")
     model = load_pretrained(cfg, dm, tmp_path / "pretrain.ckpt")
     assert all(torch.equal(model.state_dict()[k], v) for k, v in soup["state_dict"].items())
+    # ... and the learners' heads, for the coverage selector's ensemble (no second training).
+    heads = heads_from_payload(soup)
+    assert heads is not None and len(heads) == n
+    for i in range(n):
+        state = _load(tmp_path / "learners" / f"learner_{i}.ckpt")["state_dict"]
+        assert torch.equal(heads.weight[i], state["classifier.weight"])
+        assert torch.equal(heads.bias[i], state["classifier.bias"])
     report = json.loads((tmp_path / "merge_report.json").read_text())
     assert [le["id"] for le in report["learners"]] == list(range(n))
     for key in ("kept", "ratios", "soup_accuracy", "best_learner_accuracy", "trials"):

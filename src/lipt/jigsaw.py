@@ -54,6 +54,7 @@ from lipt.data import DataModule, IndexedImages
 from lipt.errors import UserError
 from lipt.pretrain import Pretrained, checkpoint_payload
 from lipt.pruning import draw_density, prune_model
+from lipt.selection.types import LearnerHeads
 from lipt.shards import make_shards, shard_for_learner
 from lipt.soup import (
     RUNNING_MEAN,
@@ -822,6 +823,7 @@ def pretrain_jigsaw(cfg: DictConfig, dm: DataModule, model: nn.Module, seed: int
             for le in learners
             if le.state_dict is not None
         },
+        learner_heads=learner_heads(learners),
     )
 
 
@@ -888,6 +890,19 @@ def merge_saved(
         unique_samples=sum(len(le.shard) for le in present),
         report=report,
         counts=learner_counts(learners),
+        learner_heads=learner_heads(learners),
+    )
+
+
+def learner_heads(learners: Sequence[Learner]) -> LearnerHeads | None:
+    """The final linear layers of the usable ("ok") learners, stacked (None: there are none):
+    selection applies them to the soup's embeddings for the learners' ensemble."""
+    states = [le.state_dict for le in learners if le.status == "ok" and le.state_dict is not None]
+    if not states:
+        return None
+    return LearnerHeads(
+        weight=torch.stack([s["classifier.weight"].float() for s in states]),  # [L, C, D]
+        bias=torch.stack([s["classifier.bias"].float() for s in states]),  # [L, C]
     )
 
 
@@ -905,7 +920,9 @@ def merge_learner_dir(
     dm = build_datamodule(cfg)
     seed = int(cfg.seed)
     result = merge_saved(cfg, dm, build_model(cfg, seed), seed, folder)
-    save_checkpoint(out / "pretrain.ckpt", checkpoint_payload(cfg, dm, result.model))
+    save_checkpoint(
+        out / "pretrain.ckpt", checkpoint_payload(cfg, dm, result.model, result.learner_heads)
+    )
     write_json(out / "merge_report.json", result.report)
     result.seconds = seconds + time.perf_counter() - start
     summary = summary_payload(cfg, dm, None, None, {"pretrain": result.stats()})

@@ -28,6 +28,7 @@ from lipt.build import (
 from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
+from lipt.selection.types import LearnerHeads
 from lipt.summary import summary_payload
 
 
@@ -46,6 +47,9 @@ class Pretrained:
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Further counts for summary.json, e.g. jigsaw's learners_merged / learners_failed.
     counts: dict[str, int] = field(default_factory=dict)
+    # The jigsaw learners' final layers, handed to selection (and saved in pretrain.ckpt) so a
+    # selector can use the learners' ensemble without running them again.
+    learner_heads: LearnerHeads | None = None
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -95,9 +99,11 @@ def pretrain_model(cfg: DictConfig, dm: DataModule, seed: int) -> Pretrained:
     raise UserError(f"pretrain.name={name!r} is unknown; use pretrain=none, full or jigsaw")
 
 
-def checkpoint_payload(cfg: DictConfig, dm: DataModule, model: nn.Module) -> dict[str, Any]:
+def checkpoint_payload(
+    cfg: DictConfig, dm: DataModule, model: nn.Module, heads: LearnerHeads | None = None
+) -> dict[str, Any]:
     """Tensors and plain values only (loadable with weights_only=True)."""
-    return {
+    payload: dict[str, Any] = {
         "state_dict": state_dict_cpu(model),
         "model": OmegaConf.to_container(cfg.model, resolve=True),
         "data": dm.data_name,
@@ -105,6 +111,15 @@ def checkpoint_payload(cfg: DictConfig, dm: DataModule, model: nn.Module) -> dic
         "pretrain": str(cfg.pretrain.name),
         "seed": int(cfg.seed),
     }
+    if heads is not None:
+        payload["learner_heads"] = {"weight": heads.weight, "bias": heads.bias}
+    return payload
+
+
+def heads_from_payload(payload: dict[str, Any]) -> LearnerHeads | None:
+    """The learner heads a pretrain.ckpt carries (None: not a jigsaw checkpoint)."""
+    heads = payload.get("learner_heads")
+    return None if heads is None else LearnerHeads(heads["weight"], heads["bias"])
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -117,7 +132,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     out = run_dir(cfg)
     dm = build_datamodule(cfg)
     result = pretrain_model(cfg, dm, int(cfg.seed))
-    save_checkpoint(out / "pretrain.ckpt", checkpoint_payload(cfg, dm, result.model))
+    save_checkpoint(
+        out / "pretrain.ckpt", checkpoint_payload(cfg, dm, result.model, result.learner_heads)
+    )
     if result.report:
         write_json(out / "merge_report.json", result.report)
     summary = summary_payload(

@@ -25,8 +25,14 @@ from lipt.config import needs_held_out, validate
 from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.pictures import SUBSET_PICTURE, write_subset_picture
-from lipt.pretrain import pretrain_model
-from lipt.selection import PoolOutputs, SelectionInputs, model_outputs, select_balanced
+from lipt.pretrain import heads_from_payload, pretrain_model
+from lipt.selection import (
+    LearnerHeads,
+    PoolOutputs,
+    SelectionInputs,
+    model_outputs,
+    select_balanced,
+)
 from lipt.summary import subset_class_counts, summary_payload
 
 log = logging.getLogger(__name__)
@@ -87,9 +93,12 @@ def check_held_out(cfg: DictConfig, dm: DataModule) -> None:
         )
 
 
-def selection_models(cfg: DictConfig, dm: DataModule, stages: dict[str, Any]) -> list[nn.Module]:
+def selection_models(
+    cfg: DictConfig, dm: DataModule, stages: dict[str, Any]
+) -> tuple[list[nn.Module], LearnerHeads | None]:
     """The model(s) whose outputs rank the pool: the checkpoint at `ckpt_path` (select.py), or
-    the `pretrain` strategy run `selector.repeats` times from `repeat_seed(seed, r)`."""
+    the `pretrain` strategy run `selector.repeats` times from `repeat_seed(seed, r)`; and the
+    jigsaw learners' heads of the first one (None unless it is a jigsaw soup)."""
     check_held_out(cfg, dm)  # before any pre-training
     repeats = int(cfg.selector.get("repeats", 1))
     ckpt_path = cfg.get("ckpt_path") if cfg.get("stage") == "select" else None
@@ -98,18 +107,22 @@ def selection_models(cfg: DictConfig, dm: DataModule, stages: dict[str, Any]) ->
             raise UserError(
                 "selector.repeats > 1 needs several models; drop ckpt_path to pre-train in-process"
             )
-        return [load_pretrained(cfg, dm, Path(str(ckpt_path)))]
+        path = Path(str(ckpt_path))
+        return [load_pretrained(cfg, dm, path)], heads_from_payload(load_checkpoint(path))
+    heads = None
     models, totals = [], {"seconds": 0.0, "samples": 0, "unique_samples": 0}
     for r in range(repeats):
         result = pretrain_model(cfg, dm, repeat_seed(int(cfg.seed), r))
         models.append(result.model)
         for key, value in result.stats().items():
             totals[key] = totals.get(key, 0) + value
-        if result.report and r == 0:
-            stages["merge_report"] = result.report
+        if r == 0:
+            heads = result.learner_heads
+            if result.report:
+                stages["merge_report"] = result.report
     if cfg.pretrain.name != "none":
         stages["pretrain"] = {**totals, "seconds": round(totals["seconds"], 3)}
-    return models
+    return models, heads
 
 
 def load_pretrained(cfg: DictConfig, dm: DataModule, path: Path) -> nn.Module:
@@ -134,11 +147,13 @@ def choose_subset(
     models: list[nn.Module],
     seed: int,
     diagnostics: dict[str, int] | None = None,
+    learner_heads: LearnerHeads | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Positions in the original training split (ascending) and their float32 weights.
 
     The selector's diagnostics (fallbacks it took, see `lipt.selection.Selection`) are logged
-    and, when `diagnostics` is given, stored in it.
+    and, when `diagnostics` is given, stored in it. `learner_heads` (the jigsaw learners',
+    fitting models[0]'s embeddings) go to the selector.
 
     A selector that needs no model (random) never runs `models` over the pool, so random
     online (`selector=random reselect_every=R`) only re-draws."""
@@ -169,6 +184,7 @@ def choose_subset(
             extra_pools=tuple(pools[1:]),
             classifier_weight=head.weight.detach().cpu(),
             classifier_bias=head.bias.detach().cpu(),
+            learner_heads=learner_heads,
         )
     else:
         inputs = SelectionInputs(pool=labels_only(dm))
@@ -224,11 +240,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     out = run_dir(cfg)
     dm = build_datamodule(cfg)
     stages: dict[str, Any] = {}
-    models = selection_models(cfg, dm, stages) if needs_model(cfg) else []
+    models, heads = selection_models(cfg, dm, stages) if needs_model(cfg) else ([], None)
     report = stages.pop("merge_report", None)
     start = time.perf_counter()
     diagnostics: dict[str, int] = {}
-    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), diagnostics)
+    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), diagnostics, heads)
     stages["select"] = {
         "seconds": round(time.perf_counter() - start, 3),
         "diagnostics": diagnostics,

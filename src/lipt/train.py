@@ -80,18 +80,18 @@ def obtain_subset(
         log.info("resuming: the subset in %s is kept (not selected again)", saved)
         if cfg.init_from != "pretrained" or not needs_model(cfg) or is_ddp_child():
             return subset, None
-        models = selection_models(cfg, dm, stages)
+        models, _ = selection_models(cfg, dm, stages)
         stages.pop("merge_report", None)
         return subset, models[0] if cfg.pretrain.name != "none" else None
     if is_ddp_child():  # extra DDP ranks read what rank 0 chose before it started them
         return load_checked_subset(cfg, dm, saved), None
-    models = selection_models(cfg, dm, stages) if needs_model(cfg) else []
+    models, heads = selection_models(cfg, dm, stages) if needs_model(cfg) else ([], None)
     report = stages.pop("merge_report", None)
     if report:
         write_json(out / "merge_report.json", report)
     start = time.perf_counter()
     diagnostics: dict[str, int] = {}
-    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), diagnostics)
+    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), diagnostics, heads)
     stages["select"] = {
         "seconds": round(time.perf_counter() - start, 3),
         "diagnostics": diagnostics,  # fallbacks the selector took (lipt.selection.Selection)
@@ -185,6 +185,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     samples = module.total_samples_seen()
     train_seconds = time.perf_counter() - start
+    # The last epoch's validation accuracy: what hyper-parameters are chosen on (never test).
+    val_metric = trainer.callback_metrics.get("val/acc")
+    val_accuracy = None if val_metric is None else float(val_metric)
     test_accuracy = float(trainer.test(module, datamodule=dm, verbose=False)[0]["test/acc"])
     subset_size = len(dm.pool_indices) if subset is None else len(subset[0])
     stages["train"] = {
@@ -196,6 +199,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         stages["train"]["reselections"] = reselect.reselections
         stages["train"]["reselect_seconds"] = round(reselect.seconds, 3)
     summary = summary_payload(cfg, dm, test_accuracy, subset_size, stages, class_counts)
+    summary["val_accuracy"] = val_accuracy
     if trainer.is_global_zero:
         write_json(out / "summary.json", summary)
     for logger in trainer.loggers:  # so a dashboard can compare runs of a sweep

@@ -7,6 +7,7 @@ the closed-form last-layer gradients of `lipt.selection.gradients`.
 
 from lipt.selection.ccs import select_ccs
 from lipt.selection.common import Selector, select_balanced, split_budget
+from lipt.selection.coverage import ensemble_difficulty, select_coverage
 from lipt.selection.craig import select_craig
 from lipt.selection.glister import GlisterRun, glister_greedy, glister_pick_order, select_glister
 from lipt.selection.gradients import (
@@ -29,17 +30,19 @@ from lipt.selection.scores import (
     select_random,
     select_uncertainty,
 )
-from lipt.selection.types import PoolOutputs, Selection, SelectionInputs
+from lipt.selection.types import LearnerHeads, PoolOutputs, Selection, SelectionInputs
 
 __all__ = [
     "SCORES",
     "GlisterRun",
     "LastLayerGradient",
+    "LearnerHeads",
     "PoolOutputs",
     "Selection",
     "SelectionInputs",
     "Selector",
     "bias_gradients",
+    "ensemble_difficulty",
     "glister_greedy",
     "glister_pick_order",
     "gradient_dots",
@@ -52,6 +55,7 @@ __all__ = [
     "pool_score",
     "select_balanced",
     "select_ccs",
+    "select_coverage",
     "select_craig",
     "select_el2n",
     "select_glister",

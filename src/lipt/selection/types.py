@@ -46,6 +46,25 @@ class PoolOutputs:
 
 
 @dataclass(frozen=True)
+class LearnerHeads:
+    """The final linear layers of the jigsaw learners (lipt.jigsaw), stacked: applied to the
+    soup's embeddings they give each learner's view of the pool without another forward pass."""
+
+    weight: Tensor  # [L, C, D] float32
+    bias: Tensor  # [L, C] float32
+
+    def __post_init__(self) -> None:
+        if self.weight.ndim != 3 or self.bias.shape != self.weight.shape[:2]:
+            raise ValueError(
+                f"learner heads need weight [L, C, D] and bias [L, C], got "
+                f"{tuple(self.weight.shape)} and {tuple(self.bias.shape)}"
+            )
+
+    def __len__(self) -> int:
+        return int(self.weight.shape[0])
+
+
+@dataclass(frozen=True)
 class SelectionInputs:
     """Everything a selector may use. `pool` is scored; `val` is the held-out split."""
 
@@ -57,6 +76,9 @@ class SelectionInputs:
     # (GLISTER's Taylor update moves them). None where the selector does not need them.
     classifier_weight: Tensor | None = None
     classifier_bias: Tensor | None = None
+    # The jigsaw learners' heads, for selectors that use the learners' ensemble (coverage);
+    # they fit `pool.embeddings` when `pool` comes from the soup. None without jigsaw learners.
+    learner_heads: LearnerHeads | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,233 @@
+"""Ensemble-difficulty, class-budgeted, embedding-coverage selection (lipt's default selector).
+
+At small budgets, score-only selection loses to random; what beats it is coverage (Sorscher et
+al., "Beyond neural scaling laws", NeurIPS 2022, https://arxiv.org/abs/2206.14486: keep easy,
+prototypical examples when data is scarce; Zheng et al., "Coverage-centric Coreset Selection",
+ICLR 2023, https://openreview.net/forum?id=QwKvL6wC8Yi: cut the hardest tail, then cover the
+rest). This selector combines, per class:
+
+1. a difficulty score per sample: the expected error 1 - p_y averaged over an ensemble, namely
+   the model that produced `pool.logits` (the jigsaw soup) and the jigsaw learners' heads
+   (`SelectionInputs.learner_heads`) applied to the same embeddings, plus `disagreement_weight`
+   times the members' disagreement (1 - the share of members voting for the majority class);
+2. a per-class budget proportional to the class size times its mean difficulty to the power
+   `class_tilt` (0: proportional, as a random subset is on average): confusable classes get
+   more of the budget, classes the ensemble already separates get less;
+3. a cut of the hardest `hard_cut` share of each class (likely mislabelled or ambiguous);
+4. coverage of the class's embedding space: `kmeans` clusters the class's kept, L2-normalised
+   embeddings into as many clusters as the class's budget and keeps one sample per cluster
+   (the one nearest the centroid with `pick="nearest"`, a uniform one with `pick="random"`);
+   `strata` spreads the budget evenly over `strata` difficulty bins (CCS, Algorithm 1);
+   `random` samples the kept rows uniformly.
+
+The learners were trained on disjoint shards for a few steps each, so their heads cost nothing
+to get; applying them to the soup's embeddings costs one [N, D] x [D, C] product per learner,
+no extra forward pass over the pool.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from lipt.errors import UserError
+from lipt.selection.common import check_budget, check_choice, finish, randperm
+from lipt.selection.types import LearnerHeads, Selection, SelectionInputs
+
+WITHIN = ("kmeans", "strata", "random")
+PICKS = ("nearest", "random")
+ROW_CHUNK = 8192  # rows per chunk of the [chunk, k] distance matrix (8192 x 4096 fp32: 128 MiB)
+
+
+def ensemble_probs(logits: Tensor, embeddings: Tensor, heads: LearnerHeads | None) -> Tensor:
+    """Softmax of the model's logits and of each learner head on the same embeddings,
+    [M, N, C] with M = 1 + number of learners."""
+    probs = [torch.softmax(logits.float(), dim=1)]  # [N, C]
+    if heads is not None:
+        h = embeddings.float()  # [N, D]
+        for w, b in zip(heads.weight, heads.bias, strict=True):  # [C, D], [C]
+            probs.append(torch.softmax(h @ w.float().T + b.float(), dim=1))  # [N, C]
+    return torch.stack(probs)  # [M, N, C]
+
+
+def ensemble_difficulty(
+    logits: Tensor,
+    embeddings: Tensor,
+    targets: Tensor,
+    heads: LearnerHeads | None,
+    disagreement_weight: float = 0.0,
+) -> Tensor:
+    """Per-row difficulty, [N], higher = harder: the members' mean expected error 1 - p_y plus
+    `disagreement_weight` x (1 - share of members voting for the most voted class)."""
+    probs = ensemble_probs(logits, embeddings, heads)  # [M, N, C]
+    m, n, c = probs.shape
+    rows = torch.arange(n)
+    error = 1.0 - probs[:, rows, targets].mean(0)  # [N], in [0, 1]
+    if disagreement_weight == 0.0 or m == 1:
+        return error
+    votes = torch.zeros(n, c).scatter_add_(1, probs.argmax(2).T, torch.ones(n, m))  # [N, C]
+    disagreement = 1.0 - votes.max(1).values / m  # [N], 0 when all members agree
+    return error + disagreement_weight * disagreement
+
+
+def class_budgets(
+    counts: list[int], difficulty: list[float], budget: int, tilt: float
+) -> list[int]:
+    """Split `budget` over classes in proportion to count_c * difficulty_c ** tilt, never more
+    than a class's count (the overflow goes to the others), largest remainder; sums to budget."""
+    if sum(counts) < budget:
+        raise ValueError(f"budget {budget} exceeds the {sum(counts)} rows available")
+    pairs = zip(counts, difficulty, strict=True)
+    want = [n * max(d, 1e-6) ** tilt if n > 0 else 0.0 for n, d in pairs]
+    shares = [0] * len(counts)
+    open_ = [i for i, n in enumerate(counts) if n > 0]
+    left = budget
+    while left > 0:
+        total = sum(want[i] for i in open_)
+        exact = {i: left * want[i] / total for i in open_}
+        full = [i for i in open_ if shares[i] + exact[i] >= counts[i]]
+        if full:  # cap the classes that would overflow, then re-split what is left
+            for i in full:
+                left -= counts[i] - shares[i]
+                shares[i] = counts[i]
+            open_ = [i for i in open_ if i not in full]
+            continue
+        floors = {i: math.floor(exact[i]) for i in open_}
+        order = sorted(open_, key=lambda i: (-(exact[i] - floors[i]), i))
+        extra = left - sum(floors.values())
+        for rank, i in enumerate(order):
+            shares[i] += floors[i] + (1 if rank < extra else 0)
+        left = 0
+    assert sum(shares) == budget and all(s <= n for s, n in zip(shares, counts, strict=True))
+    return shares
+
+
+def kmeans_pick(
+    points: Tensor, k: int, *, generator: torch.Generator, iters: int, pick: str
+) -> Tensor:
+    """k rows of `points` [n, D], one per cluster of a k-means (Lloyd, `iters` steps, seeded
+    random init); empty clusters are topped up with uniform unpicked rows. Positions in [0, n)."""
+    n = points.shape[0]
+    assert 0 < k <= n and iters >= 0, (k, n, iters)
+    centroids = points[randperm(n, generator)[:k]].clone()  # [k, D]
+    assign, dist = nearest_centroid(points, centroids)
+    for _ in range(iters):
+        sums = torch.zeros_like(centroids).index_add_(0, assign, points)  # [k, D]
+        sizes = torch.bincount(assign, minlength=k).unsqueeze(1)  # [k, 1]
+        centroids = torch.where(sizes > 0, sums / sizes.clamp_min(1), centroids)
+        assign, dist = nearest_centroid(points, centroids)
+    # One row per non-empty cluster: the smallest key (distance to its centroid, or uniform).
+    key = dist if pick == "nearest" else torch.rand(n, generator=generator)
+    by_key = torch.argsort(key, stable=True)
+    grouped = by_key[torch.argsort(assign[by_key], stable=True)]  # by cluster, then key
+    cluster = assign[grouped]
+    starts = torch.ones(n, dtype=torch.bool)
+    starts[1:] = cluster[1:] != cluster[:-1]
+    chosen = grouped[starts]
+    if len(chosen) < k:  # empty clusters: fill with uniform rows not yet chosen
+        free = torch.ones(n, dtype=torch.bool)
+        free[chosen] = False
+        pool = torch.nonzero(free).flatten()
+        chosen = torch.cat([chosen, pool[randperm(len(pool), generator)[: k - len(chosen)]]])
+    return chosen
+
+
+def nearest_centroid(points: Tensor, centroids: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's nearest centroid and the distance to it, [n] int64 and [n] float32, computed
+    in row chunks so the [n, k] distance matrix is never whole."""
+    n = points.shape[0]
+    assign = torch.empty(n, dtype=torch.int64)
+    dist = torch.empty(n)
+    for start in range(0, n, ROW_CHUNK):
+        block = torch.cdist(points[start : start + ROW_CHUNK], centroids)  # [chunk, k]
+        dist[start : start + ROW_CHUNK], assign[start : start + ROW_CHUNK] = block.min(1)
+    return assign, dist
+
+
+def strata_pick(scores: Tensor, k: int, *, generator: torch.Generator, strata: int) -> Tensor:
+    """k positions spread evenly over `strata` equal-width bins of `scores` (CCS, Algorithm 1:
+    smallest bins first, the remainder flowing to larger ones), uniform within a bin."""
+    low, high = scores.min(), scores.max()
+    width = (high - low) / strata
+    if width > 0:
+        bins = ((scores - low) / width).floor().long().clamp(0, strata - 1)
+    else:
+        bins = torch.zeros(len(scores), dtype=torch.int64)
+    members = sorted(
+        (m for m in (torch.nonzero(bins == s).flatten() for s in range(strata)) if len(m) > 0),
+        key=len,
+    )
+    chosen, remaining = [], k
+    for left, rows in zip(range(len(members), 0, -1), members, strict=True):
+        take = min(len(rows), remaining // left)
+        chosen.append(rows[randperm(len(rows), generator)[:take]])
+        remaining -= take
+    assert remaining == 0, remaining
+    return torch.cat(chosen)
+
+
+def select_coverage(
+    inputs: SelectionInputs,
+    budget: int,
+    *,
+    generator: torch.Generator,
+    class_tilt: float = 0.5,
+    hard_cut: float = 0.0,
+    disagreement_weight: float = 0.0,
+    within: str = "kmeans",
+    pick: str = "nearest",
+    kmeans_iters: int = 10,
+    strata: int = 50,
+) -> Selection:
+    """Class budgets tilted to hard classes, the hardest tail cut, the rest covered (see the
+    module docstring). Uses `inputs.pool` (logits, embeddings, targets) and, when present,
+    `inputs.learner_heads`. Weights are 1."""
+    budget = check_budget(inputs, budget)
+    check_choice("coverage within", within, WITHIN)
+    check_choice("coverage pick", pick, PICKS)
+    if not 0.0 <= hard_cut < 1.0:
+        raise UserError(f"coverage hard_cut must be in [0, 1), got {hard_cut}")
+    if class_tilt < 0 or disagreement_weight < 0 or strata < 1 or kmeans_iters < 1:
+        raise UserError(
+            "coverage needs class_tilt >= 0, disagreement_weight >= 0, strata >= 1 and "
+            f"kmeans_iters >= 1; got {class_tilt}, {disagreement_weight}, {strata}, {kmeans_iters}"
+        )
+    pool = inputs.pool
+    heads = inputs.learner_heads
+    if heads is not None and heads.weight.shape[1:] != (pool.num_classes, pool.embeddings.shape[1]):
+        raise ValueError(
+            f"learner heads {tuple(heads.weight.shape)} do not fit the pool's "
+            f"{pool.num_classes} classes x {pool.embeddings.shape[1]} features"
+        )
+    difficulty = ensemble_difficulty(
+        pool.logits, pool.embeddings, pool.targets, heads, disagreement_weight
+    )  # [N]
+    classes = torch.unique(pool.targets).tolist()
+    members = [torch.nonzero(pool.targets == c).flatten() for c in classes]  # pool rows
+
+    # Cut each class's hardest share, but keep at least what a proportional budget needs.
+    kept = []
+    for rows in members:
+        order = rows[torch.sort(difficulty[rows], stable=True).indices]  # easiest first
+        floor_keep = math.ceil(budget * len(rows) / len(pool))
+        kept.append(order[: max(len(rows) - math.floor(hard_cut * len(rows)), floor_keep)])
+    class_difficulty = [float(difficulty[rows].mean()) for rows in members]
+    shares = class_budgets([len(k) for k in kept], class_difficulty, budget, class_tilt)
+
+    chosen = []
+    embeddings = torch.nn.functional.normalize(pool.embeddings.float(), dim=1)  # [N, D]
+    for rows, share in zip(kept, shares, strict=True):
+        if share == 0:
+            continue
+        if within == "kmeans":
+            local = kmeans_pick(
+                embeddings[rows], share, generator=generator, iters=kmeans_iters, pick=pick
+            )
+        elif within == "strata":
+            local = strata_pick(difficulty[rows], share, generator=generator, strata=strata)
+        else:
+            local = randperm(len(rows), generator)[:share]
+        chosen.append(rows[local])
+    return finish(torch.cat(chosen), None, budget)
