@@ -362,3 +362,4 @@ def test_wandb_sweep_logs_the_report_tables_and_plots(tmp_path):
     media = {p.name.split("_")[0] for run in runs for p in run.rglob("media/**/*.*")}
     assert media >= {"accuracy", "stage", "results"}, media
     assert f"(tables and plots in {sweep.relative_to(tmp_path)}/report)" in raw
+    assert "anonymous setting" not in raw  # wandb's notice about Lightning's anonymous=None

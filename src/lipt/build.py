@@ -87,7 +87,13 @@ def build_loggers(cfg: DictConfig) -> list:
         extra = {}
         if "group" in node and node.group is None and (group := sweep_name()) is not None:
             extra["group"] = group
-        loggers.append(instantiate(node, **extra))
+        logger = instantiate(node, **extra)
+        # Lightning's WandbLogger always hands wandb.init `anonymous=None`, which wandb >= 0.19
+        # answers with a deprecation notice on the terminal; unset, it says nothing.
+        init = getattr(logger, "_wandb_init", None)
+        if isinstance(init, dict) and init.get("anonymous", "") is None:
+            del init["anonymous"]
+        loggers.append(logger)
     return loggers
 
 
