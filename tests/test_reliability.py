@@ -91,9 +91,17 @@ CASES = [
     slow_case("logger-unknown-key", "train.py", ["+logger.csv.bogus=1"], ["logger.csv", "bogus"]),
     slow_case("logger-missing", "train.py", ["logger.csv._target_=no.such.Logger"], ["logger=csv"]),
     slow_case(
-        "selector-mode", "train.py", ["selector.greedy=sometimes"], ["selector=glister", "greedy"]
+        "selector-mode",
+        "train.py",
+        ["selector=glister", "selector.greedy=sometimes"],
+        ["selector=glister", "greedy"],
     ),
-    slow_case("selector-unknown-key", "train.py", ["+selector.bogus=1"], ["glister", "bogus"]),
+    slow_case(
+        "selector-unknown-key",
+        "train.py",
+        ["selector=glister", "+selector.bogus=1"],
+        ["glister", "bogus"],
+    ),
     slow_case(
         "selector-value",
         "train.py",

@@ -39,7 +39,7 @@ TINY = [*BASE, "pretrain.num_learners=3", "pretrain.local_epochs=2", "merge.rati
 STAGE_LINES = {
     "train": (
         "pre-training: jigsaw, 3 learners x 1 batch x 2 passes",
-        "selecting 50 of 500 with glister (balanced)",
+        "selecting 50 of 500 with coverage",
         "training: ConvNet, 2 epochs on 50 images (10% of the pool)",
     ),
     "select": ("pre-training: none", "selecting 50 of 500 with el2n"),

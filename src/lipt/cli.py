@@ -113,6 +113,7 @@ def launch(config_name: str, stage_module: str) -> None:
     overrides = [a for a in args if not a.startswith("-")]
     # Hydra's own flags (--help, --cfg, --info, ...) go straight through; -m still gets checked.
     if all(f in ("-m", "--multirun") for f in flags):
+        private_matplotlib_dir()
         precheck(config_name, overrides)
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
@@ -143,12 +144,26 @@ def is_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def private_matplotlib_dir() -> None:
+    """Lightning imports matplotlib, which fixes its config and font-cache folder once per
+    process (under $HOME), and precheck's deep checks import Lightning before Hydra has made the
+    run folder: give it a temporary folder, removed at exit, unless the user chose one."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if "MPLCONFIGDIR" not in os.environ:
+        path = tempfile.mkdtemp(prefix="lipt-matplotlib-")
+        os.environ["MPLCONFIGDIR"] = path
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
 def keep_caches_in(run_dir: Path) -> None:
-    """Libraries lipt uses keep caches and debug logs under $HOME (matplotlib, wandb); a run
-    writes only to its own folder, so point them there unless the user chose a place."""
+    """Libraries lipt uses keep caches and debug logs under $HOME (wandb, XDG users); a run
+    writes only to its own folder, so point them there unless the user chose a place
+    (matplotlib's: private_matplotlib_dir)."""
     cache = run_dir / ".cache"
     for name, sub in (
-        ("MPLCONFIGDIR", "matplotlib"),
         ("WANDB_CACHE_DIR", "wandb"),
         ("WANDB_CONFIG_DIR", "wandb-config"),
         ("WANDB_DATA_DIR", "wandb-data"),
