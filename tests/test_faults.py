@@ -194,7 +194,10 @@ def test_a_sweep_whose_job_died_merges_the_rest_and_a_rerun_trains_only_it(
     assert (stats["learners_merged"], stats["learners_missing"]) == (3, 1)
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="lipt.jigsaw"):
+    with (
+        caplog.at_level(logging.INFO, logger="lipt.jigsaw"),
+        caplog.at_level(logging.INFO, logger="lipt.detail"),  # "written": the log file's
+    ):
         for i in range(N):  # the same sweep again
             _job(cfg, i, folder)
     assert {i: _stamp(folder / f"learner_{i}.ckpt") for i in (0, 1, 3)} == before

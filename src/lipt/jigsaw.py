@@ -743,7 +743,8 @@ def train_or_reuse(
     trained = train_learner(cfg, dm, init, seed, learner, shard)
     if trained.state_dict is not None:  # diverged ones too: the merge reports them
         save_checkpoint(path, learner_payload(cfg, dm, seed, trained))
-        log.info("jigsaw learner %d (%s) written to %s", learner, trained.status, path)
+        # (the log file only: the terminal has the learners' bar and the soup's line)
+        console.detail.info("jigsaw learner %d (%s) written to %s", learner, trained.status, path)
     return trained
 
 
