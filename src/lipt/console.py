@@ -30,6 +30,22 @@ log = logging.getLogger("lipt")
 # Per-item details (each learner, each candidate): the log file only, never the terminal.
 detail = logging.getLogger("lipt.detail")
 
+
+@contextlib.contextmanager
+def loggers_at(level: int, *names: str) -> Iterator[None]:
+    """Raise the named loggers to `level` for a while (e.g. Lightning's device banner, which
+    every Trainer built would log again), then give them back their own levels."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(level)
+    try:
+        yield
+    finally:
+        for lg, before in zip(loggers, levels, strict=True):
+            lg.setLevel(before)
+
+
 Step = Callable[..., None]  # step(advance=1, **fields) after each item
 
 # Set by `setup` at the start of a run: is this process drawing bars / talking per stage?

@@ -142,19 +142,11 @@ def torch_threads(count: int | None) -> Iterator[None]:
 def quiet_lightning() -> Iterator[None]:
     """Ten learners would print Lightning's device banner and data-loader hints ten times."""
     names = ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda")
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            # Expected for a learner (few workers, no val loader) and Lightning-internal.
-            for message in ("does not have many workers", "no `val_dataloader`", "treespec"):
-                warnings.filterwarnings("ignore", message=f".*{message}.*")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
+    with console.loggers_at(logging.WARNING, *names), warnings.catch_warnings():
+        # Expected for a learner (few workers, no val loader) and Lightning-internal.
+        for message in ("does not have many workers", "no `val_dataloader`", "treespec"):
+            warnings.filterwarnings("ignore", message=f".*{message}.*")
+        yield
 
 
 def state_digest(state_dict: StateDict) -> str:

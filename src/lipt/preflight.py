@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from lipt import console
 from lipt.errors import UserError
 
 # Rows, classes and features of the tiny pool the selector is tried on.
@@ -38,17 +39,9 @@ def _cause(e: BaseException) -> str:
 def _quiet() -> Iterator[None]:
     """Building a Trainer logs the device banner; it is logged again when the stage builds it."""
     names = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
+    with console.loggers_at(logging.ERROR, *names), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def check_trainer(cfg: DictConfig) -> None:
