@@ -1,5 +1,10 @@
 """The Lightning DataModule: one training pool, a seeded validation split carved from the
-training set, the test split, and the (indices, weights) subset main training sees."""
+training set, the test split, and the (indices, weights) subset main training sees.
+
+Two data paths give the same items: data sets held in memory (TensorImages) are served from a
+copy on the training device, batches sliced and augmented there (lipt.data.resident, the
+default: `dataset.resident=true`); anything else, or `dataset.resident=false`, goes through
+a DataLoader with per-sample torchvision transforms and workers."""
 
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lipt.data.sources import ImageSource, Splits
+from lipt.data.batch_transforms import RandAugmentSettings
+from lipt.data.resident import Augmentation, ResidentBatches, ResidentImages
+from lipt.data.sources import ImageSource, Splits, TensorImages
 from lipt.data.transforms import Transform, eval_transform, train_transform
 from lipt.errors import UserError
 
@@ -59,11 +66,16 @@ class DataModule(L.LightningDataModule):
         val_size: float = 5000,
         split_seed: int = 0,
         batch_size: int = 256,
-        eval_batch_size: int = 1024,
+        eval_batch_size: int = 256,
         num_workers: int = 0,
         crop_padding: int = 4,
         flip: bool = True,
+        resident: bool = True,
+        device: str | None = None,
     ) -> None:
+        """`resident`: serve in-memory data sets from the training device (see the module
+        docstring). `device`: where resident batches live when no trainer is attached (None:
+        CUDA when available, else the CPU)."""
         super().__init__()
         self.load = load
         self.num_classes, self.channels, self.image_size = num_classes, channels, image_size
@@ -72,7 +84,10 @@ class DataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
         self.num_workers = num_workers
         self.crop_padding, self.flip = crop_padding, flip
+        self.resident, self.device = resident, device
         self.splits: Splits | None = None
+        self._resident_train: ResidentImages | None = None
+        self._resident_test: ResidentImages | None = None
         self.subset_indices: Tensor | None = None  # positions in the original training split
         self.subset_weights: Tensor | None = None
 
@@ -100,6 +115,9 @@ class DataModule(L.LightningDataModule):
         self.val_indices = perm[:n_val].sort().values
         self.pool_indices = perm[n_val:].sort().values
         self.splits = splits
+        if isinstance(splits.train, TensorImages) and isinstance(splits.test, TensorImages):
+            self._resident_train = ResidentImages(splits.train)
+            self._resident_test = ResidentImages(splits.test)
 
     @property
     def data_name(self) -> str:
@@ -130,6 +148,65 @@ class DataModule(L.LightningDataModule):
 
     # --- loaders ---------------------------------------------------------------------------
 
+    @property
+    def is_resident(self) -> bool:
+        """True when batches come from the device-resident tensors."""
+        return self.resident and self._resident_train is not None
+
+    def training_device(self) -> torch.device:
+        """The attached trainer's device, else `device`, else CUDA when available."""
+        trainer = self.trainer
+        if trainer is not None:
+            return trainer.strategy.root_device
+        if self.device is not None:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def _ranks(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (1, 0) if trainer is None else (int(trainer.world_size), int(trainer.global_rank))
+
+    def _shuffle_seed(self, distributed: bool) -> int:
+        """Drawn from the global RNG (as a DataLoader draws its base seed), so seed_everything
+        fixes it; under DDP rank 0's is broadcast so all ranks share one permutation."""
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+        trainer = self.trainer
+        if distributed and trainer is not None and trainer.world_size > 1:
+            seed = int(trainer.strategy.broadcast(seed, src=0))
+        return seed
+
+    def _resident_loader(
+        self,
+        images: ResidentImages | None,
+        positions: Tensor,
+        augmentation: Augmentation | None = None,
+        weights: Tensor | None = None,
+        batch_size: int | None = None,
+        distributed: bool = False,
+    ) -> ResidentBatches:
+        """`distributed`: this rank's part of the data (main training under DDP); the jigsaw
+        learners, selection and evaluation see all of it."""
+        assert images is not None
+        world_size, rank = self._ranks() if distributed else (1, 0)
+        return ResidentBatches(
+            images,
+            positions,
+            batch_size=batch_size or self.eval_batch_size,
+            device=self.training_device(),
+            mean=self.mean,
+            std=self.std,
+            augmentation=augmentation,
+            weights=weights,
+            seed=self._shuffle_seed(distributed) if augmentation is not None else 0,
+            world_size=world_size,
+            rank=rank,
+        )
+
+    def augmentation(self, randaugment: dict | None = None) -> Augmentation:
+        return Augmentation(
+            self.crop_padding, self.flip, RandAugmentSettings.from_dict(randaugment)
+        )
+
     def loader(self, dataset: Dataset, shuffle: bool, batch_size: int | None = None) -> DataLoader:
         return DataLoader(
             dataset,
@@ -137,9 +214,10 @@ class DataModule(L.LightningDataModule):
             shuffle=shuffle,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            pin_memory=self.training_device().type == "cuda",
         )
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | ResidentBatches:
         assert self.splits is not None, "call setup() first"
         indices = self.pool_indices if self.subset_indices is None else self.subset_indices
         weights = (
@@ -147,32 +225,57 @@ class DataModule(L.LightningDataModule):
             if self.subset_weights is None
             else self.subset_weights
         )
+        if self.is_resident:
+            return self._resident_loader(
+                self._resident_train,
+                indices,
+                self.augmentation(),
+                weights,
+                self.batch_size,
+                distributed=True,
+            )
         dataset = IndexedImages(self.splits.train, indices, self.train_transform(), weights)
         return self.loader(dataset, shuffle=True, batch_size=self.batch_size)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | ResidentBatches:
         assert self.splits is not None, "call setup() first"
+        if self.is_resident:
+            return self._resident_loader(self._resident_train, self.val_indices)
         return self.loader(
             IndexedImages(self.splits.train, self.val_indices, self.eval_transform()), False
         )
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader | ResidentBatches:
         assert self.splits is not None, "call setup() first"
         test = self.splits.test
         positions = torch.arange(len(test))
+        if self.is_resident:
+            return self._resident_loader(self._resident_test, positions)
         return self.loader(IndexedImages(test, positions, self.eval_transform()), False)
 
-    def pool_dataloader(self) -> DataLoader:
+    def pool_dataloader(self) -> DataLoader | ResidentBatches:
         """The whole pool, un-augmented, in index order: what selectors score."""
         assert self.splits is not None, "call setup() first"
+        if self.is_resident:
+            return self._resident_loader(self._resident_train, self.pool_indices)
         return self.loader(
             IndexedImages(self.splits.train, self.pool_indices, self.eval_transform()), False
         )
 
-    def shard_dataloader(self, positions: Tensor, randaugment: dict | None) -> DataLoader:
+    def shard_dataloader(
+        self, positions: Tensor, randaugment: dict | None
+    ) -> DataLoader | ResidentBatches:
         """A jigsaw learner's own shard (positions in the original training split)."""
         assert self.splits is not None, "call setup() first"
         weights = torch.ones(len(positions), dtype=torch.float32)
+        if self.is_resident:
+            return self._resident_loader(
+                self._resident_train,
+                positions,
+                self.augmentation(randaugment),
+                weights,
+                self.batch_size,
+            )
         dataset = IndexedImages(
             self.splits.train, positions, self.train_transform(randaugment), weights
         )
