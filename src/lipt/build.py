@@ -14,6 +14,7 @@ from torch import nn
 
 from lipt.artifacts import AtomicCheckpointIO
 from lipt.data import DataModule
+from lipt.models.options import apply_speed_options
 from lipt.module import Classifier
 from lipt.run_lock import lock_run_dir
 
@@ -48,6 +49,8 @@ def build_datamodule(cfg: DictConfig) -> DataModule:
         num_workers=d.num_workers,
         crop_padding=d.crop_padding,
         flip=d.flip,
+        eval_batch_size=d.get("eval_batch_size", 256),
+        resident=d.get("resident", False),
     )
     dm.setup()
     return dm
@@ -55,9 +58,14 @@ def build_datamodule(cfg: DictConfig) -> DataModule:
 
 def build_model(cfg: DictConfig, seed: int) -> nn.Module:
     """The seeded random init: the same seed gives the same weights on every rank and job."""
+    # channels_last and compile are how the model runs, not constructor arguments.
+    node = {k: v for k, v in cfg.model.items() if k not in ("channels_last", "compile")}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return instantiate(cfg.model)
+        model = instantiate(node)
+    return apply_speed_options(
+        model, bool(cfg.model.get("channels_last", False)), bool(cfg.model.get("compile", False))
+    )
 
 
 # Keys of a selector config that are lipt's, not the selector function's.

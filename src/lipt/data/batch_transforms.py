@@ -147,10 +147,11 @@ def apply_op(op: str, x: Tensor, m: Tensor) -> Tensor:
         return _affine(op, x, m)
     if op == "brightness":
         return _blend(x, torch.zeros_like(x), 1.0 + m)
+    # Grey levels and the blur are floored/rounded as torchvision does on uint8 images.
     if op == "color":
-        return _blend(x, _grey(x).expand_as(x), 1.0 + m) if x.shape[1] == 3 else x
+        return _blend(x, _grey(x).floor().expand_as(x), 1.0 + m) if x.shape[1] == 3 else x
     if op == "contrast":
-        mean = _grey(x).mean(dim=(1, 2, 3), keepdim=True)  # [N, 1, 1, 1]
+        mean = _grey(x).floor().mean(dim=(1, 2, 3), keepdim=True)  # [N, 1, 1, 1]
         return _blend(x, mean.expand_as(x), 1.0 + m)
     if op == "sharpness":
         return _blend(x, _smoothed(x), 1.0 + m)
@@ -189,7 +190,7 @@ def _smoothed(x: Tensor) -> Tensor:
     kernel = (kernel / kernel.sum()).expand(c, 1, 3, 3)
     inner = F.conv2d(x, kernel, groups=c)  # [N, C, H-2, W-2]
     out = x.clone()
-    out[:, :, 1:-1, 1:-1] = inner
+    out[:, :, 1:-1, 1:-1] = inner.round()
     return out
 
 
