@@ -158,7 +158,7 @@ def best(fn: Callable[[], float], repeats: int) -> float:
     return min(fn() for _ in range(repeats))
 
 
-def cpu_part(repeats: int) -> None:
+def cpu_part(repeats: int, eval_batches: list[int]) -> None:
     from lipt.data.sources import Splits, TensorImages, load_fashion_mnist
     from lipt.models import ConvNet
 
@@ -188,7 +188,7 @@ def cpu_part(repeats: int) -> None:
 
     model = fresh(make)
     rows = []
-    for batch in (128, 256, 512, 1024):
+    for batch in eval_batches:
         t_plain, t_res, t_loader = [], [], []
         for _ in range(repeats):
             t_plain.append(plain_inference(model, x, batch))
@@ -260,13 +260,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-cpu", action="store_true")
     parser.add_argument("--images", type=int, default=N_IMAGES)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    parser.add_argument("--eval-batches", type=int, nargs="+", default=[128, 256, 512, 1024])
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     globals()["N_IMAGES"] = args.images
     warnings.filterwarnings("ignore")
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
     if not args.skip_cpu:
-        cpu_part(args.repeats)
+        cpu_part(args.repeats, args.eval_batches)
     if torch.cuda.is_available():
         cuda_part(args.repeats)
     else:
