@@ -100,7 +100,7 @@ def test_reselection_swaps_positions_and_keeps_the_resident_copy(make_cfg, fashi
     dm = _dm(make_cfg, fashion_mnist_dir, True)
     dm.set_subset(dm.pool_indices[:40])
     first = torch.cat([b[2] for b in dm.train_dataloader()])
-    images, _ = dm._resident_train.on(torch.device("cpu"))
+    copy = dm._resident_train._copies["cpu"]  # the device copy made for the first loader
     dm.set_subset(dm.pool_indices[100:130], torch.full((30,), 3.0))
     batches = _epoch(dm.train_dataloader())
     assert set(first.tolist()) == set(dm.pool_indices[:40].tolist())
@@ -108,7 +108,8 @@ def test_reselection_swaps_positions_and_keeps_the_resident_copy(make_cfg, fashi
         dm.pool_indices[100:130].tolist()
     )
     assert all(torch.all(b[3] == 3.0) for b in batches)
-    assert dm._resident_train.on(torch.device("cpu"))[0] is images  # not copied again
+    assert dm._resident_train._copies == {"cpu": copy}  # not copied again
+    assert dm._resident_train._copies["cpu"] is copy
 
 
 def test_ddp_ranks_take_disjoint_equal_parts_of_one_permutation(fashion_mnist):
