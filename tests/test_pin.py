@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from lipt.artifacts import load_checkpoint, load_subset
 from lipt.pretrain import run as pretrain_run
+from lipt.seeding import torch_threads
 from lipt.select import run as select_run
 
 SOUP_SHA256 = "d0150431e5fab544bc2b58cbd1be3830ec92a420075f3cddefc31a13279e296d"
@@ -59,10 +60,8 @@ def state_sha256(state_dict: dict[str, torch.Tensor]) -> str:
 @pytest.fixture
 def one_thread() -> Iterator[None]:
     # CPU float results depend on the intra-op thread count: the same on every machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):
+        yield
 
 
 def test_jigsaw_soup_and_coverage_subset_are_pinned(

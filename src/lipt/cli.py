@@ -15,9 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lipt.errors import UserError
-
-EXIT_USER_ERROR = 2
+from lipt.errors import UserError, fail, one_line
 
 
 def config_dir() -> Path:
@@ -27,16 +25,6 @@ def config_dir() -> Path:
     if not (path / "train.yaml").is_file():
         fail(f"no lipt configs at {path}; set LIPT_CONFIG_DIR to the repository's configs/")
     return path
-
-
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split("\n")[0].split())
-    return text or type(e).__name__
 
 
 def _candidate_overrides(args: list[str]) -> list[list[str]]:
@@ -89,7 +77,7 @@ def precheck(config_name: str, args: list[str]) -> None:
         for cfg in configs:  # then what builds the Trainer, selector, ... (imports torch)
             validate(cfg)
     except (HydraException, OmegaConfBaseException, UserError) as e:
-        fail(_one_line(e) + ("" if isinstance(e, UserError) else _hint(e)))
+        fail(one_line(e) + ("" if isinstance(e, UserError) else _hint(e)))
     finally:
         GlobalHydra.instance().clear()
 
@@ -130,7 +118,7 @@ def launch(config_name: str, stage_module: str) -> None:
 
             if not isinstance(e, RunDirLockedError):  # a locked folder is another run's: keep it
                 remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))
-            fail(_one_line(e))
+            fail(one_line(e))
         console.report_result(summary, Path(str(cfg.paths.output_dir)))
         return summary
 

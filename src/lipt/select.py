@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
@@ -25,7 +24,9 @@ from lipt.config import needs_held_out, validate
 from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.pictures import SUBSET_PICTURE, write_subset_picture
-from lipt.pretrain import heads_from_payload, pretrain_model
+from lipt.pretrain import pretrain_model
+from lipt.results import heads_from_payload
+from lipt.seeding import repeat_seed
 from lipt.selection import (
     LearnerHeads,
     PoolOutputs,
@@ -51,32 +52,6 @@ def subset_steps(cfg: DictConfig, pool_size: int) -> int:
     """Optimiser steps of a main training run on a subset of `fraction` (one device): what
     `selector.match_subset_steps` gives the full-data run."""
     return int(cfg.trainer.max_epochs) * math.ceil(budget_for(cfg, pool_size) / int(cfg.batch_size))
-
-
-# Purposes of the derived random streams (the first word of a SeedSequence spawn key).
-REPEAT_STREAM, RESELECT_STREAM = 1, 2
-
-
-def derived_seed(seed: int, purpose: int, index: int) -> int:
-    """A 32-bit seed for the `index`-th draw of `purpose` in the run of `seed`, from
-    `numpy.random.SeedSequence(seed, spawn_key=(purpose, index))`: streams of different runs,
-    purposes or indices share nothing (seed + index would give runs 0 and 1 nine of their ten
-    GraNd warm-up models in common). Index 0 is the run's own seed, so the initial selection and
-    the first pre-trained model stay what they always were."""
-    if index == 0:
-        return int(seed)
-    sequence = np.random.SeedSequence(int(seed), spawn_key=(purpose, index))
-    return int(sequence.generate_state(1, dtype=np.uint32)[0])
-
-
-def repeat_seed(seed: int, repeat: int) -> int:
-    """The seed of the `repeat`-th model a selector averages over (GraNd's `repeats`)."""
-    return derived_seed(seed, REPEAT_STREAM, repeat)
-
-
-def reselect_seed(seed: int, epoch: int) -> int:
-    """The seed of the selector's generator when it re-selects after `epoch` epochs."""
-    return derived_seed(seed, RESELECT_STREAM, epoch)
 
 
 def needs_model(cfg: DictConfig) -> bool:

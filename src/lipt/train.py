@@ -35,11 +35,11 @@ from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.pictures import SUBSET_PICTURE, log_to_wandb, write_subset_picture
 from lipt.reselect import Reselect, latest_subset
+from lipt.seeding import reselect_seed
 from lipt.seen import SeenSamples
 from lipt.select import (
     choose_subset,
     needs_model,
-    reselect_seed,
     selection_models,
     subset_meta,
     subset_steps,
