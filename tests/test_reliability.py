@@ -221,7 +221,7 @@ def test_a_run_writes_only_inside_its_run_dir(tmp_path):
 
 def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_path):
     from lipt.build import build_datamodule
-    from lipt.select import choose_subset, selection_models
+    from lipt.select import choose_subset, ranking_models
 
     results = []
     for attempt in range(2):
@@ -235,7 +235,7 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
             ]
         )
         dm = build_datamodule(cfg)
-        models, _ = selection_models(cfg, dm, {})
+        models = ranking_models(cfg, dm).models
         results.append(choose_subset(cfg, dm, models, seed=0))
     (i0, w0), (i1, w1) = results
     assert torch.equal(i0, i1)
@@ -251,7 +251,7 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
         ]
     )
     dm = build_datamodule(other)
-    i2, _ = choose_subset(other, dm, selection_models(other, dm, {})[0], seed=1)
+    i2, _ = choose_subset(other, dm, ranking_models(other, dm).models, seed=1)
     assert not torch.equal(i0, i2)
 
 

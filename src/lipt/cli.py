@@ -89,11 +89,9 @@ def _hint(e: BaseException) -> str:
     return ""
 
 
-def launch(config_name: str, stage_module: str) -> None:
-    """Check the overrides, then hand over to Hydra, which calls `<stage_module>.run(cfg)`.
-    The stage (torch, Lightning) is imported only after the check, so bad input fails fast."""
-    import importlib
-
+def launch(config_name: str, stage: Callable[[DictConfig], Any]) -> None:
+    """Check the overrides, then hand over to Hydra, which calls `stage(cfg)` (a stage's `run`:
+    lipt.train.run, lipt.pretrain.run, lipt.select.run)."""
     import hydra
 
     args = sys.argv[1:]
@@ -109,10 +107,9 @@ def launch(config_name: str, stage_module: str) -> None:
         from lipt import console
 
         keep_caches_in(Path(str(cfg.paths.output_dir)))
-        run: Callable[[DictConfig], Any] = importlib.import_module(stage_module).run
         console.setup(multirun_job=is_multirun())
         try:
-            summary = run(cfg)
+            summary = stage(cfg)
         except UserError as e:
             from lipt.run_lock import RunDirLockedError
 
@@ -184,12 +181,21 @@ def remove_if_only_bookkeeping(run_dir: Path) -> None:
 
 
 def train_main() -> None:
-    launch("train", "lipt.train")
+    """`python train.py` / `lipt-train`: the whole pipeline."""
+    from lipt.train import run
+
+    launch("train", run)
 
 
 def pretrain_main() -> None:
-    launch("pretrain", "lipt.pretrain")
+    """`python pretrain.py` / `lipt-pretrain`: stage 1 alone."""
+    from lipt.pretrain import run
+
+    launch("pretrain", run)
 
 
 def select_main() -> None:
-    launch("select", "lipt.select")
+    """`python select.py` / `lipt-select`: stage 2 alone."""
+    from lipt.select import run
+
+    launch("select", run)

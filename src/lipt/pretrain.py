@@ -43,7 +43,7 @@ class NoPretraining:
     def __call__(
         self, ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int
     ) -> Pretrained:
-        return Pretrained(model)
+        return Pretrained(model, trained=False)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ class Pretrained:
     # The jigsaw learners' final layers, handed to selection (and saved in pretrain.ckpt) so a
     # selector can use the learners' ensemble without running them again.
     learner_heads: LearnerHeads | None = None
+    trained: bool = True  # False: the common initial model as it is (pretrain=none)
 
     def stats(self) -> dict[str, Any]:
         """summary.json's stages.pretrain."""
