@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from lipt.build import build_part
 from lipt.config import validate
-from tests.conftest import CONFIGS, ROOT
+from tests.helpers import CONFIGS, ROOT
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 RESULTS = ROOT / "docs" / "RESULTS.md"

@@ -25,7 +25,7 @@ from lipt.jigsaw import checkpoints as jigsaw_checkpoints
 from lipt.jigsaw import stage as jigsaw_stage
 from lipt.pretrain import pretrain_model
 from lipt.pretrain import run as pretrain_run
-from tests.conftest import run_entry
+from tests.helpers import run_entry
 
 N, M, K, B = 4, 1, 3, 32
 JIGSAW = [

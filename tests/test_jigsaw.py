@@ -23,7 +23,7 @@ from lipt.pretrain import pretrain_model
 from lipt.pretrain import run as pretrain_run
 from lipt.results import heads_from_payload
 from lipt.select import load_pretrained
-from tests.conftest import run_entry
+from tests.helpers import run_entry
 
 N, M, K, B = 4, 1, 2, 32
 # Small and quick: 4 learners, 2 passes over one minibatch of 32 each, 5 interpolation ratios,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lipt.artifacts import save_checkpoint, save_subset
-from tests.conftest import FAST, run_entry
+from tests.helpers import FAST, run_entry
 
 SLOW = pytest.mark.slow  # these load torch and data before they fail: a few seconds each
 
@@ -195,7 +195,7 @@ def repo_writable(root: Path) -> set[Path]:
 def test_a_run_writes_only_inside_its_run_dir(tmp_path):
     """Started from an empty working folder with an empty HOME: afterwards both are still empty
     and everything the run wrote is under hydra.run.dir."""
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     cwd, home, run_dir = tmp_path / "cwd", tmp_path / "home", tmp_path / "run"
     cwd.mkdir()

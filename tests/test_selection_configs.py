@@ -16,7 +16,7 @@ from lipt.build import build_datamodule, build_model
 from lipt.errors import UserError
 from lipt.select import choose_subset, ranking_models
 from lipt.selection import split_budget
-from tests.conftest import CONFIGS, FAST
+from tests.helpers import CONFIGS, FAST
 
 # coverage budgets classes by their difficulty on purpose (tests/test_selection_coverage.py).
 MODEL_SELECTORS = sorted(

@@ -19,7 +19,7 @@ from lipt.selection import (
     last_layer_gradients,
     select_balanced,
 )
-from tests.conftest import SELECTORS
+from tests.helpers import SELECTORS
 
 N, C, D = 200_000, 10, 64
 

@@ -31,7 +31,7 @@ from lipt.selection import (
     select_uncertainty,
     split_budget,
 )
-from tests.conftest import SELECTORS
+from tests.helpers import SELECTORS
 
 
 @pytest.fixture(autouse=True, scope="module")

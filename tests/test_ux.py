@@ -23,7 +23,7 @@ from lipt.jigsaw.learner import Learner, learner_shards, state_digest
 from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
 from lipt.pictures import sample_grid, write_subset_picture
 from lipt.selection import PoolOutputs, SelectionInputs, select_balanced, select_glister
-from tests.conftest import CONFIGS, ROOT
+from tests.helpers import CONFIGS, ROOT
 from tests.test_jigsaw import JIGSAW
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
