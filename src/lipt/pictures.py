@@ -15,7 +15,7 @@ from torch import Tensor
 from lipt.artifacts import atomic_write_bytes
 from lipt.console import shown
 from lipt.data import DataModule
-from lipt.report_plots import new_figure
+from lipt.report_render import new_figure
 
 SUBSET_PICTURE = "subset.png"
 GRID_CLASSES = 10  # rows of the sample grid (the first classes, for data sets with many)

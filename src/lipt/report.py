@@ -36,11 +36,9 @@ end with one line on stderr and exit code 2, as lipt's other commands do.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import sys
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +46,14 @@ from typing import Any
 import numpy as np
 
 from lipt.errors import UserError, fail
-from lipt.report_plots import STAGES, Row, plot_accuracy, plot_stage_times, value_text
+from lipt.report_render import (
+    STAGES,
+    Row,
+    plot_accuracy,
+    plot_stage_times,
+    to_csv,
+    to_markdown,
+)
 
 # Stages whose unique_samples count towards "data used" (selection reads data but trains on none).
 DATA_STAGES = ("pretrain", "train")
@@ -67,22 +72,6 @@ BOOKKEEPING_NAMES = frozenset(
     }
 )
 BOOKKEEPING_SUFFIXES = ("_dir", "_path")
-
-# The metric columns of a row, in table order (the group keys come first).
-METRICS = (
-    "runs",
-    "seeds",
-    "test_acc_pct_mean",
-    "test_acc_pct_std",
-    "subset_size",
-    "data_used_pct",
-    "pretrain_seconds",
-    "select_seconds",
-    "train_seconds",
-    "total_seconds",
-    "training_samples",
-)
-
 
 # --- loading --------------------------------------------------------------------------------
 
@@ -289,74 +278,7 @@ def aggregate(runs: Sequence[Run], keys: Sequence[str]) -> list[Row]:
     return rows
 
 
-# --- tables ---------------------------------------------------------------------------------
-
-
-def to_csv(rows: Sequence[Row], keys: Sequence[str]) -> str:
-    """Group keys and METRICS at full precision; empty cells where a value is unknown."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow([*keys, *METRICS])
-    for row in rows:
-        writer.writerow(["" if row[c] is None else row[c] for c in [*keys, *METRICS]])
-    return buffer.getvalue()
-
-
-def _number(value: float | None, decimals: int = 1) -> str:
-    return "—" if value is None else f"{value:,.{decimals}f}"
-
-
-def _seconds(value: float | None) -> str:
-    # Selection can take hundredths of a second: keep them visible next to the long stages.
-    return _number(value, 2 if value is not None and value < 10 else 1)
-
-
-def _accuracy(row: Row) -> str:
-    mean, std = row["test_acc_pct_mean"], row["test_acc_pct_std"]
-    if mean is None:
-        return "—"
-    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
-
-
-# Markdown columns after the group keys: header and how to show a row's value.
-MARKDOWN_COLUMNS: tuple[tuple[str, Callable[[Row], str]], ...] = (
-    ("runs", lambda r: str(r["runs"])),
-    ("seeds", lambda r: r["seeds"] or "—"),
-    ("test acc. (%)", _accuracy),
-    ("subset", lambda r: _number(r["subset_size"], 0)),
-    ("data used (%)", lambda r: _number(r["data_used_pct"], 2)),
-    ("pretrain (s)", lambda r: _seconds(r["pretrain_seconds"])),
-    ("select (s)", lambda r: _seconds(r["select_seconds"])),
-    ("train (s)", lambda r: _seconds(r["train_seconds"])),
-    ("total (s)", lambda r: _seconds(r["total_seconds"])),
-    ("training samples", lambda r: _number(r["training_samples"], 0)),
-)
-
-MARKDOWN_NOTES = """\
-- test acc.: mean ± sample standard deviation (ddof=1) over the group's runs (seeds), in %.
-- subset: subset size (mean over runs).
-- data used: (pre-training unique samples + main-training unique samples) / size of the
-  training split, in %: the paper's cost proxy; an item read by both stages counts twice.
-- seconds: mean wall-clock time per stage; a stage a run did not have counts 0, — when no run
-  of the group had it; total = pretrain + select + train.
-- training samples: samples passed forward and backward in pre-training plus main training,
-  mean per run.
-"""
-
-
-def to_markdown(rows: Sequence[Row], keys: Sequence[str], title: str = "Results") -> str:
-    headers = [*keys, *(header for header, _ in MARKDOWN_COLUMNS)]
-    # Group keys left-aligned, numbers right-aligned.
-    align = [":---"] * len(keys) + ["---:"] * len(MARKDOWN_COLUMNS)
-    lines = [f"# {title}", "", "| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-    for row in rows:
-        cells = [value_text(key, row[key]) for key in keys]
-        cells += [show(row) for _, show in MARKDOWN_COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + MARKDOWN_NOTES
-
-
-# --- figures --------------------------------------------------------------------------------
+# --- the command ------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

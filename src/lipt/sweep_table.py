@@ -13,7 +13,8 @@ from lipt import console
 from lipt.console import shown
 from lipt.jigsaw.soup_callback import learner_sweep
 from lipt.pictures import log_sweep_report
-from lipt.report import MARKDOWN_COLUMNS, aggregate, load_summaries, varying_keys
+from lipt.report import aggregate, load_summaries, varying_keys
+from lipt.report_render import MARKDOWN_COLUMNS
 
 
 class SweepTable(Callback):

@@ -1,5 +1,8 @@
 """Stage 3 and the whole pipeline (`train.py`): pre-train, select, train on the subset, test.
 
+Read top to bottom as a run goes: where to resume from, the subset (selected by lipt.select's
+own `select_subset`, or loaded), main training, and summary.json built from the stages' results.
+
 Under DDP, Lightning re-runs the entry script in every extra rank with the same run directory:
 rank 0 pre-trains and selects before the trainer starts, writes subset.npz, and the extra ranks
 read it from there instead of recomputing it.
@@ -55,6 +58,24 @@ from lipt.summary import subset_class_counts, summary_payload
 log = logging.getLogger(__name__)
 
 
+def resume_path(cfg: DictConfig, out: Path) -> str | None:
+    ckpt = cfg.get("ckpt_path")
+    if not ckpt:
+        return None
+    if ckpt == "last":
+        last = out / "checkpoints" / "last.ckpt"
+        if last.is_file():
+            return str(last)
+        if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
+            return None  # killed before main training: its saved learners and subset are reused
+        raise UserError(
+            f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
+        )
+    if not Path(str(ckpt)).is_file():
+        raise UserError(f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'")
+    return str(ckpt)
+
+
 def load_checked_subset(cfg: DictConfig, dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
     indices, weights, meta = load_subset(path)
     expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
@@ -107,24 +128,6 @@ def reselect_quietly(
 ) -> tuple[Tensor, Tensor]:
     with console.no_bars():  # Lightning's own bar is live during training
         return choose_subset(cfg, dm, [model], seed)
-
-
-def resume_path(cfg: DictConfig, out: Path) -> str | None:
-    ckpt = cfg.get("ckpt_path")
-    if not ckpt:
-        return None
-    if ckpt == "last":
-        last = out / "checkpoints" / "last.ckpt"
-        if last.is_file():
-            return str(last)
-        if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
-            return None  # killed before main training: its saved learners and subset are reused
-        raise UserError(
-            f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
-        )
-    if not Path(str(ckpt)).is_file():
-        raise UserError(f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'")
-    return str(ckpt)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:

@@ -1,9 +1,12 @@
-"""The figures of a sweep's report (lipt.report): test accuracy against data used (the paper's
-figure 2) and seconds per stage (its table 1). matplotlib is imported when a figure is drawn."""
+"""A sweep's report rendered from its rows (lipt.report groups the runs): the tables
+(results.md, results.csv) and the figures, test accuracy against data used (the paper's figure
+2) and seconds per stage (its table 1). matplotlib is imported when a figure is drawn."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import csv
+import io
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,21 @@ from lipt.errors import UserError
 # A sweep's stages, in pipeline order; a row of the report: a group's figures.
 STAGES = ("pretrain", "select", "train")
 Row = dict[str, Any]
+
+# The metric columns of a row, in table order (the group keys come first).
+METRICS = (
+    "runs",
+    "seeds",
+    "test_acc_pct_mean",
+    "test_acc_pct_std",
+    "subset_size",
+    "data_used_pct",
+    "pretrain_seconds",
+    "select_seconds",
+    "train_seconds",
+    "total_seconds",
+    "training_samples",
+)
 
 
 def value_text(key: str, value: Any) -> str:
@@ -26,6 +44,76 @@ def value_text(key: str, value: Any) -> str:
     if key.endswith("_target_"):  # lipt.models.ConvNet -> ConvNet
         text = text.rsplit(".", 1)[-1]
     return text.replace("|", "\\|")
+
+
+# --- tables ---------------------------------------------------------------------------------
+
+
+def to_csv(rows: Sequence[Row], keys: Sequence[str]) -> str:
+    """Group keys and METRICS at full precision; empty cells where a value is unknown."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([*keys, *METRICS])
+    for row in rows:
+        writer.writerow(["" if row[c] is None else row[c] for c in [*keys, *METRICS]])
+    return buffer.getvalue()
+
+
+def _number(value: float | None, decimals: int = 1) -> str:
+    return "—" if value is None else f"{value:,.{decimals}f}"
+
+
+def _seconds(value: float | None) -> str:
+    # Selection can take hundredths of a second: keep them visible next to the long stages.
+    return _number(value, 2 if value is not None and value < 10 else 1)
+
+
+def _accuracy(row: Row) -> str:
+    mean, std = row["test_acc_pct_mean"], row["test_acc_pct_std"]
+    if mean is None:
+        return "—"
+    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
+
+
+# Markdown columns after the group keys: header and how to show a row's value.
+MARKDOWN_COLUMNS: tuple[tuple[str, Callable[[Row], str]], ...] = (
+    ("runs", lambda r: str(r["runs"])),
+    ("seeds", lambda r: r["seeds"] or "—"),
+    ("test acc. (%)", _accuracy),
+    ("subset", lambda r: _number(r["subset_size"], 0)),
+    ("data used (%)", lambda r: _number(r["data_used_pct"], 2)),
+    ("pretrain (s)", lambda r: _seconds(r["pretrain_seconds"])),
+    ("select (s)", lambda r: _seconds(r["select_seconds"])),
+    ("train (s)", lambda r: _seconds(r["train_seconds"])),
+    ("total (s)", lambda r: _seconds(r["total_seconds"])),
+    ("training samples", lambda r: _number(r["training_samples"], 0)),
+)
+
+MARKDOWN_NOTES = """\
+- test acc.: mean ± sample standard deviation (ddof=1) over the group's runs (seeds), in %.
+- subset: subset size (mean over runs).
+- data used: (pre-training unique samples + main-training unique samples) / size of the
+  training split, in %: the paper's cost proxy; an item read by both stages counts twice.
+- seconds: mean wall-clock time per stage; a stage a run did not have counts 0, — when no run
+  of the group had it; total = pretrain + select + train.
+- training samples: samples passed forward and backward in pre-training plus main training,
+  mean per run.
+"""
+
+
+def to_markdown(rows: Sequence[Row], keys: Sequence[str], title: str = "Results") -> str:
+    headers = [*keys, *(header for header, _ in MARKDOWN_COLUMNS)]
+    # Group keys left-aligned, numbers right-aligned.
+    align = [":---"] * len(keys) + ["---:"] * len(MARKDOWN_COLUMNS)
+    lines = [f"# {title}", "", "| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+    for row in rows:
+        cells = [value_text(key, row[key]) for key in keys]
+        cells += [show(row) for _, show in MARKDOWN_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n" + MARKDOWN_NOTES
+
+
+# --- figures ---------------------------------------------------------------------------------
 
 
 def row_label(row: Row, keys: Sequence[str]) -> str:
