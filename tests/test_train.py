@@ -1,5 +1,5 @@
-"""Main training end to end: summary.json and subset.npz as DESIGN.md specifies, every data
-format, subsets from files, re-selection, and DDP on two CPU processes."""
+"""Main training end to end: summary.json and subset.npz as docs/DESIGN.md ("Artifacts")
+specifies, every data format, subsets from files, re-selection, and DDP on two CPU processes."""
 
 from __future__ import annotations
 
