@@ -99,7 +99,6 @@ def launch(config_name: str, stage: Callable[[DictConfig], Any]) -> None:
     overrides = [a for a in args if not a.startswith("-")]
     # Hydra's own flags (--help, --cfg, --info, ...) go straight through; -m still gets checked.
     if all(f in ("-m", "--multirun") for f in flags):
-        private_matplotlib_dir()
         precheck(config_name, overrides)
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
@@ -131,8 +130,9 @@ def is_multirun() -> bool:
 
 def private_matplotlib_dir() -> None:
     """Lightning imports matplotlib, which fixes its config and font-cache folder once per
-    process (under $HOME), and precheck's deep checks import Lightning before Hydra has made the
-    run folder: give it a temporary folder, removed at exit, unless the user chose one."""
+    process (under $HOME), and the stage (and precheck's deep checks) import Lightning before
+    Hydra has made the run folder: give it a temporary folder, removed at exit, unless the user
+    chose one."""
     import atexit
     import shutil
     import tempfile
@@ -182,6 +182,7 @@ def remove_if_only_bookkeeping(run_dir: Path) -> None:
 
 def train_main() -> None:
     """`python train.py` / `lipt-train`: the whole pipeline."""
+    private_matplotlib_dir()  # before the stage imports Lightning (which imports matplotlib)
     from lipt.train import run
 
     launch("train", run)
@@ -189,6 +190,7 @@ def train_main() -> None:
 
 def pretrain_main() -> None:
     """`python pretrain.py` / `lipt-pretrain`: stage 1 alone."""
+    private_matplotlib_dir()  # before the stage imports Lightning (which imports matplotlib)
     from lipt.pretrain import run
 
     launch("pretrain", run)
@@ -196,6 +198,7 @@ def pretrain_main() -> None:
 
 def select_main() -> None:
     """`python select.py` / `lipt-select`: stage 2 alone."""
+    private_matplotlib_dir()  # before the stage imports Lightning (which imports matplotlib)
     from lipt.select import run
 
     launch("select", run)
