@@ -1,14 +1,10 @@
 """Shared fixtures: compose the real configs on tmp_path, and write small data sets in the real
-on-disk formats (IDX, CIFAR pickle batches, ImageFolder trees)."""
+on-disk formats (IDX, CIFAR pickle batches, ImageFolder trees). Helpers that are not fixtures
+live in tests/helpers.py."""
 
 from __future__ import annotations
 
-import gzip
-import os
 import pickle
-import struct
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -17,48 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from lipt.selection import (
-    select_ccs,
-    select_coverage,
-    select_craig,
-    select_el2n,
-    select_glister,
-    select_gradmatch,
-    select_grand,
-    select_random,
-    select_uncertainty,
-)
-
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
-
-# The selectors under test, by the name of their config in configs/selector/ (tests only:
-# lipt itself finds selectors through Hydra's config group).
-SELECTORS = {
-    "random": select_random,
-    "uncertainty": select_uncertainty,
-    "el2n": select_el2n,
-    "grand": select_grand,
-    "glister": select_glister,
-    "gradmatch": select_gradmatch,
-    "craig": select_craig,
-    "ccs": select_ccs,
-    "coverage": select_coverage,
-}
-
-# Small, quick settings for end-to-end runs on the synthetic data set. On the CPU even where a
-# GPU is present: tests that compare runs bit for bit would not hold on CUDA with
-# `deterministic: false` (the `gpu` marker is for tests meant to run there).
-FAST = [
-    "dataset=synthetic",
-    "trainer.accelerator=cpu",
-    "model.width=8",
-    "batch_size=32",
-    "trainer.max_epochs=1",
-    "trainer.enable_progress_bar=false",
-    "logger=none",
-    "pretrain=none",  # tests that exercise the jigsaw stage ask for it
-]
+from tests.helpers import CONFIGS, class_images, write_idx
 
 
 @pytest.fixture
@@ -68,47 +23,6 @@ def make_cfg(tmp_path: Path) -> Callable[..., DictConfig]:
             return compose(config_name, overrides=[f"paths.output_dir={tmp_path}", *overrides])
 
     return _make
-
-
-def run_entry(
-    script: str,
-    args: Sequence[str],
-    cwd: Path = ROOT,
-    timeout: float = 600,
-    env: dict | None = None,
-) -> subprocess.CompletedProcess:
-    """Run an entry script as a user would, from the repository root."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(
-        [sys.executable, script, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-# --- real on-disk formats --------------------------------------------------------------------
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(struct.pack(">I", d) for d in array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    if path.suffix == ".gz":
-        with gzip.open(path, "wb") as f:
-            f.write(data)
-    else:
-        path.write_bytes(data)
-
-
-def class_images(labels: np.ndarray, channels: int, size: int, seed: int) -> np.ndarray:
-    """Images whose class is visible (a per-class brightness pattern plus noise)."""
-    rng = np.random.default_rng(seed)
-    prototypes = rng.integers(0, 256, size=(int(labels.max()) + 1, channels, size, size))
-    noise = rng.normal(0, 30, size=(len(labels), channels, size, size))
-    return np.clip(prototypes[labels] + noise, 0, 255).astype(np.uint8)
 
 
 @pytest.fixture

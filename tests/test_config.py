@@ -17,7 +17,7 @@ from lipt.build import build_loggers, build_model, build_trainer, quiet_trainer,
 from lipt.config import validate
 from lipt.errors import UserError
 from lipt.run_lock import RunDirLockedError
-from tests.conftest import FAST
+from tests.helpers import FAST
 
 ACCEPTED = [
     [],  # the defaults: Fashion-MNIST from the system folder, glister, jigsaw, csv
@@ -100,7 +100,7 @@ def test_an_unreadable_data_file_is_refused(make_cfg, tmp_path, monkeypatch):
     # Running as root, permissions cannot make a file unreadable: the open fails instead.
     import numpy as np
 
-    from tests.conftest import write_idx
+    from tests.helpers import write_idx
 
     data = tmp_path / "fm"
     data.mkdir()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, run_entry
+from tests.helpers import ROOT, run_entry
 
 
 def test_select_py_does_not_shadow_the_standard_select_module():

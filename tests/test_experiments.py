@@ -13,9 +13,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from lipt.build import build_part
 from lipt.config import validate
-from lipt.pretrain import warmup_epochs
-from tests.conftest import CONFIGS, ROOT
+from tests.helpers import CONFIGS, ROOT
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 RESULTS = ROOT / "docs" / "RESULTS.md"
@@ -143,7 +143,8 @@ def test_every_run_of_an_experiment_follows_the_paper(
             warmup = expected_warmup(name, approach, epochs, fraction)
             assert (cfg.pretrain.name == "full") == (warmup is not None), approach
             if warmup is not None:
-                assert warmup_epochs(cfg) == warmup, (approach, fraction)
+                strategy = build_part(cfg.pretrain)
+                assert strategy.warmup_epochs(epochs, fraction) == warmup, (approach, fraction)
             assert cfg.selector.get("repeats", 1) == (10 if approach == "grand_full" else 1)
             if approach == "full_steps":
                 assert cfg.selector.name == "full" and cfg.selector.match_subset_steps

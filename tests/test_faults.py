@@ -8,6 +8,7 @@ run gives, bit for bit; too few learners is a clear error (`pretrain.min_learner
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -15,14 +16,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
-import lipt.jigsaw as jigsaw
+import lipt.build
 from lipt.build import build_datamodule
 from lipt.errors import UserError
+from lipt.jigsaw import checkpoints as jigsaw_checkpoints
+from lipt.jigsaw import stage as jigsaw_stage
 from lipt.pretrain import pretrain_model
 from lipt.pretrain import run as pretrain_run
-from tests.conftest import run_entry
+from tests.helpers import run_entry
 
 N, M, K, B = 4, 1, 3, 32
 JIGSAW = [
@@ -61,21 +64,19 @@ def _stamp(path: Path) -> tuple[int, int]:
 
 def _diverge(ids: set[int], monkeypatch: pytest.MonkeyPatch) -> None:
     """Learners `ids` train with a learning rate of 1e30: a real NaN loss within a few steps."""
-    real = jigsaw.train_learner
+    real = jigsaw_checkpoints.train_learner
 
-    def faulty(cfg, dm, init, seed, learner, shard):
+    def faulty(ctx, settings, dm, init, seed, learner, shard):
         if learner in ids:
-            cfg = cfg.copy()
-            with open_dict(cfg):
-                cfg.pretrain.optim.lr = 1e30
-        return real(cfg, dm, init, seed, learner, shard)
+            settings = dataclasses.replace(settings, optim={**settings.optim, "lr": 1e30})
+        return real(ctx, settings, dm, init, seed, learner, shard)
 
-    monkeypatch.setattr(jigsaw, "train_learner", faulty)
+    monkeypatch.setattr(jigsaw_checkpoints, "train_learner", faulty)
 
 
 def _run_out_of_memory(learner_id: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Learner `learner_id`'s first training step raises torch.OutOfMemoryError."""
-    real = jigsaw.build_classifier
+    real = lipt.build.build_classifier
     calls = {"n": 0}
 
     def faulty(cfg, model, **optim):
@@ -89,7 +90,7 @@ def _run_out_of_memory(learner_id: int, monkeypatch: pytest.MonkeyPatch) -> None
             module.training_step = out_of_memory
         return module
 
-    monkeypatch.setattr(jigsaw, "build_classifier", faulty)
+    monkeypatch.setattr(lipt.build, "build_classifier", faulty)
 
 
 def _soup(folder: Path) -> dict[str, torch.Tensor]:
@@ -171,7 +172,7 @@ def _job(cfg: DictConfig, learner: int, folder: Path) -> None:
     job.pretrain.learners = learner
     job.pretrain.learner_dir = str(folder)
     job.paths.output_dir = str(folder.parent / f"job{learner}")
-    jigsaw.run_learner_job(job)
+    jigsaw_stage.run_learner_job(job)
 
 
 def test_a_sweep_whose_job_died_merges_the_rest_and_a_rerun_trains_only_it(
@@ -186,7 +187,7 @@ def test_a_sweep_whose_job_died_merges_the_rest_and_a_rerun_trains_only_it(
     (folder / ".learner_2.ckpt.x1y2.tmp").write_bytes(b"\x80half a checkpoint")
     before = {i: _stamp(folder / f"learner_{i}.ckpt") for i in (0, 1, 3)}
     with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
-        summary = jigsaw.merge_learner_dir(cfg, folder, sweep)
+        summary = jigsaw_stage.merge_learner_dir(cfg, folder, sweep)
     assert "jigsaw learners [2] have no checkpoint" in caplog.text
     report = json.loads((sweep / "merge_report.json").read_text())
     assert report["missing"] == [2] and set(report["kept"]) <= {0, 1, 3}
@@ -202,7 +203,7 @@ def test_a_sweep_whose_job_died_merges_the_rest_and_a_rerun_trains_only_it(
             _job(cfg, i, folder)
     assert {i: _stamp(folder / f"learner_{i}.ckpt") for i in (0, 1, 3)} == before
     assert caplog.text.count("reused from") == 3 and "learner 2 (ok) written" in caplog.text
-    jigsaw.merge_learner_dir(cfg, folder, sweep)
+    jigsaw_stage.merge_learner_dir(cfg, folder, sweep)
     pretrain_run(jigsaw_cfg("clean"))
     assert _equal(_soup(sweep), _soup(tmp_path / "clean"))  # bit for bit
 

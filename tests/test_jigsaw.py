@@ -1,4 +1,4 @@
-"""The jigsaw pre-training stage (lipt.jigsaw), end to end on the synthetic data set."""
+"""The jigsaw pre-training stage (lipt.jigsaw.stage), end to end on the synthetic data set."""
 
 from __future__ import annotations
 
@@ -11,16 +11,19 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-import lipt.jigsaw as jigsaw
-from lipt.build import build_datamodule, build_model
+import lipt.build
+from lipt.build import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
-from lipt.pretrain import heads_from_payload, pretrain_model
+from lipt.jigsaw import learner as jigsaw_learner
+from lipt.jigsaw import stage as jigsaw_stage
+from lipt.jigsaw.soup_callback import learner_sweep
+from lipt.pretrain import pretrain_model
 from lipt.pretrain import run as pretrain_run
+from lipt.results import heads_from_payload
 from lipt.select import load_pretrained
-from lipt.soup_callback import learner_sweep
-from tests.conftest import run_entry
+from tests.helpers import run_entry
 
 N, M, K, B = 4, 1, 2, 32
 # Small and quick: 4 learners, 2 passes over one minibatch of 32 each, 5 interpolation ratios,
@@ -124,13 +127,13 @@ def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, m
     cfg = jigsaw_cfg()
     dm = build_datamodule(cfg)
     starts: list[dict[str, torch.Tensor]] = []
-    original = jigsaw.build_classifier
+    original = lipt.build.build_classifier
 
     def spy(cfg, model, **optim):
         starts.append({k: v.clone() for k, v in model.state_dict().items()})
         return original(cfg, model, **optim)
 
-    monkeypatch.setattr(jigsaw, "build_classifier", spy)
+    monkeypatch.setattr(lipt.build, "build_classifier", spy)
     result = pretrain_model(cfg, dm, seed=0)
 
     init = build_model(cfg, 0).state_dict()
@@ -183,16 +186,18 @@ def test_learner_depends_on_seed_and_id_not_on_global_rng(jigsaw_cfg):
     cfg = jigsaw_cfg()
     dm = build_datamodule(cfg)
     init = build_model(cfg, 0)
-    shard = jigsaw.learner_shard(cfg, dm, 0, 2)
-    assert torch.equal(shard, jigsaw.learner_shards(cfg, dm, 0)[2])
+    ctx, settings = build_pretrain_context(cfg, dm), build_part(cfg.pretrain)
+    shard = jigsaw_learner.learner_shard(settings, dm, 0, 2)
+    assert torch.equal(shard, jigsaw_learner.learner_shards(settings, dm, 0)[2])
     torch.manual_seed(123)
-    a = jigsaw.train_learner(cfg, dm, init, 0, 2, shard)
+    a = jigsaw_learner.train_learner(ctx, settings, dm, init, 0, 2, shard)
     torch.manual_seed(7)
     torch.rand(1000)
-    b = jigsaw.train_learner(cfg, dm, init, 0, 2, shard)
+    b = jigsaw_learner.train_learner(ctx, settings, dm, init, 0, 2, shard)
     assert a.state_dict is not None and b.state_dict is not None
     assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in a.state_dict)
-    c = jigsaw.train_learner(cfg, dm, init, 0, 3, shard)  # another id: other augmentations
+    # another id: other augmentations
+    c = jigsaw_learner.train_learner(ctx, settings, dm, init, 0, 3, shard)
     assert c.state_dict is not None
     assert not all(torch.equal(a.state_dict[k], c.state_dict[k]) for k in a.state_dict)
 
@@ -211,20 +216,20 @@ def test_diverged_and_failed_learners_are_left_out_with_a_warning(jigsaw_cfg, mo
     cfg = jigsaw_cfg()
     dm = build_datamodule(cfg)
     calls = {"state": 0, "prune": 0}
-    state_dict_cpu, prune = jigsaw.state_dict_cpu, jigsaw._prune
+    state_dict_cpu, prune = jigsaw_learner.state_dict_cpu, jigsaw_learner.prune_learner
 
     def nan_for_learner_1(model):
         calls["state"] += 1
         sd = state_dict_cpu(model)
         return _poison(sd) if calls["state"] == 2 else sd
 
-    def raise_for_learner_3(cfg, dm, model, seed, learner, shard):
+    def raise_for_learner_3(ctx, dm, model, seed, learner, shard):
         if learner == 3:
             raise RuntimeError("out of memory (simulated)")
-        return prune(cfg, dm, model, seed, learner, shard)
+        return prune(ctx, dm, model, seed, learner, shard)
 
-    monkeypatch.setattr(jigsaw, "state_dict_cpu", nan_for_learner_1)
-    monkeypatch.setattr(jigsaw, "_prune", raise_for_learner_3)
+    monkeypatch.setattr(jigsaw_learner, "state_dict_cpu", nan_for_learner_1)
+    monkeypatch.setattr(jigsaw_learner, "prune_learner", raise_for_learner_3)
     with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
         result = pretrain_model(cfg, dm, seed=0)
     report = result.report
@@ -244,7 +249,7 @@ def test_diverged_and_failed_learners_are_left_out_with_a_warning(jigsaw_cfg, mo
 def test_no_learner_left_is_a_clear_error(jigsaw_cfg, monkeypatch):
     cfg = jigsaw_cfg()
     dm = build_datamodule(cfg)
-    monkeypatch.setattr(jigsaw, "state_dict_cpu", lambda model: _poison(model.state_dict()))
+    monkeypatch.setattr(jigsaw_learner, "state_dict_cpu", lambda model: _poison(model.state_dict()))
     with pytest.raises(UserError, match=r"no jigsaw learner is left to merge: all 4 diverged"):
         pretrain_model(cfg, dm, seed=0)
 
@@ -328,7 +333,7 @@ def _run_jobs(cfg: DictConfig, folder: Path) -> None:
         job.pretrain.learners = i
         job.pretrain.learner_dir = str(folder)
         job.paths.output_dir = str(folder.parent / f"job{i}")
-        jigsaw.run_learner_job(job)
+        jigsaw_stage.run_learner_job(job)
 
 
 def test_merge_of_job_checkpoints_leaves_out_missing_and_nan(jigsaw_cfg, tmp_path, caplog):
@@ -345,7 +350,7 @@ def test_merge_of_job_checkpoints_leaves_out_missing_and_nan(jigsaw_cfg, tmp_pat
     torch.save(bad, folder / "learner_1.ckpt")
     out = tmp_path / "sweep"
     with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
-        summary = jigsaw.merge_learner_dir(cfg, folder, out)
+        summary = jigsaw_stage.merge_learner_dir(cfg, folder, out)
     report = json.loads((out / "merge_report.json").read_text())
     assert report["left_out"] == [1, 2]
     assert [le["status"] for le in report["learners"]] == ["ok", "diverged", "missing", "ok"]
@@ -358,14 +363,14 @@ def test_merge_of_job_checkpoints_leaves_out_missing_and_nan(jigsaw_cfg, tmp_pat
         if path.name != "learner_1.ckpt":
             path.unlink()
     with pytest.raises(UserError, match="no jigsaw learner is left"):
-        jigsaw.merge_learner_dir(cfg, folder, out)
+        jigsaw_stage.merge_learner_dir(cfg, folder, out)
 
 
 def test_merge_from_saved_learners_equals_the_sweep_merge(jigsaw_cfg, tmp_path):
     cfg = jigsaw_cfg()
     folder = tmp_path / "sweep" / "learners"
     _run_jobs(cfg, folder)
-    summary = jigsaw.merge_learner_dir(cfg, folder, tmp_path / "sweep")
+    summary = jigsaw_stage.merge_learner_dir(cfg, folder, tmp_path / "sweep")
     again = jigsaw_cfg(f"pretrain.merge_from={folder}")
     validate(again)
     result = pretrain_model(again, build_datamodule(again), seed=0)
@@ -383,7 +388,7 @@ def test_merge_refuses_checkpoints_of_another_recipe(jigsaw_cfg, tmp_path):
     _run_jobs(cfg, folder)
     other = jigsaw_cfg("seed=1")
     with pytest.raises(UserError, match="seed"):
-        jigsaw.merge_learner_dir(other, folder, tmp_path)
+        jigsaw_stage.merge_learner_dir(other, folder, tmp_path)
 
 
 def _sweep_config(*task: str) -> DictConfig:

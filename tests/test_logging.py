@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 
 from lipt import train as train_stage
-from tests.conftest import FAST
+from tests.helpers import FAST
 
 
 def test_csv_logger_gets_stage_times_and_test_accuracy(make_cfg, tmp_path):

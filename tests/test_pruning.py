@@ -1,4 +1,4 @@
-"""One-shot global pruning of jigsaw learners (lipt.pruning)."""
+"""One-shot global pruning of jigsaw learners (lipt.jigsaw.pruning)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import prune
 
-from lipt.pruning import (
+from lipt.jigsaw.pruning import (
     draw_density,
     prunable_parameters,
     prune_magnitude,
@@ -20,6 +20,7 @@ from lipt.pruning import (
     prune_random,
     prune_snip,
 )
+from lipt.seeding import torch_threads
 
 PRUNABLE = ["conv1.weight", "conv2.weight", "fc.weight"]
 
@@ -27,10 +28,8 @@ PRUNABLE = ["conv1.weight", "conv2.weight", "fc.weight"]
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread() -> Iterator[None]:
     """Tiny tensors gain nothing from intra-op threads, which oversubscribe a busy small CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 class Net(nn.Module):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lipt.artifacts import save_checkpoint, save_subset
-from tests.conftest import FAST, run_entry
+from tests.helpers import FAST, run_entry
 
 SLOW = pytest.mark.slow  # these load torch and data before they fail: a few seconds each
 
@@ -195,7 +195,7 @@ def repo_writable(root: Path) -> set[Path]:
 def test_a_run_writes_only_inside_its_run_dir(tmp_path):
     """Started from an empty working folder with an empty HOME: afterwards both are still empty
     and everything the run wrote is under hydra.run.dir."""
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     cwd, home, run_dir = tmp_path / "cwd", tmp_path / "home", tmp_path / "run"
     cwd.mkdir()
@@ -221,7 +221,7 @@ def test_a_run_writes_only_inside_its_run_dir(tmp_path):
 
 def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_path):
     from lipt.build import build_datamodule
-    from lipt.select import choose_subset, selection_models
+    from lipt.select import choose_subset, ranking_models
 
     results = []
     for attempt in range(2):
@@ -235,7 +235,7 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
             ]
         )
         dm = build_datamodule(cfg)
-        models, _ = selection_models(cfg, dm, {})
+        models = ranking_models(cfg, dm).models
         results.append(choose_subset(cfg, dm, models, seed=0))
     (i0, w0), (i1, w1) = results
     assert torch.equal(i0, i1)
@@ -251,7 +251,7 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
         ]
     )
     dm = build_datamodule(other)
-    i2, _ = choose_subset(other, dm, selection_models(other, dm, {})[0], seed=1)
+    i2, _ = choose_subset(other, dm, ranking_models(other, dm).models, seed=1)
     assert not torch.equal(i0, i2)
 
 

@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from lipt import report
-from tests.conftest import CONFIGS, FAST, ROOT, run_entry
+from tests.helpers import CONFIGS, FAST, ROOT, run_entry
 
 DATASET_TRAIN_SIZE = 60000
 PRETRAIN_UNIQUE = 2560

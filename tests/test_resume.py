@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import FAST, ROOT
+from tests.helpers import FAST, ROOT
 
 
 @pytest.mark.slow

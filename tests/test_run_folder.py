@@ -20,7 +20,7 @@ from lipt import train as train_stage
 from lipt.artifacts import AtomicCheckpointIO, save_checkpoint, save_subset
 from lipt.errors import UserError
 from lipt.run_lock import RunDirLockedError, lock_run_dir
-from tests.conftest import FAST, run_entry
+from tests.helpers import FAST, run_entry
 
 HOLDER = """
 import sys

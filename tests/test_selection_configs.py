@@ -14,9 +14,9 @@ from lipt import select as select_stage
 from lipt import train as train_stage
 from lipt.build import build_datamodule, build_model
 from lipt.errors import UserError
-from lipt.select import choose_subset, selection_models
+from lipt.select import choose_subset, ranking_models
 from lipt.selection import split_budget
-from tests.conftest import CONFIGS, FAST
+from tests.helpers import CONFIGS, FAST
 
 # coverage budgets classes by their difficulty on purpose (tests/test_selection_coverage.py).
 MODEL_SELECTORS = sorted(
@@ -65,7 +65,7 @@ def test_no_validation_rows_is_a_user_error_before_any_work(make_cfg, tmp_path) 
     with pytest.raises(UserError, match="validation split"):
         choose_subset(cfg, dm, [build_model(cfg, 0)], 0)
     with pytest.raises(UserError, match="validation split"):
-        selection_models(cfg, dm, {})
+        ranking_models(cfg, dm)
 
 
 def test_gradmatch_per_batch_runs_from_the_config(make_cfg) -> None:

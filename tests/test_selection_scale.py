@@ -12,13 +12,14 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from lipt.seeding import torch_threads
 from lipt.selection import (
     PoolOutputs,
     SelectionInputs,
     last_layer_gradients,
     select_balanced,
 )
-from tests.conftest import SELECTORS
+from tests.helpers import SELECTORS
 
 N, C, D = 200_000, 10, 64
 
@@ -40,8 +41,11 @@ class LargestTensor(TorchDispatchMode):
 
 @pytest.fixture(scope="module")
 def big_inputs() -> Iterator[SelectionInputs]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # see test_selection_selectors: many tiny ops
+    with torch_threads(1):  # see test_selection_selectors: many tiny ops
+        yield make_inputs()
+
+
+def make_inputs() -> SelectionInputs:
     g = torch.Generator().manual_seed(0)
     W = torch.randn(C, D, generator=g) / D**0.5
     b = torch.zeros(C)
@@ -49,8 +53,7 @@ def big_inputs() -> Iterator[SelectionInputs]:
     h = torch.randn(N, D, generator=g).relu() + W[y].clamp_min(0)
     pool = PoolOutputs(h @ W.T + b, h, y, torch.arange(N))
     val = PoolOutputs(pool.logits[:2000], h[:2000], y[:2000], torch.arange(2000))
-    yield SelectionInputs(pool, val=val, classifier_weight=W, classifier_bias=b)
-    torch.set_num_threads(threads)
+    return SelectionInputs(pool, val=val, classifier_weight=W, classifier_bias=b)
 
 
 def test_the_watch_sees_a_gradient_matrix(big_inputs: SelectionInputs) -> None:

@@ -11,9 +11,10 @@ import torch
 from lipt import select as select_stage
 from lipt import train as train_stage
 from lipt.build import build_datamodule, build_model
-from lipt.select import choose_subset, repeat_seed, reselect_seed
+from lipt.seeding import repeat_seed, reselect_seed
+from lipt.select import choose_subset
 from lipt.selection import split_budget
-from tests.conftest import FAST
+from tests.helpers import FAST
 
 
 def test_streams_of_different_runs_share_nothing() -> None:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lipt.seeding import torch_threads
 from lipt.selection import (
     PoolOutputs,
     Selection,
@@ -30,17 +31,15 @@ from lipt.selection import (
     select_uncertainty,
     split_budget,
 )
-from tests.conftest import SELECTORS
+from tests.helpers import SELECTORS
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread() -> Iterator[None]:
     """The selectors' greedy loops are many tiny ops; on a busy 2-core box intra-op threads
     only add synchronisation stalls, so run these tests single-threaded."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 def gen(seed: int = 0) -> torch.Generator:

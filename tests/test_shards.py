@@ -1,11 +1,11 @@
-"""Disjoint jigsaw shards (lipt.shards)."""
+"""Disjoint jigsaw shards (lipt.jigsaw.shards)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lipt.shards import make_shards, shard_for_learner
+from lipt.jigsaw.shards import make_shards, shard_for_learner
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -1,4 +1,4 @@
-"""Model soups of jigsaw learners (lipt.soup)."""
+"""Model soups of jigsaw learners (lipt.jigsaw.soup, lipt.jigsaw.weights)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lipt.pruning import draw_density, prune_magnitude
-from lipt.shards import make_shards
-from lipt.soup import (
+from lipt.jigsaw.pruning import draw_density, prune_magnitude
+from lipt.jigsaw.shards import make_shards
+from lipt.jigsaw.soup import (
     RUNNING_MEAN,
     SoupResult,
-    StateDict,
     alpha_grid,
-    average_state_dicts,
     greedy_interp_soup,
     greedy_soup,
+    uniform_soup,
+)
+from lipt.jigsaw.weights import (
+    StateDict,
+    average_state_dicts,
     interpolate,
     is_finite_state_dict,
     recompute_batchnorm_stats,
-    uniform_soup,
 )
+from lipt.seeding import torch_threads
 
 # --------------------------------------------------------------------------- helpers
 
@@ -34,10 +37,8 @@ from lipt.soup import (
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread() -> Iterator[None]:
     """Tiny tensors gain nothing from intra-op threads, which oversubscribe a busy small CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 class Counting:

@@ -1,5 +1,5 @@
-"""Main training end to end: summary.json and subset.npz as DESIGN.md specifies, every data
-format, subsets from files, re-selection, and DDP on two CPU processes."""
+"""Main training end to end: summary.json and subset.npz as docs/DESIGN.md ("Artifacts")
+specifies, every data format, subsets from files, re-selection, and DDP on two CPU processes."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from lipt.build import build_datamodule, build_model, state_dict_cpu
 from lipt.errors import UserError
 from lipt.module import Classifier
 from lipt.seen import load_seen
-from tests.conftest import FAST, run_entry
+from tests.helpers import FAST, run_entry
 
 
 def test_random_subset_run_writes_summary_and_subset(make_cfg, tmp_path):

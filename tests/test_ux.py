@@ -18,11 +18,12 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from lipt import console
-from lipt.build import build_datamodule, build_model
-from lipt.jigsaw import HeldOut, Learner, bn_positions, learner_shards, merge_learners, state_digest
+from lipt.build import build_datamodule, build_model, build_part, build_pretrain_context
+from lipt.jigsaw.learner import Learner, learner_shards, state_digest
+from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
 from lipt.pictures import sample_grid, write_subset_picture
 from lipt.selection import PoolOutputs, SelectionInputs, select_balanced, select_glister
-from tests.conftest import CONFIGS, ROOT
+from tests.helpers import CONFIGS, ROOT
 from tests.test_jigsaw import JIGSAW
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -279,7 +280,8 @@ def test_learners_scored_as_they_finish_give_the_same_soup(make_cfg):
     dm = build_datamodule(cfg)
     init = build_model(cfg, 0)
     digest = state_digest(init.state_dict())
-    shards = learner_shards(cfg, dm, 0)
+    ctx, settings = build_pretrain_context(cfg, dm), build_part(cfg.pretrain)
+    shards = learner_shards(settings, dm, 0)
 
     def learners() -> list[Learner]:
         out = []
@@ -292,11 +294,12 @@ def test_learners_scored_as_they_finish_give_the_same_soup(make_cfg):
             out.append(Learner(i, shard, state_dict=state, init_digest=digest))
         return out
 
-    model_a, report_a = merge_learners(cfg, dm, init, 0, learners())
+    model_a, report_a = merge_learners(ctx, settings, dm, init, 0, learners())
     scored = learners()
-    evaluate = HeldOut(cfg, dm, init, 0, bn_positions(cfg, dm, 0))
+    positions = bn_positions(settings, ctx.merge, dm, 0)
+    evaluate = HeldOut(ctx.merge, ctx.device, dm, init, 0, positions)
     scores = [evaluate.score_learner(le) for le in scored]
-    model_b, report_b = merge_learners(cfg, dm, init, 0, scored, evaluate)
+    model_b, report_b = merge_learners(ctx, settings, dm, init, 0, scored, evaluate)
     report_a.pop("merge_seconds"), report_b.pop("merge_seconds")
     assert report_a == report_b  # same kept, ratios, scores and number of evaluations
     assert scores == [le["accuracy"] for le in report_a["learners"]]

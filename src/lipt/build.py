@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,13 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from lipt import console
 from lipt.artifacts import AtomicCheckpointIO
+from lipt.console import shown
 from lipt.data import DataModule
 from lipt.models.options import apply_speed_options
 from lipt.module import Classifier
+from lipt.results import PretrainContext
 from lipt.run_lock import lock_run_dir
 
 
@@ -72,13 +76,54 @@ def build_model(cfg: DictConfig, seed: int) -> nn.Module:
 RESERVED_SELECTOR_KEYS = ("name", "balance", "needs_model", "repeats")
 
 
-def build_selector(node: DictConfig) -> Any:
-    """The `selector` group's function (a functools.partial), lipt's own keys left out. The node
-    is resolved in place first: a copy of it alone cannot see top-level keys (gradmatch's
-    batch_size: ${batch_size})."""
+def build_part(node: DictConfig, reserved: Sequence[str] = ()) -> Any:
+    """The object a config group's node names with `_target_` (a functools.partial with
+    `_partial_: true`), the `reserved` keys (lipt's own, not the target's) left out. Every group
+    is chosen this way: selector, pretrain, merge, prune, augment, model, dataset, trainer. The
+    node is resolved in place first: a copy of it alone cannot see top-level keys (gradmatch's
+    batch_size: ${batch_size}); nested plain nodes arrive as dicts."""
     resolved = OmegaConf.to_container(node, resolve=True)
     assert isinstance(resolved, dict)
-    return instantiate({k: v for k, v in resolved.items() if k not in RESERVED_SELECTOR_KEYS})
+    kept = {k: v for k, v in resolved.items() if k not in reserved}
+    return instantiate(kept, _convert_="all")
+
+
+def build_selector(node: DictConfig) -> Any:
+    """The `selector` group's function (a functools.partial), lipt's own keys left out."""
+    return build_part(node, RESERVED_SELECTOR_KEYS)
+
+
+def build_pretrain_context(cfg: DictConfig, dm: DataModule) -> PretrainContext:
+    """What a pre-training strategy needs of this run (lipt.results.PretrainContext), the
+    groups augment, prune and merge instantiated."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    assert isinstance(model, dict)
+    model_config = {str(k): v for k, v in model.items()}
+    return PretrainContext(
+        data_name=dm.data_name,
+        num_classes=int(cfg.dataset.num_classes),
+        model_config=model_config,
+        pretrain_name=str(cfg.pretrain.name),
+        run_seed=int(cfg.seed),
+        fraction=float(cfg.fraction),
+        main_epochs=int(cfg.trainer.max_epochs),
+        device=scoring_device(cfg),
+        run_dir=lambda: run_dir(cfg),
+        # Late-bound (looked up when called), so a test can wrap build_classifier.
+        classifier=lambda model, **optim: build_classifier(cfg, model, **optim),
+        trainer=lambda **overrides: quiet_trainer(cfg, **overrides),
+        augment=build_part(cfg.augment),
+        prune=build_part(cfg.prune),
+        merge=build_part(cfg.merge),
+    )
+
+
+def scoring_device(cfg: DictConfig) -> torch.device:
+    """Where held-out scoring of jigsaw soups runs: the GPU unless the trainer is told CPU."""
+    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
 
 
 def build_classifier(cfg: DictConfig, model: nn.Module, **optim: Any) -> Classifier:
@@ -113,11 +158,24 @@ def sweep_name() -> str | None:
 
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
-    from lipt.console import shown
-    from lipt.jigsaw import sweep_dir_of_job
-
     sweep = sweep_dir_of_job()
     return None if sweep is None else shown(sweep)  # multirun/<stage>/<date>/<time>
+
+
+def sweep_dir_of_job() -> Path | None:
+    """The sweep dir of the running multirun job, or None outside one. Derived from the job's
+    output dir (sweep dir / subdir) rather than by re-resolving hydra.sweep.dir, whose ${now:}
+    a remote job would resolve to another time."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    depth = len(Path(str(hc.sweep.subdir)).parts)
+    return Path(str(hc.runtime.output_dir)).parents[depth - 1]
 
 
 def build_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:
@@ -128,8 +186,6 @@ def build_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:
         **overrides,
     }
     if kwargs.get("enable_progress_bar", cfg.trainer.get("enable_progress_bar")) is None:
-        from lipt import console
-
         kwargs["enable_progress_bar"] = console.bars_enabled()  # null: a bar on a terminal only
     return instantiate(cfg.trainer, **kwargs)
 

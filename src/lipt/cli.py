@@ -15,9 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lipt.errors import UserError
-
-EXIT_USER_ERROR = 2
+from lipt.errors import UserError, fail, one_line
 
 
 def config_dir() -> Path:
@@ -27,16 +25,6 @@ def config_dir() -> Path:
     if not (path / "train.yaml").is_file():
         fail(f"no lipt configs at {path}; set LIPT_CONFIG_DIR to the repository's configs/")
     return path
-
-
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(EXIT_USER_ERROR)
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split("\n")[0].split())
-    return text or type(e).__name__
 
 
 def _candidate_overrides(args: list[str]) -> list[list[str]]:
@@ -89,7 +77,7 @@ def precheck(config_name: str, args: list[str]) -> None:
         for cfg in configs:  # then what builds the Trainer, selector, ... (imports torch)
             validate(cfg)
     except (HydraException, OmegaConfBaseException, UserError) as e:
-        fail(_one_line(e) + ("" if isinstance(e, UserError) else _hint(e)))
+        fail(one_line(e) + ("" if isinstance(e, UserError) else _hint(e)))
     finally:
         GlobalHydra.instance().clear()
 
@@ -101,11 +89,9 @@ def _hint(e: BaseException) -> str:
     return ""
 
 
-def launch(config_name: str, stage_module: str) -> None:
-    """Check the overrides, then hand over to Hydra, which calls `<stage_module>.run(cfg)`.
-    The stage (torch, Lightning) is imported only after the check, so bad input fails fast."""
-    import importlib
-
+def launch(config_name: str, stage: Callable[[DictConfig], Any]) -> None:
+    """Check the overrides, then hand over to Hydra, which calls `stage(cfg)` (a stage's `run`:
+    lipt.train.run, lipt.pretrain.run, lipt.select.run)."""
     import hydra
 
     args = sys.argv[1:]
@@ -113,7 +99,6 @@ def launch(config_name: str, stage_module: str) -> None:
     overrides = [a for a in args if not a.startswith("-")]
     # Hydra's own flags (--help, --cfg, --info, ...) go straight through; -m still gets checked.
     if all(f in ("-m", "--multirun") for f in flags):
-        private_matplotlib_dir()
         precheck(config_name, overrides)
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
@@ -121,16 +106,15 @@ def launch(config_name: str, stage_module: str) -> None:
         from lipt import console
 
         keep_caches_in(Path(str(cfg.paths.output_dir)))
-        run: Callable[[DictConfig], Any] = importlib.import_module(stage_module).run
         console.setup(multirun_job=is_multirun())
         try:
-            summary = run(cfg)
+            summary = stage(cfg)
         except UserError as e:
             from lipt.run_lock import RunDirLockedError
 
             if not isinstance(e, RunDirLockedError):  # a locked folder is another run's: keep it
                 remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))
-            fail(_one_line(e))
+            fail(one_line(e))
         console.report_result(summary, Path(str(cfg.paths.output_dir)))
         return summary
 
@@ -146,8 +130,9 @@ def is_multirun() -> bool:
 
 def private_matplotlib_dir() -> None:
     """Lightning imports matplotlib, which fixes its config and font-cache folder once per
-    process (under $HOME), and precheck's deep checks import Lightning before Hydra has made the
-    run folder: give it a temporary folder, removed at exit, unless the user chose one."""
+    process (under $HOME), and the stage (and precheck's deep checks) import Lightning before
+    Hydra has made the run folder: give it a temporary folder, removed at exit, unless the user
+    chose one."""
     import atexit
     import shutil
     import tempfile
@@ -196,12 +181,24 @@ def remove_if_only_bookkeeping(run_dir: Path) -> None:
 
 
 def train_main() -> None:
-    launch("train", "lipt.train")
+    """`python train.py` / `lipt-train`: the whole pipeline."""
+    private_matplotlib_dir()  # before the stage imports Lightning (which imports matplotlib)
+    from lipt.train import run
+
+    launch("train", run)
 
 
 def pretrain_main() -> None:
-    launch("pretrain", "lipt.pretrain")
+    """`python pretrain.py` / `lipt-pretrain`: stage 1 alone."""
+    private_matplotlib_dir()  # before the stage imports Lightning (which imports matplotlib)
+    from lipt.pretrain import run
+
+    launch("pretrain", run)
 
 
 def select_main() -> None:
-    launch("select", "lipt.select")
+    """`python select.py` / `lipt-select`: stage 2 alone."""
+    private_matplotlib_dir()  # before the stage imports Lightning (which imports matplotlib)
+    from lipt.select import run
+
+    launch("select", run)

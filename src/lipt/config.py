@@ -4,27 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from lipt.checks import check_number, check_optim, get_key
 from lipt.errors import UserError
-
-
-def _get(cfg: DictConfig, key: str) -> Any:
-    try:
-        return OmegaConf.select(cfg, key, throw_on_missing=True)
-    except Exception as e:  # omegaconf raises MissingMandatoryValue / interpolation errors
-        raise UserError(f"{key} must be set ({e.__class__.__name__}); pass {key}=...") from e
-
-
-def _number(cfg: DictConfig, key: str, kind: type, low: float, high: float, hint: str) -> None:
-    value = _get(cfg, key)
-    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int:
-        ok_type = isinstance(value, int) and not isinstance(value, bool)
-    if not ok_type or not (low <= value <= high):
-        raise UserError(f"{key}={value!r} is invalid: {hint}")
+from lipt.jigsaw.checks import validate_jigsaw
 
 
 def needs_held_out(selector: DictConfig | None) -> bool:
@@ -33,25 +18,6 @@ def needs_held_out(selector: DictConfig | None) -> bool:
         return False
     name = selector.get("name")
     return name == "glister" or (name == "gradmatch" and selector.get("target") == "val")
-
-
-def _positive(cfg: DictConfig, key: str, high: float, hint: str) -> None:
-    value = _get(cfg, key)
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or not (0 < value <= high):
-        raise UserError(f"{key}={value!r} is invalid: {hint}")
-
-
-def check_optim(cfg: DictConfig, prefix: str) -> None:
-    """SGD settings under `prefix` (optim, pretrain.optim), as lipt.module.Classifier uses them."""
-    _positive(cfg, f"{prefix}.lr", 1e3, "use a positive learning rate, e.g. 0.1")
-    _number(cfg, f"{prefix}.momentum", float, 0, 0.999999, "use a momentum in [0, 1)")
-    _number(cfg, f"{prefix}.weight_decay", float, 0, 1e3, "use a weight decay >= 0")
-    if not isinstance(_get(cfg, f"{prefix}.nesterov"), bool):
-        raise UserError(f"{prefix}.nesterov is invalid: use true or false")
-    scheduler = _get(cfg, f"{prefix}.scheduler")
-    if scheduler not in ("cosine", "constant"):
-        raise UserError(f"{prefix}.scheduler={scheduler!r} is invalid: use cosine or constant")
 
 
 def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
@@ -66,22 +32,22 @@ def validate(cfg: DictConfig, deep: bool = True) -> None:
     """Raise UserError naming the key and the fix for the first problem found: the cheap checks
     here, then (`deep`) those that build the Trainer, the loggers and the selector and look at
     the data files (lipt.preflight)."""
-    fraction = _get(cfg, "fraction")
+    fraction = get_key(cfg, "fraction")
     if (
         not isinstance(fraction, (int, float))
         or isinstance(fraction, bool)
         or not 0 < fraction <= 1
     ):
         raise UserError(f"fraction={fraction!r} is invalid: use a number in (0, 1], e.g. 0.1")
-    _number(cfg, "seed", int, 0, 2**32 - 1, "use a non-negative integer")
-    _number(cfg, "reselect_every", int, 0, 10**9, "use 0 (select once) or a positive integer")
-    _number(cfg, "batch_size", int, 1, 10**7, "use a positive integer")
-    _number(cfg, "trainer.max_epochs", int, 1, 10**7, "use a positive integer")
+    check_number(cfg, "seed", int, 0, 2**32 - 1, "use a non-negative integer")
+    check_number(cfg, "reselect_every", int, 0, 10**9, "use 0 (select once) or a positive integer")
+    check_number(cfg, "batch_size", int, 1, 10**7, "use a positive integer")
+    check_number(cfg, "trainer.max_epochs", int, 1, 10**7, "use a positive integer")
     check_optim(cfg, "optim")
     if cfg.get("init_from") not in ("init", "pretrained"):
         raise UserError(f"init_from={cfg.get('init_from')!r} is invalid: use init or pretrained")
-    _number(cfg, "dataset.val_size", float, 0, 10**9, "use a count or a fraction of the data")
-    data_dir = _get(cfg, "dataset.data_dir")
+    check_number(cfg, "dataset.val_size", float, 0, 10**9, "use a count or a fraction of the data")
+    data_dir = get_key(cfg, "dataset.data_dir")
     if data_dir is not None:
         _readable_path(
             "dataset.data_dir",
@@ -100,16 +66,12 @@ def validate(cfg: DictConfig, deep: bool = True) -> None:
         path = Path(str(ckpt_path)).expanduser()
         _readable_path("ckpt_path", path, f"give {what}", want_dir=False)
     pretrain = cfg.get("pretrain")
-    if pretrain is not None and pretrain.get("name") == "full":
-        _number(cfg, "pretrain.epochs", int, 1, 10**6, "use a positive number of epochs")
-    if pretrain is not None and pretrain.get("name") == "jigsaw":
-        for key in ("num_learners", "batches_per_learner", "local_epochs"):
-            _number(cfg, f"pretrain.{key}", int, 1, 10**7, "use a positive integer")
-        from lipt.jigsaw_config import validate_jigsaw  # groups augment, prune, merge
-
-        validate_jigsaw(cfg)
+    if pretrain is not None and "epochs" in pretrain:  # pretrain=full
+        check_number(cfg, "pretrain.epochs", int, 1, 10**6, "use a positive number of epochs")
+    if pretrain is not None and "num_learners" in pretrain:  # pretrain=jigsaw
+        validate_jigsaw(cfg)  # and the groups augment, prune, merge
     selector = cfg.get("selector")
-    if needs_held_out(selector) and float(_get(cfg, "dataset.val_size")) == 0:
+    if needs_held_out(selector) and float(get_key(cfg, "dataset.val_size")) == 0:
         raise UserError(
             f"selector={selector.name} matches the validation split, but dataset.val_size=0; "
             "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
@@ -117,7 +79,7 @@ def validate(cfg: DictConfig, deep: bool = True) -> None:
     if cfg.get("stage") == "select" and selector is not None and selector.get("name") == "full":
         raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
     if selector is not None and "repeats" in selector:
-        _number(cfg, "selector.repeats", int, 1, 1000, "use a positive integer")
+        check_number(cfg, "selector.repeats", int, 1, 1000, "use a positive integer")
     if deep:
         from lipt.preflight import preflight  # imports torch, Lightning: after the cheap checks
 

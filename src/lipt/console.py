@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 log = logging.getLogger("lipt")
@@ -296,40 +295,6 @@ def report_result(summary: Any, out: Path) -> None:
         log.info(closing_block(summary, out))
 
 
-class SweepTable(Callback):
-    """At the end of a multirun: a short table of the sweep's summaries (lipt.report's grouping:
-    one row per swept setting, mean over seeds) and where the sweep folder is."""
-
-    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        _state["multirun_job"] = False  # lines after the jobs (other callbacks') reach the terminal
-
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from lipt.report import MARKDOWN_COLUMNS, aggregate, load_summaries, varying_keys
-        from lipt.soup_callback import learner_sweep
-
-        if learner_sweep(config):  # jigsaw learner jobs: the soup callback reports the merge
-            return
-        sweep = Path(str(config.hydra.sweep.dir))
-        runs, _ = load_summaries(sweep) if sweep.is_dir() else ([], [])
-        if not runs:
-            return
-        keys = varying_keys([run.config for run in runs])
-        columns = [c for c in MARKDOWN_COLUMNS if c[0] in SWEEP_COLUMNS]
-        header = [*keys, *(name for name, _ in columns)]
-        rows = [
-            [str(row[key]) for key in keys] + [show(row) for _, show in columns]
-            for row in aggregate(runs, keys)
-        ]
-        widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
-        lines = [f"sweep of {len(runs)} runs: {shown(sweep)}"]
-        for cells in [header, *rows]:
-            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
-        from lipt.pictures import log_sweep_report
-
-        report = log_sweep_report(config, sweep)  # with logger=wandb: also into wandb
-        made = f"in {shown(report)}" if report else f"with make report SWEEP={shown(sweep)}"
-        lines.append(f"  (tables and plots {made})")
-        print("\n".join(lines), flush=True)
-
-
-SWEEP_COLUMNS = ("runs", "test acc. (%)", "subset", "total (s)")
+def jobs_ended() -> None:
+    """The jobs of a multirun are over: lines after them (callbacks') reach the terminal."""
+    _state["multirun_job"] = False

@@ -15,7 +15,7 @@ from torch import Tensor
 from lipt.artifacts import atomic_write_bytes
 from lipt.console import shown
 from lipt.data import DataModule
-from lipt.report import _new_figure
+from lipt.report_render import new_figure
 
 SUBSET_PICTURE = "subset.png"
 GRID_CLASSES = 10  # rows of the sample grid (the first classes, for data sets with many)
@@ -47,7 +47,7 @@ def write_subset_picture(dm: DataModule, indices: Tensor, path: Path) -> None:
     sample images from the subset (one row per class)."""
     pool, subset = class_counts(dm, indices)
     grid = sample_grid(dm, indices)
-    figure = _new_figure(12, 5)
+    figure = new_figure(12, 5)
     left, right = figure.subplots(1, 2, width_ratios=[1, 1])
     classes = torch.arange(dm.num_classes).numpy()
     width = 0.4

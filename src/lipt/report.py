@@ -1,7 +1,7 @@
 """Tables and figures for a sweep: `python -m lipt.report SWEEP_DIR` (or `make report SWEEP=...`).
 
-Reads every run's `summary.json` under SWEEP_DIR (recursively; the format is in DESIGN.md,
-"Interfaces"), groups the runs by the config keys that vary across the sweep, averaging over
+Reads every run's `summary.json` under SWEEP_DIR (recursively; the format is in docs/DESIGN.md,
+"Artifacts"), groups the runs by the config keys that vary across the sweep, averaging over
 seeds, and writes to SWEEP_DIR/report/ (or --out):
 
 - `results.md`, `results.csv`: one row per group, sorted by the group keys;
@@ -36,21 +36,25 @@ end with one line on stderr and exit code 2, as lipt's other commands do.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import sys
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lipt.cli import fail
-from lipt.errors import UserError
+from lipt.errors import UserError, fail
+from lipt.report_render import (
+    STAGES,
+    Row,
+    plot_accuracy,
+    plot_stage_times,
+    to_csv,
+    to_markdown,
+)
 
-STAGES = ("pretrain", "select", "train")
 # Stages whose unique_samples count towards "data used" (selection reads data but trains on none).
 DATA_STAGES = ("pretrain", "train")
 
@@ -68,24 +72,6 @@ BOOKKEEPING_NAMES = frozenset(
     }
 )
 BOOKKEEPING_SUFFIXES = ("_dir", "_path")
-
-# The metric columns of a row, in table order (the group keys come first).
-METRICS = (
-    "runs",
-    "seeds",
-    "test_acc_pct_mean",
-    "test_acc_pct_std",
-    "subset_size",
-    "data_used_pct",
-    "pretrain_seconds",
-    "select_seconds",
-    "train_seconds",
-    "total_seconds",
-    "training_samples",
-)
-
-Row = dict[str, Any]
-
 
 # --- loading --------------------------------------------------------------------------------
 
@@ -292,185 +278,7 @@ def aggregate(runs: Sequence[Run], keys: Sequence[str]) -> list[Row]:
     return rows
 
 
-# --- tables ---------------------------------------------------------------------------------
-
-
-def to_csv(rows: Sequence[Row], keys: Sequence[str]) -> str:
-    """Group keys and METRICS at full precision; empty cells where a value is unknown."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow([*keys, *METRICS])
-    for row in rows:
-        writer.writerow(["" if row[c] is None else row[c] for c in [*keys, *METRICS]])
-    return buffer.getvalue()
-
-
-def _value_text(key: str, value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, float):
-        return f"{value:g}"
-    text = str(value)
-    if key.endswith("_target_"):  # lipt.models.ConvNet -> ConvNet
-        text = text.rsplit(".", 1)[-1]
-    return text.replace("|", "\\|")
-
-
-def _number(value: float | None, decimals: int = 1) -> str:
-    return "—" if value is None else f"{value:,.{decimals}f}"
-
-
-def _seconds(value: float | None) -> str:
-    # Selection can take hundredths of a second: keep them visible next to the long stages.
-    return _number(value, 2 if value is not None and value < 10 else 1)
-
-
-def _accuracy(row: Row) -> str:
-    mean, std = row["test_acc_pct_mean"], row["test_acc_pct_std"]
-    if mean is None:
-        return "—"
-    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
-
-
-# Markdown columns after the group keys: header and how to show a row's value.
-MARKDOWN_COLUMNS: tuple[tuple[str, Callable[[Row], str]], ...] = (
-    ("runs", lambda r: str(r["runs"])),
-    ("seeds", lambda r: r["seeds"] or "—"),
-    ("test acc. (%)", _accuracy),
-    ("subset", lambda r: _number(r["subset_size"], 0)),
-    ("data used (%)", lambda r: _number(r["data_used_pct"], 2)),
-    ("pretrain (s)", lambda r: _seconds(r["pretrain_seconds"])),
-    ("select (s)", lambda r: _seconds(r["select_seconds"])),
-    ("train (s)", lambda r: _seconds(r["train_seconds"])),
-    ("total (s)", lambda r: _seconds(r["total_seconds"])),
-    ("training samples", lambda r: _number(r["training_samples"], 0)),
-)
-
-MARKDOWN_NOTES = """\
-- test acc.: mean ± sample standard deviation (ddof=1) over the group's runs (seeds), in %.
-- subset: subset size (mean over runs).
-- data used: (pre-training unique samples + main-training unique samples) / size of the
-  training split, in %: the paper's cost proxy; an item read by both stages counts twice.
-- seconds: mean wall-clock time per stage; a stage a run did not have counts 0, — when no run
-  of the group had it; total = pretrain + select + train.
-- training samples: samples passed forward and backward in pre-training plus main training,
-  mean per run.
-"""
-
-
-def to_markdown(rows: Sequence[Row], keys: Sequence[str], title: str = "Results") -> str:
-    headers = [*keys, *(header for header, _ in MARKDOWN_COLUMNS)]
-    # Group keys left-aligned, numbers right-aligned.
-    align = [":---"] * len(keys) + ["---:"] * len(MARKDOWN_COLUMNS)
-    lines = [f"# {title}", "", "| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-    for row in rows:
-        cells = [_value_text(key, row[key]) for key in keys]
-        cells += [show(row) for _, show in MARKDOWN_COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + MARKDOWN_NOTES
-
-
-# --- figures --------------------------------------------------------------------------------
-
-
-def _label(row: Row, keys: Sequence[str]) -> str:
-    """`pretrain=jigsaw, selector=glister` (a `.name` key by its group's name), or `all runs`."""
-    parts = [
-        f"{key.removesuffix('.name')}={_value_text(key, row[key])}" for key in keys if key in row
-    ]
-    return ", ".join(parts) or "all runs"
-
-
-def _new_figure(width: float, height: float) -> Any:
-    # An Agg canvas on a bare Figure: no pyplot, no global backend switch, no display needed.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def plot_accuracy(
-    rows: Sequence[Row], keys: Sequence[str], path: Path, x: str = "data_used"
-) -> None:
-    """Test accuracy (mean, with a ± std band and error bars) against data used (`x`:
-    "data_used") or the subset fraction ("fraction"), one line per approach: the group keys
-    other than `fraction`, which moves along the x-axis."""
-    if x == "fraction" and "fraction" not in keys:
-        raise UserError("--x fraction: `fraction` is not a group key of this sweep")
-    series_keys = [key for key in keys if key != "fraction"]
-    series: dict[str, list[tuple[float, float, float]]] = {}
-    for row in rows:
-        if x == "data_used":
-            x_value = row["data_used_pct"]
-        else:
-            x_value = None if row.get("fraction") is None else 100.0 * row["fraction"]
-        if row["test_acc_pct_mean"] is None or x_value is None:
-            continue  # no training in these runs: nothing to plot
-        std = row["test_acc_pct_std"] or 0.0
-        series.setdefault(_label(row, series_keys), []).append(
-            (x_value, row["test_acc_pct_mean"], std)
-        )
-
-    figure = _new_figure(8, 5)
-    ax = figure.add_subplot()
-    for index, (label, points) in enumerate(series.items()):
-        xs, means, stds = (np.array(column) for column in zip(*sorted(points), strict=True))
-        color = f"C{index % 10}"
-        ax.errorbar(
-            xs, means, yerr=stds, marker="o", capsize=3, color=color, label=label, linewidth=1.5
-        )
-        if len(xs) > 1:
-            ax.fill_between(xs, means - stds, means + stds, color=color, alpha=0.15, linewidth=0)
-    if not series:
-        message = "no run in this sweep reports a test accuracy"
-        ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
-    if x == "data_used":
-        ax.set_xlabel("Data used (% of the training split: pre-training + subset)")
-        ax.set_title("Test accuracy vs data used (mean ± std over seeds)")
-    else:
-        ax.set_xlabel("Subset fraction (% of the training pool)")
-        ax.set_title("Test accuracy vs subset fraction (mean ± std over seeds)")
-    ax.set_ylabel("Test accuracy (%)")
-    ax.grid(alpha=0.3)
-    if series:
-        # Beside the axes when there are many lines, so the legend never hides one.
-        outside = len(series) > 6
-        ax.legend(
-            fontsize="small",
-            loc="upper left" if outside else "best",
-            bbox_to_anchor=(1.02, 1.0) if outside else None,
-        )
-    figure.savefig(path, dpi=120)
-
-
-def plot_stage_times(rows: Sequence[Row], keys: Sequence[str], path: Path) -> None:
-    """Horizontal bars, one per group in table order: mean pretrain, select and train seconds
-    stacked, the total written at the end."""
-    labels = [f"{_label(row, keys)} (n={row['runs']})" for row in rows]
-    figure = _new_figure(9, max(2.8, 0.45 * len(rows) + 1.6))
-    ax = figure.add_subplot()
-    positions = np.arange(len(rows))
-    left = np.zeros(len(rows))
-    for index, name in enumerate(STAGES):
-        seconds = np.array([row[f"{name}_seconds"] or 0.0 for row in rows])
-        ax.barh(positions, seconds, left=left, color=f"C{index}", label=name, height=0.6)
-        left += seconds
-    for position, total in zip(positions, left, strict=True):
-        ax.text(total, position, f" {total:,.1f} s", va="center", fontsize="small")
-    ax.set_xlim(0, max(float(left.max(initial=0.0)), 1e-9) * 1.15)  # room for the totals
-    ax.set_yticks(positions, labels)
-    ax.invert_yaxis()  # first row on top, as in the table
-    ax.set_xlabel("Mean wall-clock seconds per run")
-    ax.set_title("Time per stage (mean over seeds)")
-    ax.grid(axis="x", alpha=0.3)
-    # Below the axes: inside, it would cover the longest bars.
-    figure.legend(loc="outside lower center", ncols=3, fontsize="small", frameon=False)
-    figure.savefig(path, dpi=120)
-
-
-# --- command line ---------------------------------------------------------------------------
+# --- the command ------------------------------------------------------------------------
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

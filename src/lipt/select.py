@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
@@ -25,7 +25,9 @@ from lipt.config import needs_held_out, validate
 from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.pictures import SUBSET_PICTURE, write_subset_picture
-from lipt.pretrain import heads_from_payload, pretrain_model
+from lipt.pretrain import pretrain_model
+from lipt.results import Pretrained, Selected, heads_from_payload
+from lipt.seeding import repeat_seed
 from lipt.selection import (
     LearnerHeads,
     PoolOutputs,
@@ -36,6 +38,8 @@ from lipt.selection import (
 from lipt.summary import subset_class_counts, summary_payload
 
 log = logging.getLogger(__name__)
+
+SUBSET_FILE = "subset.npz"
 
 
 def budget_for(cfg: DictConfig, pool_size: int) -> int:
@@ -53,32 +57,6 @@ def subset_steps(cfg: DictConfig, pool_size: int) -> int:
     return int(cfg.trainer.max_epochs) * math.ceil(budget_for(cfg, pool_size) / int(cfg.batch_size))
 
 
-# Purposes of the derived random streams (the first word of a SeedSequence spawn key).
-REPEAT_STREAM, RESELECT_STREAM = 1, 2
-
-
-def derived_seed(seed: int, purpose: int, index: int) -> int:
-    """A 32-bit seed for the `index`-th draw of `purpose` in the run of `seed`, from
-    `numpy.random.SeedSequence(seed, spawn_key=(purpose, index))`: streams of different runs,
-    purposes or indices share nothing (seed + index would give runs 0 and 1 nine of their ten
-    GraNd warm-up models in common). Index 0 is the run's own seed, so the initial selection and
-    the first pre-trained model stay what they always were."""
-    if index == 0:
-        return int(seed)
-    sequence = np.random.SeedSequence(int(seed), spawn_key=(purpose, index))
-    return int(sequence.generate_state(1, dtype=np.uint32)[0])
-
-
-def repeat_seed(seed: int, repeat: int) -> int:
-    """The seed of the `repeat`-th model a selector averages over (GraNd's `repeats`)."""
-    return derived_seed(seed, REPEAT_STREAM, repeat)
-
-
-def reselect_seed(seed: int, epoch: int) -> int:
-    """The seed of the selector's generator when it re-selects after `epoch` epochs."""
-    return derived_seed(seed, RESELECT_STREAM, epoch)
-
-
 def needs_model(cfg: DictConfig) -> bool:
     return cfg.selector.name != "full" and bool(cfg.selector.get("needs_model", True))
 
@@ -93,12 +71,22 @@ def check_held_out(cfg: DictConfig, dm: DataModule) -> None:
         )
 
 
-def selection_models(
-    cfg: DictConfig, dm: DataModule, stages: dict[str, Any]
-) -> tuple[list[nn.Module], LearnerHeads | None]:
-    """The model(s) whose outputs rank the pool: the checkpoint at `ckpt_path` (select.py), or
-    the `pretrain` strategy run `selector.repeats` times from `repeat_seed(seed, r)`; and the
-    jigsaw learners' heads of the first one (None unless it is a jigsaw soup)."""
+@dataclass
+class Ranking:
+    """The model(s) whose outputs rank the pool, and the jigsaw learners' heads of the first
+    one (None unless it is a jigsaw soup). `pretrained`: the first pre-training made in this run
+    (None when loaded from ckpt_path); `pretrain_stats`: summary.json's stages.pretrain, summed
+    over `selector.repeats` (None when nothing was trained here)."""
+
+    models: list[nn.Module]
+    heads: LearnerHeads | None = None
+    pretrained: Pretrained | None = None
+    pretrain_stats: dict[str, Any] | None = None
+
+
+def ranking_models(cfg: DictConfig, dm: DataModule) -> Ranking:
+    """The checkpoint at `ckpt_path` (select.py), or the `pretrain` strategy run
+    `selector.repeats` times from `repeat_seed(seed, r)`."""
     check_held_out(cfg, dm)  # before any pre-training
     repeats = int(cfg.selector.get("repeats", 1))
     ckpt_path = cfg.get("ckpt_path") if cfg.get("stage") == "select" else None
@@ -108,21 +96,15 @@ def selection_models(
                 "selector.repeats > 1 needs several models; drop ckpt_path to pre-train in-process"
             )
         path = Path(str(ckpt_path))
-        return [load_pretrained(cfg, dm, path)], heads_from_payload(load_checkpoint(path))
-    heads = None
-    models, totals = [], {"seconds": 0.0, "samples": 0, "unique_samples": 0}
-    for r in range(repeats):
-        result = pretrain_model(cfg, dm, repeat_seed(int(cfg.seed), r))
-        models.append(result.model)
+        return Ranking([load_pretrained(cfg, dm, path)], heads_from_payload(load_checkpoint(path)))
+    results = [pretrain_model(cfg, dm, repeat_seed(int(cfg.seed), r)) for r in range(repeats)]
+    totals: dict[str, Any] = {"seconds": 0.0, "samples": 0, "unique_samples": 0}
+    for result in results:
         for key, value in result.stats().items():
             totals[key] = totals.get(key, 0) + value
-        if r == 0:
-            heads = result.learner_heads
-            if result.report:
-                stages["merge_report"] = result.report
-    if cfg.pretrain.name != "none":
-        stages["pretrain"] = {**totals, "seconds": round(totals["seconds"], 3)}
-    return models, heads
+    first = results[0]
+    stats = {**totals, "seconds": round(totals["seconds"], 3)} if first.trained else None
+    return Ranking([r.model for r in results], first.learner_heads, first, stats)
 
 
 def load_pretrained(cfg: DictConfig, dm: DataModule, path: Path) -> nn.Module:
@@ -233,27 +215,49 @@ def subset_meta(cfg: DictConfig, dm: DataModule) -> dict[str, Any]:
     }
 
 
+def select_subset(cfg: DictConfig, dm: DataModule) -> Selected:
+    """Stage 2 as select.py and train.py run it: the ranking model(s), then the subset."""
+    ranking = ranking_models(cfg, dm) if needs_model(cfg) else Ranking([])
+    start = time.perf_counter()
+    diagnostics: dict[str, int] = {}
+    indices, weights = choose_subset(
+        cfg, dm, ranking.models, int(cfg.seed), diagnostics, ranking.heads
+    )
+    return Selected(
+        indices=indices,
+        weights=weights,
+        seconds=time.perf_counter() - start,
+        diagnostics=diagnostics,  # fallbacks the selector took (lipt.selection.Selection)
+        pretrained=ranking.pretrained,
+        pretrain_stats=ranking.pretrain_stats,
+    )
+
+
+def write_selection(cfg: DictConfig, dm: DataModule, out: Path, selected: Selected) -> None:
+    """subset.npz, its picture, and the jigsaw merge report of a soup made in this run."""
+    save_subset(out / SUBSET_FILE, selected.indices, selected.weights, subset_meta(cfg, dm))
+    write_subset_picture(dm, selected.indices, out / SUBSET_PICTURE)
+    if selected.pretrained is not None and selected.pretrained.report:
+        write_json(out / "merge_report.json", selected.pretrained.report)
+
+
+def selection_stages(selected: Selected) -> dict[str, dict[str, Any]]:
+    """summary.json's stages.pretrain (when pre-trained here) and stages.select."""
+    stages = {} if selected.pretrain_stats is None else {"pretrain": selected.pretrain_stats}
+    return {**stages, "select": selected.stats()}
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
+    """`select.py`: subset.npz, merge_report.json (a soup made here) and summary.json."""
     validate(cfg)
     if cfg.selector.name == "full":
         raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
     out = run_dir(cfg)
     dm = build_datamodule(cfg)
-    stages: dict[str, Any] = {}
-    models, heads = selection_models(cfg, dm, stages) if needs_model(cfg) else ([], None)
-    report = stages.pop("merge_report", None)
-    start = time.perf_counter()
-    diagnostics: dict[str, int] = {}
-    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), diagnostics, heads)
-    stages["select"] = {
-        "seconds": round(time.perf_counter() - start, 3),
-        "diagnostics": diagnostics,
-    }
-    save_subset(out / "subset.npz", indices, weights, subset_meta(cfg, dm))
-    write_subset_picture(dm, indices, out / SUBSET_PICTURE)
-    if report:
-        write_json(out / "merge_report.json", report)
-    counts = subset_class_counts(dm, indices)
-    summary = summary_payload(cfg, dm, None, len(indices), stages, class_counts=counts)
+    selected = select_subset(cfg, dm)
+    write_selection(cfg, dm, out, selected)
+    counts = subset_class_counts(dm, selected.indices)
+    stages = selection_stages(selected)
+    summary = summary_payload(cfg, dm, None, len(selected.indices), stages, class_counts=counts)
     write_json(out / "summary.json", summary)
     return summary

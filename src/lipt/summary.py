@@ -1,4 +1,4 @@
-"""`summary.json`: the one file other tools read after a run (see DESIGN.md, "Interfaces")."""
+"""`summary.json`: the one file other tools read after a run (docs/DESIGN.md, "Artifacts")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """Stage 3 and the whole pipeline (`train.py`): pre-train, select, train on the subset, test.
 
+Read top to bottom as a run goes: where to resume from, the subset (selected by lipt.select's
+own `select_subset`, or loaded), main training, and summary.json built from the stages' results.
+
 Under DDP, Lightning re-runs the entry script in every extra rank with the same run directory:
 rank 0 pre-trains and selects before the trainer starts, writes subset.npz, and the extra ranks
 read it from there instead of recomputing it.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,7 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from lipt import console
-from lipt.artifacts import check_subset, load_subset, save_subset, write_json
+from lipt.artifacts import check_subset, load_subset, write_json
 from lipt.build import (
     build_classifier,
     build_datamodule,
@@ -33,79 +37,25 @@ from lipt.build import (
 from lipt.config import validate
 from lipt.data import DataModule
 from lipt.errors import UserError
-from lipt.pictures import SUBSET_PICTURE, log_to_wandb, write_subset_picture
+from lipt.jigsaw.checkpoints import LEARNERS_DIR
+from lipt.pictures import log_to_wandb
 from lipt.reselect import Reselect, latest_subset
+from lipt.results import Pretrained, Selected, Trained
+from lipt.seeding import reselect_seed
 from lipt.seen import SeenSamples
 from lipt.select import (
+    SUBSET_FILE,
     choose_subset,
     needs_model,
-    reselect_seed,
-    selection_models,
+    ranking_models,
+    select_subset,
     subset_meta,
     subset_steps,
+    write_selection,
 )
 from lipt.summary import subset_class_counts, summary_payload
 
-SUBSET_FILE = "subset.npz"
-LEARNERS_DIR = "learners"  # as lipt.jigsaw, without importing it
-
 log = logging.getLogger(__name__)
-
-
-def load_checked_subset(cfg: DictConfig, dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
-    indices, weights, meta = load_subset(path)
-    expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
-    check_subset(path, indices, weights, meta, expected, len(dm.train_source), dm.val_indices)
-    return indices, weights
-
-
-def obtain_subset(
-    cfg: DictConfig, dm: DataModule, out: Path, stages: dict[str, Any], resume: str | None
-) -> tuple[tuple[Tensor, Tensor] | None, nn.Module | None]:
-    """(indices, weights) to train on (None: the whole pool), and the pre-trained model if one
-    was made here."""
-    if cfg.subset_path:
-        return load_checked_subset(cfg, dm, Path(str(cfg.subset_path))), None
-    if cfg.selector.name == "full":
-        return None, None
-    saved = out / SUBSET_FILE
-    if resume is not None and saved.is_file():
-        # A resumed run trains on what the first attempt chose (re-selected ones included).
-        completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
-        return load_checked_subset(cfg, dm, latest_subset(out, completed) or saved), None
-    if cfg.get("ckpt_path") == "last" and saved.is_file():
-        # Killed after selection, before main training saved an epoch: keep the subset; the
-        # pre-trained model (init_from=pretrained) is merged again from the saved learners.
-        subset = load_checked_subset(cfg, dm, saved)
-        log.info("resuming: the subset in %s is kept (not selected again)", saved)
-        if cfg.init_from != "pretrained" or not needs_model(cfg) or is_ddp_child():
-            return subset, None
-        models, _ = selection_models(cfg, dm, stages)
-        stages.pop("merge_report", None)
-        return subset, models[0] if cfg.pretrain.name != "none" else None
-    if is_ddp_child():  # extra DDP ranks read what rank 0 chose before it started them
-        return load_checked_subset(cfg, dm, saved), None
-    models, heads = selection_models(cfg, dm, stages) if needs_model(cfg) else ([], None)
-    report = stages.pop("merge_report", None)
-    if report:
-        write_json(out / "merge_report.json", report)
-    start = time.perf_counter()
-    diagnostics: dict[str, int] = {}
-    indices, weights = choose_subset(cfg, dm, models, int(cfg.seed), diagnostics, heads)
-    stages["select"] = {
-        "seconds": round(time.perf_counter() - start, 3),
-        "diagnostics": diagnostics,  # fallbacks the selector took (lipt.selection.Selection)
-    }
-    save_subset(saved, indices, weights, subset_meta(cfg, dm))
-    write_subset_picture(dm, indices, out / SUBSET_PICTURE)
-    return (indices, weights), (models[0] if models and cfg.pretrain.name != "none" else None)
-
-
-def reselect_quietly(
-    cfg: DictConfig, dm: DataModule, model: nn.Module, seed: int
-) -> tuple[Tensor, Tensor]:
-    with console.no_bars():  # Lightning's own bar is live during training
-        return choose_subset(cfg, dm, [model], seed)
 
 
 def resume_path(cfg: DictConfig, out: Path) -> str | None:
@@ -126,13 +76,70 @@ def resume_path(cfg: DictConfig, out: Path) -> str | None:
     return str(ckpt)
 
 
+def load_checked_subset(cfg: DictConfig, dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
+    indices, weights, meta = load_subset(path)
+    expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
+    check_subset(path, indices, weights, meta, expected, len(dm.train_source), dm.val_indices)
+    return indices, weights
+
+
+@dataclass
+class TrainingSet:
+    """What main training trains on: the subset (None: the whole pool), and what stages 1 and
+    2 made in this run for it (None: it was loaded, or not needed)."""
+
+    subset: tuple[Tensor, Tensor] | None
+    selected: Selected | None = None
+    pretrained: Pretrained | None = None
+    pretrain_stats: dict[str, Any] | None = None
+
+
+def obtain_subset(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None) -> TrainingSet:
+    """The subset to train on: given (subset_path), none (selector=full), the one a resumed or
+    restarted run already chose, or selected now exactly as select.py selects."""
+    if cfg.subset_path:
+        return TrainingSet(load_checked_subset(cfg, dm, Path(str(cfg.subset_path))))
+    if cfg.selector.name == "full":
+        return TrainingSet(None)
+    saved = out / SUBSET_FILE
+    if resume is not None and saved.is_file():
+        # A resumed run trains on what the first attempt chose (re-selected ones included).
+        completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
+        return TrainingSet(load_checked_subset(cfg, dm, latest_subset(out, completed) or saved))
+    if cfg.get("ckpt_path") == "last" and saved.is_file():
+        # Killed after selection, before main training saved an epoch: keep the subset; the
+        # pre-trained model (init_from=pretrained) is merged again from the saved learners.
+        subset = load_checked_subset(cfg, dm, saved)
+        log.info("resuming: the subset in %s is kept (not selected again)", saved)
+        if cfg.init_from != "pretrained" or not needs_model(cfg) or is_ddp_child():
+            return TrainingSet(subset)
+        ranking = ranking_models(cfg, dm)
+        return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats)
+    if is_ddp_child():  # extra DDP ranks read what rank 0 chose before it started them
+        return TrainingSet(load_checked_subset(cfg, dm, saved))
+    selected = select_subset(cfg, dm)
+    write_selection(cfg, dm, out, selected)
+    subset = (selected.indices, selected.weights)
+    return TrainingSet(subset, selected, selected.pretrained, selected.pretrain_stats)
+
+
+def reselect_quietly(
+    cfg: DictConfig, dm: DataModule, model: nn.Module, seed: int
+) -> tuple[Tensor, Tensor]:
+    with console.no_bars():  # Lightning's own bar is live during training
+        return choose_subset(cfg, dm, [model], seed)
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     validate(cfg)
     out = run_dir(cfg)
     dm = build_datamodule(cfg)
-    stages: dict[str, Any] = {}
     resume = resume_path(cfg, out)
-    subset, pretrained = obtain_subset(cfg, dm, out, stages, resume)
+    training_set = obtain_subset(cfg, dm, out, resume)
+    subset = training_set.subset
+    pretrained = training_set.pretrained
+    if pretrained is not None and not pretrained.trained:
+        pretrained = None  # pretrain=none: the init, not a pre-trained model
     if subset is None:
         dm.set_subset(None)
     else:
@@ -148,7 +155,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 "init_from=pretrained needs a model pre-trained in this run: use a pretrain "
                 "other than none and a selector that ranks with a model"
             )
-        model = pretrained
+        model = pretrained.model
     module = build_classifier(cfg, model)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
@@ -190,14 +197,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     val_accuracy = None if val_metric is None else float(val_metric)
     test_accuracy = float(trainer.test(module, datamodule=dm, verbose=False)[0]["test/acc"])
     subset_size = len(dm.pool_indices) if subset is None else len(subset[0])
-    stages["train"] = {
-        "seconds": round(train_seconds, 3),
-        "samples": samples,
-        "unique_samples": subset_size if reselect is None else len(reselect.unique),
-    }
-    if reselect is not None:
-        stages["train"]["reselections"] = reselect.reselections
-        stages["train"]["reselect_seconds"] = round(reselect.seconds, 3)
+    trained = Trained(
+        seconds=train_seconds,
+        samples=samples,
+        unique_samples=subset_size if reselect is None else len(reselect.unique),
+        test_accuracy=test_accuracy,
+        val_accuracy=val_accuracy,
+        reselections=None if reselect is None else reselect.reselections,
+        reselect_seconds=None if reselect is None else reselect.seconds,
+    )
+    stages = training_stages(training_set, trained)
     summary = summary_payload(cfg, dm, test_accuracy, subset_size, stages, class_counts)
     summary["val_accuracy"] = val_accuracy
     if trainer.is_global_zero:
@@ -214,6 +223,16 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             # it instead of starting its own.
             logger.experiment.finish()
     return summary
+
+
+def training_stages(training_set: TrainingSet, trained: Trained) -> dict[str, dict[str, Any]]:
+    """summary.json's stages: pretrain and select when they ran in this run, then train."""
+    stages: dict[str, dict[str, Any]] = {}
+    if training_set.pretrain_stats is not None:
+        stages["pretrain"] = training_set.pretrain_stats
+    if training_set.selected is not None:
+        stages["select"] = training_set.selected.stats()
+    return {**stages, "train": trained.stats()}
 
 
 def run_metrics(summary: dict[str, Any]) -> dict[str, float]:

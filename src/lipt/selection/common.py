@@ -8,9 +8,9 @@ defaults so that Hydra can build one with `_partial_: true` and the stage calls
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from lipt.errors import UserError
+from lipt.seeding import torch_threads
 from lipt.selection.types import PoolOutputs, Selection, SelectionInputs
 
 
@@ -72,19 +73,10 @@ def finish(
     return Selection(rows=rows.cpu(), weights=weights.cpu(), diagnostics=dict(diagnostics or {}))
 
 
-@contextmanager
-def serial_loop(device: torch.device) -> Iterator[None]:
+def serial_loop(device: torch.device) -> contextlib.AbstractContextManager[None]:
     """One intra-op thread on the CPU while a greedy loop runs: its many tiny ops gain nothing
     from threads but pay their synchronisation, which stalls badly on a busy machine."""
-    if device.type != "cpu":
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+    return torch_threads(1 if device.type == "cpu" else None)
 
 
 def randperm(n: int, generator: torch.Generator, device: torch.device | None = None) -> Tensor:

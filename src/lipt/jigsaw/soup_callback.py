@@ -3,11 +3,12 @@
     python pretrain.py -m pretrain=jigsaw 'pretrain.learners=range(10)' hydra/callbacks=soup \
         [hydra/launcher=joblib | hydra/launcher=submitit_slurm ...]
 
-Each job (lipt.jigsaw.run_learner_job) trains its learners on their own shards and writes
+Each job (lipt.jigsaw.stage.run_learner_job) trains its learners on their own shards and writes
 learner_{i}.ckpt to <sweep dir>/learners (or pretrain.learner_dir). When the sweep ends, this
-callback merges them exactly as the in-process path does (lipt.jigsaw.merge_learner_dir), leaving
-out missing or diverged learners with a warning, and writes pretrain.ckpt, merge_report.json and
-summary.json into the sweep dir. LiPT: https://proceedings.mlr.press/v202/ro23a.html, section 3.2.
+callback merges them exactly as the in-process path does (lipt.jigsaw.stage.merge_learner_dir),
+leaving out missing or diverged learners with a warning, and writes pretrain.ckpt,
+merge_report.json and summary.json into the sweep dir.
+LiPT: https://proceedings.mlr.press/v202/ro23a.html, section 3.2.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
 
-from lipt.errors import UserError
+from lipt.errors import UserError, fail, one_line
+from lipt.jigsaw.checkpoints import LEARNERS_DIR
+from lipt.jigsaw.stage import merge_learner_dir
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +49,6 @@ class SoupCallback(Callback):
             if not learner_sweep(config):
                 log.info("soup callback: no %s in this multirun; nothing to merge", LEARNERS_KEY)
                 return
-            from lipt.jigsaw import LEARNERS_DIR, merge_learner_dir
-
             sweep_dir = Path(str(config.hydra.sweep.dir))
             cfg = task_config(config, sweep_dir)
             explicit = cfg.pretrain.get("learner_dir")
@@ -97,7 +98,4 @@ def task_config(config: DictConfig, sweep_dir: Path) -> DictConfig:
 
 
 def _fail(error: UserError) -> NoReturn:
-    from lipt.cli import _one_line, fail
-
-    fail(_one_line(error))
-    raise AssertionError("fail() exits")  # for type checkers: fail is typed to return
+    fail(one_line(error))

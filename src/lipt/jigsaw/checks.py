@@ -1,7 +1,9 @@
 """Checks of the jigsaw keys (`pretrain=jigsaw` and groups `augment`, `prune`, `merge`), run by
 lipt.config.validate before anything is computed, so a bad value fails before any job starts.
 
-Kept apart from lipt.jigsaw so that checking a config does not import torch or Lightning.
+Kept apart from the stage so that checking a config does not import torch or Lightning. Which
+prune/merge/augment option runs is the group's `_target_` (an unknown option fails when Hydra
+composes); these checks look at the values of the keys an option has.
 """
 
 from __future__ import annotations
@@ -11,29 +13,20 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
-from lipt.config import _get, _number, check_optim
+from lipt.checks import check_number, check_optim, get_key
 from lipt.errors import UserError
-
-PRUNE_NAMES = ("omp", "random", "snip", "none")
-MERGE_NAMES = ("uniform", "greedy", "greedy_interp")
-AUGMENT_NAMES = ("randaugment", "none")
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _choice(cfg: DictConfig, key: str, names: tuple[str, ...], group: str) -> str:
-    value = _get(cfg, key)
-    if value not in names:
-        raise UserError(f"{key}={value!r} is unknown; use {group}={' or '.join(names)}")
-    return str(value)
-
-
 def validate_jigsaw(cfg: DictConfig) -> None:
     """Raise UserError naming the first bad jigsaw key and its fix."""
-    n = _get(cfg, "pretrain.num_learners")
-    learners = _get(cfg, "pretrain.learners")
+    for key in ("num_learners", "batches_per_learner", "local_epochs"):
+        check_number(cfg, f"pretrain.{key}", int, 1, 10**7, "use a positive integer")
+    n = get_key(cfg, "pretrain.num_learners")
+    learners = get_key(cfg, "pretrain.learners")
     if learners is not None:
         ids = list(learners) if isinstance(learners, ListConfig | list) else [learners]
         if not ids or not all(_is_int(i) and 0 <= i < n for i in ids) or len(set(ids)) != len(ids):
@@ -42,7 +35,7 @@ def validate_jigsaw(cfg: DictConfig) -> None:
                 f"0..{n - 1}, or a list of distinct ids; sweep them with "
                 f"'pretrain.learners=range({n})'"
             )
-    merge_from = _get(cfg, "pretrain.merge_from")
+    merge_from = get_key(cfg, "pretrain.merge_from")
     if merge_from is not None:
         if learners is not None:
             raise UserError(
@@ -54,21 +47,20 @@ def validate_jigsaw(cfg: DictConfig) -> None:
                 f"pretrain.merge_from={merge_from} is not a folder; give the folder holding "
                 "learner_<i>.ckpt (e.g. <sweep dir>/learners)"
             )
-    if _get(cfg, "pretrain.num_threads") is not None:
-        _number(cfg, "pretrain.num_threads", int, 1, 4096, "use null or a positive integer")
+    if get_key(cfg, "pretrain.num_threads") is not None:
+        check_number(cfg, "pretrain.num_threads", int, 1, 4096, "use null or a positive integer")
     check_optim(cfg, "pretrain.optim")
-    min_learners = _get(cfg, "pretrain.min_learners")
+    min_learners = get_key(cfg, "pretrain.min_learners")
     if min_learners is not None:
-        _number(cfg, "pretrain.min_learners", int, 1, n, f"use null (half) or 1..{n}")
+        check_number(cfg, "pretrain.min_learners", int, 1, n, f"use null (half) or 1..{n}")
 
-    if _choice(cfg, "augment.name", AUGMENT_NAMES, "augment") == "randaugment":
-        _number(cfg, "augment.num_ops", int, 0, 14, "use 0..14 (RandAugment has 14 ops)")
-        bins = _get(cfg, "augment.num_magnitude_bins")
-        _number(cfg, "augment.num_magnitude_bins", int, 2, 10**4, "use an integer >= 2")
-        _number(cfg, "augment.magnitude", int, 0, bins - 1, f"use 0..{bins - 1}")
+    if "num_ops" in cfg.augment:  # augment=randaugment
+        check_number(cfg, "augment.num_ops", int, 0, 14, "use 0..14 (RandAugment has 14 ops)")
+        bins = get_key(cfg, "augment.num_magnitude_bins")
+        check_number(cfg, "augment.num_magnitude_bins", int, 2, 10**4, "use an integer >= 2")
+        check_number(cfg, "augment.magnitude", int, 0, bins - 1, f"use 0..{bins - 1}")
 
-    _choice(cfg, "prune.name", PRUNE_NAMES, "prune")
-    low, high = _get(cfg, "prune.density_low"), _get(cfg, "prune.density_high")
+    low, high = get_key(cfg, "prune.density_low"), get_key(cfg, "prune.density_high")
     numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high))
     if not numbers or not 0 < low <= high <= 1:
         raise UserError(
@@ -76,13 +68,13 @@ def validate_jigsaw(cfg: DictConfig) -> None:
             "kept fractions with 0 < density_low <= density_high <= 1 (paper: 0.85, 0.95)"
         )
 
-    if _choice(cfg, "merge.name", MERGE_NAMES, "merge") == "greedy_interp":
-        _check_ratios(_get(cfg, "merge.ratios"))
-    if not isinstance(_get(cfg, "merge.recompute_bn"), bool):
+    if "ratios" in cfg.merge:  # merge=greedy_interp
+        _check_ratios(get_key(cfg, "merge.ratios"))
+    if not isinstance(get_key(cfg, "merge.recompute_bn"), bool):
         raise UserError("merge.recompute_bn is invalid: use true or false")
-    _number(cfg, "merge.bn_batches", int, 1, 10**6, "use a positive number of minibatches")
-    if _get(cfg, "merge.eval_size") is not None:
-        _number(cfg, "merge.eval_size", int, 1, 10**9, "use null (whole split) or a count")
+    check_number(cfg, "merge.bn_batches", int, 1, 10**6, "use a positive number of minibatches")
+    if get_key(cfg, "merge.eval_size") is not None:
+        check_number(cfg, "merge.eval_size", int, 1, 10**9, "use null (whole split) or a count")
 
 
 def _check_ratios(ratios: Any) -> None:

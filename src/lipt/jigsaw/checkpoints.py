@@ -1,0 +1,164 @@
+"""Jigsaw learner checkpoints: what a learner file holds, which recipe it must match to be
+merged, where a run or a multirun's jobs keep them, and training a learner only when no finished
+checkpoint of it is there (a killed run, a sweep whose other jobs died, resumes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from lipt import console
+from lipt.artifacts import load_checkpoint, save_checkpoint
+from lipt.build import sweep_dir_of_job
+from lipt.data import DataModule
+from lipt.errors import UserError
+from lipt.jigsaw.learner import Learner, learner_shards, train_learner
+from lipt.jigsaw.parts import JigsawSettings
+from lipt.jigsaw.weights import is_finite_state_dict
+from lipt.results import PretrainContext
+
+log = logging.getLogger(__name__)
+
+LEARNERS_DIR = "learners"
+
+
+def recipe(
+    ctx: PretrainContext, settings: JigsawSettings, dm: DataModule, seed: int
+) -> dict[str, Any]:
+    """What makes learners of one soup: a learner checkpoint must match it to be merged."""
+    return {
+        "data": dm.data_name,
+        "pool_size": len(dm.pool_indices),
+        "seed": int(seed),
+        "model": ctx.model_config,
+        "num_learners": int(settings.num_learners),
+        "batches_per_learner": int(settings.batches_per_learner),
+        "local_epochs": int(settings.local_epochs),
+        "batch_size": dm.batch_size,
+        "optim": settings.learner_optim(),
+        "augment": dataclasses.asdict(ctx.augment),
+        "prune": {"method": type(ctx.prune).__name__, **dataclasses.asdict(ctx.prune)},
+    }
+
+
+def learner_file(learner: int) -> str:
+    return f"learner_{learner}.ckpt"
+
+
+def learner_payload(
+    ctx: PretrainContext, settings: JigsawSettings, dm: DataModule, seed: int, learner: Learner
+) -> dict[str, Any]:
+    """A learner checkpoint: tensors and plain values only (torch.load(weights_only=True))."""
+    assert learner.state_dict is not None
+    return {
+        "state_dict": learner.state_dict,
+        "model": ctx.model_config,
+        "data": dm.data_name,
+        "num_classes": ctx.num_classes,
+        "pretrain": "jigsaw",
+        "seed": int(seed),
+        "learner": learner.id,
+        "status": learner.status,
+        "density": float(learner.density),
+        "samples": int(learner.samples),
+        "seconds": float(learner.seconds),
+        "init_digest": learner.init_digest,
+        "shard": learner.shard.clone(),
+        "recipe": recipe(ctx, settings, dm, seed),
+    }
+
+
+def load_learner(path: Path, learner: int, shard: Tensor, expected: dict[str, Any]) -> Learner:
+    """Learner `learner` from its checkpoint; "missing" when absent or unreadable, "diverged"
+    when its weights are not finite.
+
+    Raises:
+        UserError: the checkpoint was made by another recipe (seed, data, n, M, K, ...).
+    """
+    if not path.is_file():
+        return Learner(learner, shard, status="missing", error=f"no checkpoint at {path}")
+    try:
+        payload = load_checkpoint(path)
+    except UserError as e:
+        return Learner(learner, shard, status="missing", error=str(e))
+    if payload.get("recipe") != expected or int(payload.get("learner", -1)) != learner:
+        got = payload.get("recipe") or {}
+        diff = sorted(k for k in expected if got.get(k) != expected[k]) or ["learner"]
+        raise UserError(
+            f"{path} was trained with other settings ({', '.join(diff)}) than this merge; use "
+            "a fresh pretrain.learner_dir or the same overrides as the learner jobs"
+        )
+    result = Learner(
+        id=learner,
+        shard=payload["shard"],
+        state_dict=payload["state_dict"],
+        init_digest=str(payload.get("init_digest", "")),
+        density=float(payload.get("density", 1.0)),
+        samples=int(payload.get("samples", 0)),
+        seconds=float(payload.get("seconds", 0.0)),
+    )
+    if payload.get("status") == "diverged":
+        result.status, result.error = "diverged", f"diverged in training ({path})"
+    elif not is_finite_state_dict(payload["state_dict"]):
+        result.status, result.error = "diverged", f"non-finite weights in {path}"
+    return result
+
+
+def train_or_reuse(
+    ctx: PretrainContext,
+    settings: JigsawSettings,
+    dm: DataModule,
+    init: nn.Module,
+    seed: int,
+    learner: int,
+    shard: Tensor,
+    folder: Path,
+) -> Learner:
+    """Learner `learner` from its checkpoint in `folder` when an earlier attempt (a killed run,
+    a sweep whose other jobs died) finished it with this recipe; else trained now, and its
+    checkpoint written at once, so that a run killed later keeps it."""
+    path = folder / learner_file(learner)
+    if path.is_file():
+        try:
+            saved = load_learner(path, learner, shard, recipe(ctx, settings, dm, seed))
+        except UserError as e:  # another recipe's learner in this folder: replaced, as before
+            log.warning("jigsaw learner %d is trained again: %s", learner, e)
+            saved = Learner(learner, shard, status="missing")
+        if saved.status != "missing":
+            log.info("jigsaw learner %d (%s) reused from %s", learner, saved.status, path)
+            return saved
+    trained = train_learner(ctx, settings, dm, init, seed, learner, shard)
+    if trained.state_dict is not None:  # diverged ones too: the merge reports them
+        save_checkpoint(path, learner_payload(ctx, settings, dm, seed, trained))
+        # (the log file only: the terminal has the learners' bar and the soup's line)
+        console.detail.info("jigsaw learner %d (%s) written to %s", learner, trained.status, path)
+    return trained
+
+
+def learner_dir(ctx: PretrainContext, settings: JigsawSettings, shared: bool) -> Path:
+    """`pretrain.learner_dir`, else <run dir>/learners; for `shared` (a multirun job training
+    some learners) <sweep dir>/learners, the one folder all jobs of the sweep write to."""
+    explicit = settings.learner_dir
+    if explicit:
+        return Path(str(explicit)).expanduser()
+    if shared:
+        sweep = sweep_dir_of_job()
+        if sweep is not None:
+            return sweep / LEARNERS_DIR
+    return ctx.run_dir() / LEARNERS_DIR
+
+
+def load_learners(
+    ctx: PretrainContext, settings: JigsawSettings, dm: DataModule, seed: int, folder: Path
+) -> list[Learner]:
+    """Learners 0..n-1 from their checkpoints in `folder` (see `load_learner`)."""
+    expected = recipe(ctx, settings, dm, seed)
+    shards = learner_shards(settings, dm, seed)  # for the report of missing learners
+    return [
+        load_learner(folder / learner_file(i), i, shards[i], expected) for i in range(len(shards))
+    ]

@@ -1,0 +1,280 @@
+"""The jigsaw learners merged into one soup: held-out scoring, the soup (group `merge`) and its
+report.
+
+Ro et al., ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, section 3.2. The soup is
+scored by held-out accuracy on the validation split carved from the training set, never the test
+set; every candidate is scored after re-estimating its BatchNorm statistics (`merge.recompute_bn`)
+on data the learners already own, so the greedy rules compare the models that will be used.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from lipt import console
+from lipt.data import DataModule, IndexedImages
+from lipt.errors import UserError
+from lipt.jigsaw.learner import Learner, learner_shards, state_digest
+from lipt.jigsaw.parts import JigsawSettings, Merge
+from lipt.jigsaw.soup import SoupResult
+from lipt.jigsaw.weights import StateDict, recompute_batchnorm_stats
+from lipt.results import PretrainContext
+from lipt.seeding import generator
+from lipt.selection.types import LearnerHeads
+
+log = logging.getLogger(__name__)
+
+# Held-out images are kept in memory between evaluations below this size (Fashion-MNIST's 5000:
+# 16 MB); a larger split (ImageNet) is streamed through the loader on every evaluation.
+MAX_CACHED_EVAL_BYTES = 1 << 30
+
+
+# --------------------------------------------------------------------------- held-out score
+
+
+class HeldOut:
+    """Held-out accuracy of a state dict: top-1 on the validation split (or a seeded subset of
+    `merge.eval_size` of it), after re-estimating BatchNorm statistics on a few un-augmented
+    batches of the learners' shards when `merge.recompute_bn` (so every candidate is scored as
+    the model that will be used). Counts its calls and forward passes for the report."""
+
+    def __init__(
+        self,
+        merge: Merge,
+        device: torch.device,
+        dm: DataModule,
+        template: nn.Module,
+        seed: int,
+        bn_positions: Tensor,
+    ) -> None:
+        self.device = device
+        self.model = copy.deepcopy(template).to(self.device)
+        positions = dm.val_indices
+        if len(positions) == 0:
+            raise UserError(
+                "the jigsaw soup is scored on the validation split, which is empty: set "
+                "dataset.val_size > 0"
+            )
+        size = merge.eval_size
+        if size is not None and int(size) < len(positions):
+            pick = torch.randperm(len(positions), generator=generator(seed, "eval"))[: int(size)]
+            positions = positions[pick].sort().values
+        self.size = len(positions)
+        val = IndexedImages(dm.train_source, positions, dm.eval_transform())
+        self.loader: DataLoader | None = dm.loader(val, shuffle=False)
+        self.cached: list[tuple[Tensor, Tensor]] | None = None
+        if self.size * dm.channels * dm.image_size**2 * 4 <= MAX_CACHED_EVAL_BYTES:
+            self.cached = [(x, y) for x, y, _ in self.loader]
+            self.loader = None  # (and its workers, if any)
+        self.bn_batches: list[Tensor] = []
+        if merge.recompute_bn:
+            calib = IndexedImages(dm.train_source, bn_positions, dm.eval_transform())
+            loader = dm.loader(calib, shuffle=False, batch_size=dm.batch_size)
+            self.bn_batches = [x for x, _, _ in loader]
+        self.calls = 0
+        self.forward_samples = 0
+        # Scores of state dicts already evaluated (by id; the caller keeps them alive): a
+        # learner scored when it finishes is not scored again by the soup.
+        self.known: dict[int, float] = {}
+
+    def prepare(self, model: nn.Module) -> None:
+        """Recompute BatchNorm statistics of `model` in place (no-op when off)."""
+        if self.bn_batches:
+            recompute_batchnorm_stats(model, self.bn_batches)
+            self.forward_samples += sum(len(x) for x in self.bn_batches)
+
+    @torch.no_grad()
+    def accuracy(self, model: nn.Module) -> float:
+        was_training = model.training
+        model.eval()
+        correct = 0
+        if self.cached is not None:
+            batches: Iterable[tuple[Tensor, Tensor]] = self.cached
+        else:
+            assert self.loader is not None
+            batches = ((x, y) for x, y, _ in self.loader)
+        for x, y in batches:
+            logits = model(x.to(self.device))
+            correct += int((logits.argmax(dim=1).cpu() == y).sum())
+        model.train(was_training)
+        self.forward_samples += self.size
+        return correct / self.size
+
+    def __call__(self, state_dict: StateDict) -> float:
+        if id(state_dict) in self.known:
+            return self.known.pop(id(state_dict))
+        self.calls += 1
+        self.model.load_state_dict(state_dict)
+        self.prepare(self.model)
+        return self.accuracy(self.model)
+
+    def score_learner(self, learner: Learner) -> float | None:
+        """A finished learner's held-out accuracy (None when it is left out), kept for the
+        soup's first look at it: the same number, computed once."""
+        if learner.status != "ok" or learner.state_dict is None:
+            return None
+        score = self(learner.state_dict)
+        self.known[id(learner.state_dict)] = score
+        return score
+
+
+def bn_positions(settings: JigsawSettings, merge: Merge, dm: DataModule, seed: int) -> Tensor:
+    """`merge.bn_batches` minibatches drawn (seeded) from the union of ALL learners' shards:
+    data already sent out, so the soup reads nothing new, and the same set whichever learners
+    survive, so the in-process and multirun paths agree."""
+    union = torch.cat(learner_shards(settings, dm, seed))
+    count = min(len(union), int(merge.bn_batches) * dm.batch_size)
+    return union[torch.randperm(len(union), generator=generator(seed, "bn"))[:count]]
+
+
+# --------------------------------------------------------------------------- the soup
+
+
+def merge_learners(
+    ctx: PretrainContext,
+    settings: JigsawSettings,
+    dm: DataModule,
+    init: nn.Module,
+    seed: int,
+    learners: Sequence[Learner],
+    evaluate: HeldOut | None = None,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Merge the "ok" learners into one dense model (a copy of `init` with the soup's weights);
+    the others are left out with a warning. Returns the model and the merge report. `evaluate`:
+    the held-out scorer that already scored the learners as they finished (else made here).
+
+    Raises:
+        UserError: no learner is left, or learners started from different initial weights.
+    """
+    start = time.perf_counter()
+    for bad in (le for le in learners if le.status != "ok"):
+        log.warning("jigsaw learner %d is left out of the soup (%s)", bad.id, bad.error)
+    usable = [le for le in learners if le.status == "ok"]
+    if not usable:
+        reasons = "; ".join(f"learner {le.id}: {le.status} ({le.error})" for le in learners[:3])
+        raise UserError(
+            f"no jigsaw learner is left to merge: all {len(learners)} diverged, failed or are "
+            f"missing ({reasons}); lower pretrain.optim.lr or re-run the missing learner jobs"
+        )
+    needed = settings.least_learners()
+    if len(usable) < needed:
+        left_out = ", ".join(
+            f"{status} {ids}" for status, ids in learner_ids_by_status(learners).items() if ids
+        )
+        raise UserError(
+            f"only {len(usable)} of {len(learners)} jigsaw learners are usable ({left_out}), "
+            f"fewer than pretrain.min_learners={needed}; re-run the same command (it trains only "
+            "the missing learners), lower pretrain.optim.lr, or lower pretrain.min_learners"
+        )
+    digest = state_digest(init.state_dict())
+    strangers = [le.id for le in usable if le.init_digest != digest]
+    if strangers:
+        raise UserError(
+            f"jigsaw learners {strangers} did not start from this run's initial model (seed "
+            f"{seed}); a soup needs one common init: re-train them with the same seed and model"
+        )
+    if evaluate is None:
+        positions = bn_positions(settings, ctx.merge, dm, seed)
+        evaluate = HeldOut(ctx.merge, ctx.device, dm, init, seed, positions)
+    init_accuracy = evaluate(init.state_dict())
+    total = ctx.merge.evaluations(len(usable))
+    with console.progress("merging: candidates", total) as step:
+        best = -1.0
+
+        def scored(state_dict: StateDict) -> float:
+            nonlocal best
+            score = evaluate(state_dict)
+            best = max(best, score)
+            step(info=f"held-out best {best:.3f}")
+            return score
+
+        soup = ctx.merge.soup([le.state_dict for le in usable], scored)  # type: ignore[misc]
+    model = copy.deepcopy(init)
+    model.load_state_dict(soup.state_dict)
+    evaluate.prepare(model)  # the same statistics the soup was scored with
+    report = merge_report(ctx, settings, dm, seed, learners, usable, soup, evaluate)
+    report["init_accuracy"] = init_accuracy
+    report["merge_seconds"] = round(time.perf_counter() - start, 3)
+    return model, report
+
+
+def learner_ids_by_status(learners: Sequence[Learner]) -> dict[str, list[int]]:
+    """Ids of the learners left out of the soup, by why: missing, diverged, failed."""
+    return {
+        status: [le.id for le in learners if le.status == status]
+        for status in ("missing", "diverged", "failed")
+    }
+
+
+def learner_counts(learners: Sequence[Learner]) -> dict[str, int]:
+    """For summary.json's stages.pretrain: how many were merged, failed (diverged or raised),
+    or are missing (a job that died before writing its checkpoint)."""
+    by_status = learner_ids_by_status(learners)
+    return {
+        "learners_merged": sum(le.status == "ok" for le in learners),
+        "learners_failed": len(by_status["diverged"]) + len(by_status["failed"]),
+        "learners_missing": len(by_status["missing"]),
+    }
+
+
+def merge_report(
+    ctx: PretrainContext,
+    settings: JigsawSettings,
+    dm: DataModule,
+    seed: int,
+    learners: Sequence[Learner],
+    usable: Sequence[Learner],
+    soup: SoupResult,
+    evaluate: HeldOut,
+) -> dict[str, Any]:
+    """The soup's report with learner ids (not positions among the usable learners)."""
+    ids = [le.id for le in usable]
+    raw = soup.to_report()
+    scores = dict(zip(ids, raw["ingredient_scores"], strict=True))
+    per_learner = [{**le.summary(), "accuracy": scores.get(le.id)} for le in learners]
+    return {
+        "method": raw["method"],
+        "seed": seed,
+        "num_learners": int(settings.num_learners),
+        "batches_per_learner": int(settings.batches_per_learner),
+        "local_epochs": int(settings.local_epochs),
+        "batch_size": dm.batch_size,
+        "augment": str(ctx.augment.name),
+        "prune": str(ctx.prune.name),
+        "eval_split": "validation",
+        "eval_size": evaluate.size,
+        "recompute_bn": bool(ctx.merge.recompute_bn),
+        "bn_batches": len(evaluate.bn_batches),
+        "learners": per_learner,
+        "left_out": [le.id for le in learners if le.status != "ok"],
+        **learner_ids_by_status(learners),
+        "kept": [ids[i] for i in raw["kept"]],
+        "ratios": raw["ratios"],
+        "weights": raw["weights"],
+        "best_learner": ids[raw["best_ingredient"]],
+        "best_learner_accuracy": raw["best_ingredient_score"],
+        "soup_accuracy": raw["soup_score"],
+        "trials": [{**t, "candidate": ids[t["candidate"]]} for t in raw["trials"]],
+        "evaluations": evaluate.calls,
+        "eval_forward_samples": evaluate.forward_samples,
+    }
+
+
+def learner_heads(learners: Sequence[Learner]) -> LearnerHeads | None:
+    """The final linear layers of the usable ("ok") learners, stacked (None: there are none):
+    selection applies them to the soup's embeddings for the learners' ensemble."""
+    states = [le.state_dict for le in learners if le.status == "ok" and le.state_dict is not None]
+    if not states:
+        return None
+    return LearnerHeads(
+        weight=torch.stack([s["classifier.weight"].float() for s in states]),  # [L, C, D]
+        bias=torch.stack([s["classifier.bias"].float() for s in states]),  # [L, C]
+    )

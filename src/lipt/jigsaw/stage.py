@@ -1,0 +1,213 @@
+"""LiPT's jigsaw pre-training end to end: independent weak learners merged into one soup.
+
+Ro et al., "Lowering the Pre-training Tax for Gradient-based Subset Training" (ICML 2023,
+https://proceedings.mlr.press/v202/ro23a.html), sections 3.2-3.3. From ONE common initial model
+(the seeded init), learner i
+
+1. gets its own shard of M minibatches of B samples, disjoint from every other learner's
+   (lipt.jigsaw.shards: one seeded permutation of the pool, cut into n pieces);
+2. trains a copy of the init on it for K passes in its own Lightning ``Trainer(devices=1)``, with
+   RandAugment (group ``augment``) and the SGD settings of ``pretrain.optim`` (learner.py);
+3. is pruned once, at its own density drawn from U[low, high] (group ``prune``).
+
+Learners never communicate. The soup (group ``merge``, merge.py) is scored by held-out accuracy
+on the validation split carved from the training set, never the test set.
+
+Everything random about learner i is a function of (seed, i) alone (lipt.seeding.derive_seed),
+never of the global RNG state left by earlier learners, so a learner trained by a job of a
+multirun (`run_learner_job`, one process per job) equals the one trained in-process
+(`pretrain_jigsaw`), and `merge_learner_dir` (called by soup_callback.py when the sweep ends)
+makes the same soup. This module reads top to bottom as the stage runs: learners, soup, and the
+multirun's two halves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+from torch import nn
+
+from lipt import console
+from lipt.artifacts import write_json
+from lipt.build import build_datamodule, build_model, build_part, build_pretrain_context, run_dir
+from lipt.data import DataModule
+from lipt.errors import UserError
+from lipt.jigsaw.checkpoints import (
+    learner_dir,
+    learner_file,
+    learner_payload,
+    load_learners,
+    train_or_reuse,
+)
+from lipt.jigsaw.learner import learner_shard, learner_shards
+from lipt.jigsaw.merge import (
+    HeldOut,
+    bn_positions,
+    learner_counts,
+    learner_heads,
+    learner_ids_by_status,
+    merge_learners,
+)
+from lipt.jigsaw.parts import JigsawSettings
+from lipt.pretrain_outputs import write_pretrain_outputs
+from lipt.results import PretrainContext, Pretrained
+from lipt.seeding import torch_threads
+from lipt.summary import summary_payload
+
+log = logging.getLogger(__name__)
+
+__all__ = ["JigsawPretraining", "merge_learner_dir", "merge_saved", "pretrain_jigsaw"]
+
+
+@dataclass(frozen=True)
+class JigsawPretraining(JigsawSettings):
+    """`pretrain=jigsaw`: the strategy lipt.pretrain runs (configs/pretrain/jigsaw.yaml)."""
+
+    def __call__(
+        self, ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int
+    ) -> Pretrained:
+        return pretrain_jigsaw(ctx, self, dm, model, seed)
+
+
+def pretrain_jigsaw(
+    ctx: PretrainContext, settings: JigsawSettings, dm: DataModule, model: nn.Module, seed: int
+) -> Pretrained:
+    """All n learners in this process from the common init `model`, then the soup.
+
+    Returns the soup (a dense copy of `model`), the samples all learners passed forward and
+    backward (n*K*M*B, plus SNIP's batches), the n*M*B distinct samples of their shards, the
+    merge report, and every learner's checkpoint for pretrain.py to write. With
+    `pretrain.merge_from`, merges the learner checkpoints saved there instead of training.
+    """
+    if settings.learner_ids() is not None:
+        raise UserError(
+            "pretrain.learners selects learners for the jobs of a `pretrain.py -m` sweep; "
+            "drop it (null) to train and merge all learners in this run"
+        )
+    if settings.merge_from:
+        folder = Path(str(settings.merge_from)).expanduser()
+        return merge_saved(ctx, settings, dm, model, seed, folder)
+    folder = learner_dir(ctx, settings, shared=False)
+    if seed != ctx.run_seed:  # selector.repeats: the learners of each seed apart
+        folder = folder / f"seed_{seed}"
+    with torch_threads(settings.num_threads):
+        shards = learner_shards(settings, dm, seed)
+        # Built before training so each learner is scored as it finishes (for the bar and the
+        # log); the soup reuses those scores, so the merge computes exactly what it did before.
+        positions = bn_positions(settings, ctx.merge, dm, seed)
+        evaluate = HeldOut(ctx.merge, ctx.device, dm, model, seed, positions)
+        learners = []
+        with console.progress("pre-training: learners", len(shards)) as step:
+            for i, shard in enumerate(shards):
+                learners.append(train_or_reuse(ctx, settings, dm, model, seed, i, shard, folder))
+                score = evaluate.score_learner(learners[-1])
+                shown = "left out" if score is None else f"held-out {score:.3f}"
+                console.detail.info("learner %d/%d: %s", i + 1, len(shards), shown)
+                step(info=f"learner {i}: {shown}")
+        soup, report = merge_learners(ctx, settings, dm, model, seed, learners, evaluate)
+    return Pretrained(
+        model=soup,
+        samples=sum(le.samples for le in learners),
+        unique_samples=sum(len(le.shard) for le in learners),
+        report=report,
+        counts=learner_counts(learners),
+        checkpoints={
+            str(folder / learner_file(le.id)): learner_payload(ctx, settings, dm, seed, le)
+            for le in learners
+            if le.state_dict is not None
+        },
+        learner_heads=learner_heads(learners),
+    )
+
+
+def merge_saved(
+    ctx: PretrainContext,
+    settings: JigsawSettings,
+    dm: DataModule,
+    init: nn.Module,
+    seed: int,
+    folder: Path,
+) -> Pretrained:
+    """The soup of the learner checkpoints in `folder`, merged exactly as `pretrain_jigsaw`
+    merges; samples and unique samples are those the saved learners recorded."""
+    learners = load_learners(ctx, settings, dm, seed, folder)
+    missing = learner_ids_by_status(learners)["missing"]
+    if missing:
+        log.warning(
+            "jigsaw learners %s have no checkpoint in %s (their jobs died or did not run); "
+            "re-running the same sweep trains only them",
+            missing,
+            folder,
+        )
+    with torch_threads(settings.num_threads):
+        soup, report = merge_learners(ctx, settings, dm, init, seed, learners)
+    present = [le for le in learners if le.status != "missing"]
+    report["learner_dir"] = str(folder)
+    report["learner_seconds"] = round(sum(le.seconds for le in present), 3)
+    return Pretrained(
+        model=soup,
+        samples=sum(le.samples for le in present),
+        unique_samples=sum(len(le.shard) for le in present),
+        report=report,
+        counts=learner_counts(learners),
+        learner_heads=learner_heads(learners),
+    )
+
+
+# --------------------------------------------------------------------------- a multirun
+
+
+def run_learner_job(cfg: DictConfig) -> dict[str, Any]:
+    """`pretrain.py pretrain=jigsaw pretrain.learners=<ids>`: one job of a multirun. Trains only
+    its learners, reading only their shards, and writes their checkpoints to the shared learner
+    dir; soup_callback.py merges when the sweep ends. Writes the job's summary.json."""
+    start = time.perf_counter()
+    settings: JigsawSettings = build_part(cfg.pretrain)
+    ids = settings.learner_ids()
+    assert ids is not None
+    out = run_dir(cfg)
+    dm = build_datamodule(cfg)
+    ctx = build_pretrain_context(cfg, dm)
+    seed = int(cfg.seed)
+    init = build_model(cfg, seed)
+    folder = learner_dir(ctx, settings, shared=True)
+    learners = []
+    with torch_threads(settings.num_threads):
+        for i in ids:  # a re-run of the sweep trains only the learners it has no checkpoint of
+            shard = learner_shard(settings, dm, seed, i)
+            learners.append(train_or_reuse(ctx, settings, dm, init, seed, i, shard, folder))
+    stats = {
+        "seconds": round(time.perf_counter() - start, 3),
+        "samples": sum(le.samples for le in learners),
+        "unique_samples": sum(len(le.shard) for le in learners),
+        "learners": [le.summary() for le in learners],
+        "learner_dir": str(folder),
+    }
+    summary = summary_payload(cfg, dm, None, None, {"pretrain": stats})
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def merge_learner_dir(
+    cfg: DictConfig, folder: Path, out: Path, seconds: float = 0.0
+) -> dict[str, Any]:
+    """Merge the learner checkpoints in `folder` (written by a multirun's jobs) into the soup
+    and write pretrain.ckpt, merge_report.json and summary.json to `out`, as pretrain.py does.
+    `seconds` is the wall time of the whole sweep so far (soup_callback.py).
+
+    Raises:
+        UserError: a checkpoint of another recipe, or no usable learner.
+    """
+    start = time.perf_counter()
+    dm = build_datamodule(cfg)
+    ctx = build_pretrain_context(cfg, dm)
+    settings: JigsawSettings = build_part(cfg.pretrain)
+    seed = int(cfg.seed)
+    result = merge_saved(ctx, settings, dm, build_model(cfg, seed), seed, folder)
+    result.seconds = seconds + time.perf_counter() - start
+    return write_pretrain_outputs(cfg, dm, ctx, result, out)

@@ -1,0 +1,96 @@
+"""The package's import graph has no circle: every `import` of a lipt module, at module level
+or inside a function (a lazy import hides a circle, it does not remove it), is an edge."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def module_name(path: Path, src: Path = SRC) -> str:
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(root: Path = SRC / "lipt") -> dict[str, set[str]]:
+    """lipt module -> the lipt modules it imports (anywhere in its body)."""
+    files = {module_name(p, root.parent): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from . import x, from .a import b
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # `from lipt.x import y` imports the module lipt.x.y when there is one
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names
+                ]
+            for target in targets:
+                while target and target not in files:  # lipt.a.b.attr -> lipt.a.b
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_sees_lazy_imports_and_finds_a_planted_circle(tmp_path):
+    pkg = tmp_path / "lipt"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from lipt.b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from lipt import a\n")
+    (pkg / "c.py").write_text("import lipt.a\n")
+    graph = import_graph(pkg)
+    assert graph["lipt.a"] == {"lipt.b"} and graph["lipt.b"] == {"lipt.a"}
+    assert cycles(graph) == [["lipt.a", "lipt.b"]]
+
+
+def test_lipt_has_no_import_circle():
+    graph = import_graph()
+    assert graph.get("lipt.jigsaw.stage")
+    assert cycles(graph) == []
