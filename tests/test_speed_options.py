@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from lipt.build import build_datamodule, build_model
 from lipt.module import Classifier
-from tests.conftest import FAST
+from tests.helpers import FAST
 
 
 def _bf16_step_matches_fp32_weighted_loss(device: torch.device, make_cfg) -> None:
