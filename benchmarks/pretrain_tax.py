@@ -16,9 +16,11 @@ ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, reports 15.4x less pre
     python benchmarks/pretrain_tax.py --seeds 1 --full-epochs 1 --main-epochs 2 \
         --threads 1 --jigsaw merge.eval_size=1000      # reduced: about 10 min on 2 CPU cores
 
-On a CPU the jigsaw stage's cost is mostly its merge: every learner and candidate soup is scored
-on the validation split (55 evaluations for n=10 and 5 ratios), which `--jigsaw
+On a CPU the jigsaw stage's cost is mostly its merge: every learner and distinct candidate soup
+is scored on the validation split (46 evaluations for n=10 and 5 ratios), which `--jigsaw
 merge.eval_size=...` or `--jigsaw merge=greedy` shrinks; the table shows the merge time apart.
+
+    python benchmarks/pretrain_tax.py --seeds 1 --threads 1 --tax-only   # pre-training alone
 """
 
 from __future__ import annotations
@@ -66,6 +68,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="extra override for every run, e.g. dataset.data_dir=... (repeatable)",
     )
+    p.add_argument(
+        "--tax-only",
+        action="store_true",
+        help="pre-training only (wall time, samples, soup held-out accuracy): no selection or "
+        "main training, so no test accuracy",
+    )
+    p.add_argument(
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help=f"comma-separated pre-training strategies to run (default {','.join(STRATEGIES)})",
+    )
     p.add_argument("--out", type=Path, default=None, help="where runs write (default: a tmp dir)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     return p.parse_args(argv)
@@ -109,7 +122,9 @@ def run_strategy(
     if result.report:
         row["merge_seconds"] = result.report.get("merge_seconds")
         row["soup_val_accuracy"] = result.report.get("soup_accuracy")
-    log(f"{name} seed {seed}: {result.stats()}; selecting")
+    log(f"{name} seed {seed}: {result.stats()}")
+    if args.tax_only:
+        return row
     start = time.perf_counter()
     indices, weights = choose_subset(cfg, dm, [result.model], seed)
     row["select_seconds"] = round(time.perf_counter() - start, 3)
@@ -144,7 +159,7 @@ def mean_std(values: Sequence[float]) -> str:
 def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
     first = {r["strategy"]: r for r in rows if r["seed"] == 0}
     acc = {
-        name: [r["test_accuracy"] for r in rows if r["strategy"] == name]
+        name: [r["test_accuracy"] for r in rows if r["strategy"] == name and "test_accuracy" in r]
         for name in (*STRATEGIES, "random")
     }
     jig_extra = f", {' '.join(args.jigsaw)}" if args.jigsaw else ""
@@ -159,7 +174,7 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         f"| test acc. %, {args.selector} {pct}% (mean ± std, {args.seeds} seeds) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for name in STRATEGIES:
+    for name in (s for s in STRATEGIES if s in first):
         r = first[name]
         merge = r.get("merge_seconds")
         lines.append(
@@ -167,20 +182,27 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
             f"| {r['samples']:,} | {r['unique_samples']:,} | {mean_std(acc[name])} |"
         )
     lines.append(f"| random {pct}% subset (no model) | - | - | - | - | {mean_std(acc['random'])} |")
+    if "full" not in first or "jigsaw" not in first:
+        return "\n".join(lines)
     full, jig = first["full"], first["jigsaw"]
+    soup = jig.get("soup_val_accuracy")
     lines += [
         "",
         f"full / jigsaw: wall time {full['seconds'] / max(jig['seconds'], 1e-9):.2f}x, "
         f"training samples {full['samples'] / max(jig['samples'], 1):.1f}x, "
         f"unique samples {full['unique_samples'] / max(jig['unique_samples'], 1):.1f}x "
         f"(wall time without the merge: "
-        f"{full['seconds'] / max(jig['seconds'] - (jig.get('merge_seconds') or 0), 1e-9):.2f}x)",
+        f"{full['seconds'] / max(jig['seconds'] - (jig.get('merge_seconds') or 0), 1e-9):.2f}x)"
+        + ("" if soup is None else f"; soup held-out accuracy {100 * soup:.2f}%"),
     ]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if unknown := sorted(set(strategies) - set(STRATEGIES)):
+        sys.exit(f"error: unknown --strategies {unknown}; choose from {', '.join(STRATEGIES)}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if not (ROOT / "configs" / "selector" / f"{args.selector}.yaml").is_file():
@@ -202,8 +224,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         dm = build_datamodule(compose(base, out))  # one pool and split for every run
         rows = []
         for seed in range(args.seeds):
-            rows += [run_strategy(args, base, name, seed, out, dm) for name in STRATEGIES]
-            rows.append(run_random(base, seed, out))
+            rows += [run_strategy(args, base, name, seed, out, dm) for name in strategies]
+            if not args.tax_only:
+                rows.append(run_random(base, seed, out))
     report = table(args, rows)
     print(report)
     if args.json is not None:

@@ -91,6 +91,10 @@ def test_stage_writes_learners_with_disjoint_shards_and_counts_samples(
     assert stats["samples"] == n * K * m * B  # the shard divides evenly into minibatches
     assert stats["unique_samples"] == n * m * B
     assert json.loads((tmp_path / "summary.json").read_text())["stages"]["pretrain"] == stats
+    # The stage's seconds, split: the learners' training and the merge apart.
+    assert 0 < stats["merge_seconds"] < stats["seconds"]
+    assert 0 < stats["learner_seconds"] < stats["seconds"]
+    assert stats["merge_seconds"] + stats["learner_seconds"] <= stats["seconds"]
 
     dm = build_datamodule(cfg)
     shards = []
@@ -164,6 +168,12 @@ def test_greedy_soup_never_scores_below_its_best_learner(jigsaw_cfg, merge):
     scores = [le["accuracy"] for le in report["learners"]]
     assert report["soup_accuracy"] >= max(scores)
     assert report["best_learner_accuracy"] == max(scores)
+    # Each distinct candidate is scored once: alpha = 1 of the grid blends the soup into exactly
+    # the candidate learner, scored already (so N - 1 re-uses, and no more).
+    reused = N - 1 if merge == "greedy_interp" else 0
+    per_candidate = 5 if merge == "greedy_interp" else 1
+    assert report["evaluations_reused"] == reused
+    assert report["evaluations"] == 1 + N + (N - 1) * per_candidate - reused  # 1: the init
     # Scored independently on the whole validation split, the returned model is what the soup
     # reported (BatchNorm statistics recomputed as when it was scored).
     assert _accuracy(result.model, dm) == pytest.approx(report["soup_accuracy"], abs=1e-9)

@@ -59,11 +59,18 @@ class Pretrained:
     # selector can use the learners' ensemble without running them again.
     learner_heads: LearnerHeads | None = None
     trained: bool = True  # False: the common initial model as it is (pretrain=none)
+    # Jigsaw's parts of `seconds`: the learners' training (in this process; a learner reused
+    # from a checkpoint counts the seconds it took then) and the merge (held-out scoring of the
+    # learners and candidate soups, BatchNorm re-estimates, the soup). None: not measured here.
+    learner_seconds: float | None = None
+    merge_seconds: float | None = None
 
     def stats(self) -> dict[str, Any]:
         """summary.json's stages.pretrain."""
+        parts = {"learner_seconds": self.learner_seconds, "merge_seconds": self.merge_seconds}
         return {
             "seconds": round(self.seconds, 3),
+            **{name: round(value, 3) for name, value in parts.items() if value is not None},
             "samples": self.samples,
             "unique_samples": self.unique_samples,
             **self.counts,

@@ -103,7 +103,8 @@ def ranking_models(cfg: DictConfig, dm: DataModule) -> Ranking:
         for key, value in result.stats().items():
             totals[key] = totals.get(key, 0) + value
     first = results[0]
-    stats = {**totals, "seconds": round(totals["seconds"], 3)} if first.trained else None
+    rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in totals.items()}
+    stats = rounded if first.trained else None
     return Ranking([r.model for r in results], first.learner_heads, first, stats)
 
 

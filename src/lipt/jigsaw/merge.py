@@ -55,6 +55,7 @@ class HeldOut:
         seed: int,
         bn_positions: Tensor,
     ) -> None:
+        start = time.perf_counter()
         self.device = device
         self.model = copy.deepcopy(template).to(self.device)
         positions = dm.val_indices
@@ -79,11 +80,21 @@ class HeldOut:
             calib = IndexedImages(dm.train_source, bn_positions, dm.eval_transform())
             loader = dm.loader(calib, shuffle=False, batch_size=dm.batch_size)
             self.bn_batches = [x for x, _, _ in loader]
+        # Kept on the scoring device, read once: no copy or loader per evaluation.
+        if self.cached is not None:
+            self.cached = [(x.to(self.device), y.to(self.device)) for x, y in self.cached]
+        self.bn_batches = [x.to(self.device) for x in self.bn_batches]
         self.calls = 0
         self.forward_samples = 0
-        # Scores of state dicts already evaluated (by id; the caller keeps them alive): a
-        # learner scored when it finishes is not scored again by the soup.
-        self.known: dict[int, float] = {}
+        self.reused = 0
+        # Scores by the candidate's content (`weights_digest`): a learner scored when it
+        # finishes is not scored again by the soup, nor is a candidate equal to one already
+        # scored (alpha = 1 blends the soup into exactly the candidate learner).
+        self.known: dict[str, float] = {}
+        self.prescored: set[str] = set()  # learners scored as they finished
+        # Wall time spent reading the split and scoring (the merge's share of a jigsaw stage,
+        # including the learners' scores taken as they finish).
+        self.seconds = time.perf_counter() - start
 
     def prepare(self, model: nn.Module) -> None:
         """Recompute BatchNorm statistics of `model` in place (no-op when off)."""
@@ -103,18 +114,28 @@ class HeldOut:
             batches = ((x, y) for x, y, _ in self.loader)
         for x, y in batches:
             logits = model(x.to(self.device))
-            correct += int((logits.argmax(dim=1).cpu() == y).sum())
+            correct += int((logits.argmax(dim=1) == y.to(self.device)).sum())
         model.train(was_training)
         self.forward_samples += self.size
         return correct / self.size
 
     def __call__(self, state_dict: StateDict) -> float:
-        if id(state_dict) in self.known:
-            return self.known.pop(id(state_dict))
+        start = time.perf_counter()
+        key = weights_digest(state_dict)
+        if key in self.known:
+            if key in self.prescored:  # the soup's first look at a learner: no re-use
+                self.prescored.discard(key)
+            else:
+                self.reused += 1
+            self.seconds += time.perf_counter() - start
+            return self.known[key]
         self.calls += 1
         self.model.load_state_dict(state_dict)
         self.prepare(self.model)
-        return self.accuracy(self.model)
+        score = self.accuracy(self.model)
+        self.known[key] = score
+        self.seconds += time.perf_counter() - start
+        return score
 
     def score_learner(self, learner: Learner) -> float | None:
         """A finished learner's held-out accuracy (None when it is left out), kept for the
@@ -122,8 +143,17 @@ class HeldOut:
         if learner.status != "ok" or learner.state_dict is None:
             return None
         score = self(learner.state_dict)
-        self.known[id(learner.state_dict)] = score
+        self.prescored.add(weights_digest(learner.state_dict))
         return score
+
+
+def weights_digest(state_dict: StateDict) -> str:
+    """sha256 of a state dict's floating tensors (names and bytes): what a held-out score
+    depends on. Integer buffers (BatchNorm's `num_batches_tracked`, which a blend takes from
+    the soup side) play no part in an eval-mode forward, nor in a re-estimate, which resets
+    them. -0.0 counts as 0.0 (`+ 0.0`): a blend at alpha = 1 turns a pruned learner's -0.0
+    weights into 0.0, which change no sum, hence no score."""
+    return state_digest({k: v + 0.0 for k, v in state_dict.items() if v.is_floating_point()})
 
 
 def bn_positions(settings: JigsawSettings, merge: Merge, dm: DataModule, seed: int) -> Tensor:
@@ -155,6 +185,8 @@ def merge_learners(
         UserError: no learner is left, or learners started from different initial weights.
     """
     start = time.perf_counter()
+    # Scoring done before this call (the learners, as they finished) is part of the merge.
+    scored_before = 0.0 if evaluate is None else evaluate.seconds
     for bad in (le for le in learners if le.status != "ok"):
         log.warning("jigsaw learner %d is left out of the soup (%s)", bad.id, bad.error)
     usable = [le for le in learners if le.status == "ok"]
@@ -202,7 +234,7 @@ def merge_learners(
     evaluate.prepare(model)  # the same statistics the soup was scored with
     report = merge_report(ctx, settings, dm, seed, learners, usable, soup, evaluate)
     report["init_accuracy"] = init_accuracy
-    report["merge_seconds"] = round(time.perf_counter() - start, 3)
+    report["merge_seconds"] = round(time.perf_counter() - start + scored_before, 3)
     return model, report
 
 
@@ -264,6 +296,7 @@ def merge_report(
         "soup_accuracy": raw["soup_score"],
         "trials": [{**t, "candidate": ids[t["candidate"]]} for t in raw["trials"]],
         "evaluations": evaluate.calls,
+        "evaluations_reused": evaluate.reused,
         "eval_forward_samples": evaluate.forward_samples,
     }
 

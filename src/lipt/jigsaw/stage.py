@@ -110,8 +110,11 @@ def pretrain_jigsaw(
                 console.detail.info("learner %d/%d: %s", i + 1, len(shards), shown)
                 step(info=f"learner {i}: {shown}")
         soup, report = merge_learners(ctx, settings, dm, model, seed, learners, evaluate)
+    report["learner_seconds"] = round(sum(le.seconds for le in learners), 3)
     return Pretrained(
         model=soup,
+        learner_seconds=report["learner_seconds"],
+        merge_seconds=report["merge_seconds"],
         samples=sum(le.samples for le in learners),
         unique_samples=sum(len(le.shard) for le in learners),
         report=report,
@@ -151,6 +154,7 @@ def merge_saved(
     report["learner_seconds"] = round(sum(le.seconds for le in present), 3)
     return Pretrained(
         model=soup,
+        merge_seconds=report["merge_seconds"],
         samples=sum(le.samples for le in present),
         unique_samples=sum(len(le.shard) for le in present),
         report=report,
