@@ -16,6 +16,18 @@ from omegaconf import DictConfig
 from tests.helpers import CONFIGS, class_images, write_idx
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`gpu`-marked tests are skipped where no CUDA device is present (the marker's contract)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def make_cfg(tmp_path: Path) -> Callable[..., DictConfig]:
     def _make(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:

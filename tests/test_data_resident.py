@@ -231,8 +231,7 @@ def test_augment_batch_is_the_same_on_any_device_given_the_seed(fashion_mnist):
     _same_batches_on(torch.device("cpu"), fashion_mnist)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu  # skipped without CUDA (conftest)
 def test_resident_batches_on_cuda_equal_the_cpu_ones(fashion_mnist):
     _same_batches_on(torch.device("cuda"), fashion_mnist)
 

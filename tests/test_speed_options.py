@@ -39,8 +39,7 @@ def test_bf16_autocast_keeps_the_weighted_loss(make_cfg):
     _bf16_step_matches_fp32_weighted_loss(torch.device("cpu"), make_cfg)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu  # skipped without CUDA (conftest)
 def test_bf16_autocast_keeps_the_weighted_loss_on_cuda(make_cfg):
     _bf16_step_matches_fp32_weighted_loss(torch.device("cuda"), make_cfg)
 
