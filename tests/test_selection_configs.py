@@ -46,6 +46,8 @@ def test_summary_reports_the_selectors_fallbacks(make_cfg, tmp_path, selector: s
     select_summary = select_stage.run(make_cfg(overrides, config_name="select"))
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     for summary in (train_summary, select_summary, on_disk):
+        profile = summary["stages"]["select"]["profile"]  # lipt.selection.profile
+        assert 0.0 <= profile["norm_percentile"] <= 1.0 and profile["coverage_ratio"] > 0
         diagnostics = summary["stages"]["select"]["diagnostics"]
         assert diagnostics["pool_as_target"] == 0  # every class has validation rows
         if selector == "gradmatch":

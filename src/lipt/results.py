@@ -111,10 +111,12 @@ class Selected:
     diagnostics: dict[str, int]
     pretrained: Pretrained | None = None  # the first model that ranked the pool, if made here
     pretrain_stats: dict[str, Any] | None = None  # summed over selector.repeats
+    profile: dict[str, float] = field(default_factory=dict)  # lipt.selection.profile (model used)
 
     def stats(self) -> dict[str, Any]:
         """summary.json's stages.select."""
-        return {"seconds": round(self.seconds, 3), "diagnostics": self.diagnostics}
+        figures = {"seconds": round(self.seconds, 3), "diagnostics": self.diagnostics}
+        return {**figures, "profile": self.profile} if self.profile else figures
 
 
 @dataclass

@@ -34,6 +34,7 @@ from lipt.selection import (
     SelectionInputs,
     model_outputs,
     select_balanced,
+    subset_profile,
 )
 from lipt.summary import subset_class_counts, summary_payload
 
@@ -131,12 +132,14 @@ def choose_subset(
     seed: int,
     diagnostics: dict[str, int] | None = None,
     learner_heads: LearnerHeads | None = None,
+    profile: dict[str, float] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Positions in the original training split (ascending) and their float32 weights.
 
     The selector's diagnostics (fallbacks it took, see `lipt.selection.Selection`) are logged
     and, when `diagnostics` is given, stored in it. `learner_heads` (the jigsaw learners',
-    fitting models[0]'s embeddings) go to the selector.
+    fitting models[0]'s embeddings) go to the selector. When `profile` is given and a model
+    ranked the pool, it receives `subset_profile` of the subset (lipt.selection.profile).
 
     A selector that needs no model (random) never runs `models` over the pool, so random
     online (`selector=random reselect_every=R`) only re-draws."""
@@ -184,6 +187,18 @@ def choose_subset(
         log.info("selector=%s diagnostics: %s", node.name, selection.diagnostics)
     if diagnostics is not None:
         diagnostics.update(selection.diagnostics)
+    if profile is not None and inputs.pool.embeddings.shape[1] > 0:
+        start = time.perf_counter()
+        reference = torch.Generator().manual_seed(seed)  # the random subset beside it
+        profile.update(subset_profile(inputs.pool, selection.rows, reference))
+        profile["seconds"] = round(time.perf_counter() - start, 3)
+        log.info(
+            "subset profile: model error percentile %.2f, embedding-norm percentile %.2f "
+            "(random: 0.50), nearest-pick distance %.2fx a random subset's",
+            profile["difficulty_percentile"],
+            profile["norm_percentile"],
+            profile["coverage_ratio"],
+        )
     # Rows are positions in the pool; the artifact speaks positions in the original split.
     indices = inputs.pool.indices[selection.rows]
     order = torch.argsort(indices)
@@ -221,14 +236,16 @@ def select_subset(cfg: DictConfig, dm: DataModule) -> Selected:
     ranking = ranking_models(cfg, dm) if needs_model(cfg) else Ranking([])
     start = time.perf_counter()
     diagnostics: dict[str, int] = {}
+    profile: dict[str, float] = {}
     indices, weights = choose_subset(
-        cfg, dm, ranking.models, int(cfg.seed), diagnostics, ranking.heads
+        cfg, dm, ranking.models, int(cfg.seed), diagnostics, ranking.heads, profile
     )
     return Selected(
         indices=indices,
         weights=weights,
         seconds=time.perf_counter() - start,
         diagnostics=diagnostics,  # fallbacks the selector took (lipt.selection.Selection)
+        profile=profile,
         pretrained=ranking.pretrained,
         pretrain_stats=ranking.pretrain_stats,
     )

@@ -21,6 +21,7 @@ from lipt.selection.gradients import (
     model_outputs,
 )
 from lipt.selection.gradmatch import select_gradmatch
+from lipt.selection.profile import subset_profile
 from lipt.selection.scores import (
     SCORES,
     mean_score,
@@ -64,4 +65,5 @@ __all__ = [
     "select_random",
     "select_uncertainty",
     "split_budget",
+    "subset_profile",
 ]
