@@ -61,6 +61,7 @@ REFUSED = [
     (["logger.csv._target_=no.such.Logger"], ["logger=csv", "install"]),
     (["selector=glister", "selector.greedy=sometimes"], ["selector=glister", "greedy"]),
     (["selector=glister", "+selector.bogus=3"], ["selector=glister", "bogus"]),
+    (["selector=glister", "selector.eta=-0.1"], ["selector=glister", "eta must be > 0"]),
     (["selector.balance=maybe"], ["selector.balance"]),
     (["selector=gradmatch", "selector.target=test"], ["selector=gradmatch", "target"]),
     (["selector=ccs", "selector.hard_prune=1.5"], ["selector=ccs", "hard_prune"]),

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from lipt.errors import UserError
 from lipt.seeding import torch_threads
 from lipt.selection import (
     PoolOutputs,
@@ -346,12 +347,16 @@ def _explicit_gains(inputs: SelectionInputs, weight: Tensor, b: Tensor) -> tuple
     return grads @ _val_gradient(inputs, weight, b), grads
 
 
-def test_glister_naive_is_exact_greedy_at_the_virtual_model() -> None:
-    """Each pick maximises g_i(theta_0) . G_val(theta_S), theta_S = theta_0 - eta * mean of the
-    picks' gradients at theta_0 (DeepCore's virtual model), all computed explicitly here."""
+@pytest.mark.parametrize("step", ["mean", "sgd"])
+def test_glister_naive_is_exact_greedy_at_the_virtual_model(step: str) -> None:
+    """Each pick maximises g_i(theta_0) . G_val(theta), all computed explicitly here, where theta
+    is theta_0 - eta * the mean of the picks' gradients at theta_0 ("mean", DeepCore's), or
+    moves after every pick by one SGD step of eta along its gradient at theta_0 ("sgd")."""
     inputs = make_inputs(n=80, seed=4)
     eta = 0.5
-    order = glister_pick_order(inputs, 25, generator=gen(), eta=eta, greedy="naive", batch=1)
+    order = glister_pick_order(
+        inputs, 25, generator=gen(), eta=eta, greedy="naive", batch=1, step=step
+    )
     assert len(set(order.tolist())) == 25
     assert inputs.classifier_weight is not None and inputs.classifier_bias is not None
     assert inputs.val is not None
@@ -365,10 +370,14 @@ def test_glister_naive_is_exact_greedy_at_the_virtual_model() -> None:
         gains[taken] = -math.inf
         assert row == int(torch.argmax(gains)), "not the greedy choice at the virtual model"
         taken.append(row)
-        mean = grads[taken].mean(0)
-        W, b = W0 - eta * mean[: C * D].view(C, D), b0 - eta * mean[C * D :]
-    # the virtual model of the picks fits the held-out split better than theta_0
-    assert _val_log_likelihood(inputs.val, W, b) > _val_log_likelihood(inputs.val, W0, b0)
+        if step == "sgd":
+            W, b = W - eta * grads[row, : C * D].view(C, D), b - eta * grads[row, C * D :]
+        else:
+            mean = grads[taken].mean(0)
+            W, b = W0 - eta * mean[: C * D].view(C, D), b0 - eta * mean[C * D :]
+    if step == "mean":  # (25 SGD steps of 0.5 overshoot: the reason "sgd" is not the default)
+        # the virtual model of the picks fits the held-out split better than theta_0
+        assert _val_log_likelihood(inputs.val, W, b) > _val_log_likelihood(inputs.val, W0, b0)
 
 
 def _duplicates_case() -> SelectionInputs:
@@ -611,6 +620,13 @@ def test_glister_rejects_a_layer_of_the_wrong_shape() -> None:
     )
     with pytest.raises(ValueError, match="classifier_weight"):
         select_glister(wrong, 10, generator=gen())
+
+
+@pytest.mark.parametrize("eta", [0.0, -0.1])
+def test_glister_rejects_a_step_size_that_is_not_positive(eta: float) -> None:
+    # eta < 0 would step the virtual model uphill and pick for the opposite of the target
+    with pytest.raises(UserError, match="eta must be > 0"):
+        select_glister(make_inputs(), 10, generator=gen(), eta=eta)
 
 
 def test_greedy_loops_restore_the_thread_count() -> None:
