@@ -23,6 +23,11 @@ venv that sees lipt's torch works:
     /work/cords-venv/bin/pip install apricot-select scipy scikit-learn numba pandas dotmap
     PYTHONPATH=src /work/cords-venv/bin/python benchmarks/cords_compare.py
 
+With `--ckpt out/pretrain/seed0/pretrain.ckpt --seed 0 --subsets-dir DIR` both sides rank with
+that pre-trained model instead, and each side's subset is written to DIR/{cords,lipt}_<name>.npz
+for `train.py subset_path=... seed=0`: the quality of CORDS' reference implementation beside
+lipt's on the same model (docs/results/quality/glister.md).
+
 (CORDS' package __init__ imports its data set builders, which need `load_boston` and
 torchtext; both are stubbed before the import: neither is used by the selection code.)
 """
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 import sys
 import time
 import types
@@ -91,7 +97,10 @@ def cords_loaders(dm) -> tuple[DataLoader, DataLoader]:
     )
 
 
-def run_cords(strategies, name: str, model: nn.Module, dm, budget: int) -> float:
+def run_cords(
+    strategies, name: str, model: nn.Module, dm, budget: int, seed: int
+) -> tuple[float, torch.Tensor]:
+    """Seconds of CORDS' `select`, and its picks as positions in the training split."""
     train, val = cords_loaders(dm)
     wrapped = CordsModel(model).eval()
     loss = nn.CrossEntropyLoss(reduction="none")
@@ -109,37 +118,59 @@ def run_cords(strategies, name: str, model: nn.Module, dm, budget: int) -> float
         s = strategies.CRAIGStrategy(
             train, val, wrapped, loss, "cpu", 10, False, False, "PerClass", log, optimizer="lazy"
         )
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
+    random.seed(seed)  # CORDS' stochastic greedy samples with Python's `random`
     start = time.perf_counter()
     idxs, _ = s.select(budget, wrapped.state_dict())
     seconds = time.perf_counter() - start
     assert abs(len(idxs) - budget) <= 10, (name, len(idxs), budget)  # per-class rounding
-    return seconds
+    picks = torch.as_tensor([int(i) for i in idxs], dtype=torch.long)  # pool positions
+    return seconds, dm.pool_indices[picks]
 
 
-def run_lipt(name: str, model: nn.Module, dm) -> float:
+def lipt_cfg(name: str, seed: int, pretrained: bool):
     from hydra import compose, initialize_config_dir
 
-    from lipt.select import choose_subset
-
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose(
+        return compose(
             "train",
             overrides=[
                 "paths.output_dir=/tmp/lipt-bench",
                 f"selector={name}",
                 f"fraction={FRACTION}",
+                f"seed={seed}",
+                f"pretrain={'jigsaw' if pretrained else 'none'}",
             ],
         )
+
+
+def run_lipt(
+    name: str, model: nn.Module, dm, seed: int, pretrained: bool
+) -> tuple[float, torch.Tensor]:
+    from lipt.select import choose_subset
+
+    cfg = lipt_cfg(name, seed, pretrained)
     start = time.perf_counter()
-    choose_subset(cfg, dm, [model], seed=0)
-    return time.perf_counter() - start
+    indices, _ = choose_subset(cfg, dm, [model], seed=seed)
+    return time.perf_counter() - start, indices
+
+
+def save_picks(path: Path, indices: torch.Tensor, name: str, seed: int, dm, pretrained: bool):
+    from lipt.artifacts import save_subset
+    from lipt.select import subset_meta
+
+    indices = indices.sort().values
+    meta = subset_meta(lipt_cfg(name, seed, pretrained), dm)
+    save_subset(path, indices, torch.ones(len(indices)), meta)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--selectors", nargs="+", default=["glister", "gradmatch", "craig"])
+    parser.add_argument("--ckpt", help="rank with this pretrain.ckpt (default: untrained model)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--subsets-dir", help="write each side's subset here for train.py")
     args = parser.parse_args()
     strategies = import_cords()
     if strategies is None:
@@ -147,14 +178,20 @@ def main() -> None:
     from hydra import compose, initialize_config_dir
 
     from lipt.build import build_datamodule, build_model
+    from lipt.select import load_pretrained
 
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=["paths.output_dir=/tmp/lipt-bench"])
+        cfg = compose("train", overrides=["paths.output_dir=/tmp/lipt-bench", f"seed={args.seed}"])
     dm = build_datamodule(cfg)
-    model = build_model(cfg, 0).eval()
+    pretrained = args.ckpt is not None
+    if pretrained:
+        model = load_pretrained(cfg, dm, Path(args.ckpt)).eval()
+    else:
+        model = build_model(cfg, args.seed).eval()
     budget = round(FRACTION * len(dm.pool_indices))
+    what = f"the model of {args.ckpt}" if pretrained else "untrained convnet"
     print(f"CPU ({torch.get_num_threads()} threads), Fashion-MNIST pool {len(dm.pool_indices):,}")
-    print(f"(validation {len(dm.val_indices):,}), untrained convnet, budget {budget:,} (10%)")
+    print(f"(validation {len(dm.val_indices):,}), {what}, budget {budget:,} (10%)")
     print(f"best of {args.repeats}, CORDS and lipt alternating\n")
     print("| selector | CORDS | lipt | lipt / CORDS |")
     print("|---|---:|---:|---:|")
@@ -163,9 +200,15 @@ def main() -> None:
     for name in args.selectors:
         cords_s, lipt_s = [], []
         for _ in range(args.repeats):
-            cords_s.append(run_cords(strategies, name, model, dm, budget))
+            seconds, cords_picks = run_cords(strategies, name, model, dm, budget, args.seed)
+            cords_s.append(seconds)
             with console.no_bars():
-                lipt_s.append(run_lipt(name, model, dm))
+                seconds, lipt_picks = run_lipt(name, model, dm, args.seed, pretrained)
+            lipt_s.append(seconds)
+        if args.subsets_dir:
+            out = Path(args.subsets_dir)
+            save_picks(out / f"cords_{name}.npz", cords_picks, name, args.seed, dm, pretrained)
+            save_picks(out / f"lipt_{name}.npz", lipt_picks, name, args.seed, dm, pretrained)
         c, lp = min(cords_s), min(lipt_s)
         print(f"| {name} | {c:.1f} s | {lp:.1f} s | {lp / c:.2f} |", flush=True)
 
