@@ -283,6 +283,7 @@ def test_shards_larger_than_the_pool_are_a_clear_error(jigsaw_cfg):
         ("merge.ratios=[0.0]", "merge.ratios"),
         ("merge.ratios=sometimes", "merge.ratios"),
         ("merge.bn_batches=0", "merge.bn_batches"),
+        ("merge.search=golden", "merge.search"),
         ("merge.eval_size=0", "merge.eval_size"),
         ("augment.magnitude=31", "augment.magnitude"),
         ("augment.num_ops=15", "augment.num_ops"),
@@ -301,6 +302,7 @@ def test_good_jigsaw_settings_pass(jigsaw_cfg):
         ["pretrain.learners=[0,2]"],
         ["merge.ratios=running_mean"],
         ["merge.ratios=[0.25,0.5,1.0]"],
+        ["merge.search=scan"],
         ["prune=snip", "augment=none", "merge=uniform", "merge.eval_size=50"],
         ["prune=none", "merge=greedy"],
     ):
