@@ -314,7 +314,9 @@ def test_ascending_scan_finds_the_grid_maximum_with_few_evaluations() -> None:
         for width in (0, 2):  # a single peak, and a plateau of three tied alphas
             score = _peaked(peak, top=0.9, width=width)
             calls: list[float] = []
-            scored = ascending_scan(lambda a: calls.append(a) or score(a), grid, score(0.0))
+            scored = ascending_scan(
+                lambda a, calls=calls, score=score: calls.append(a) or score(a), grid, score(0.0)
+            )
             best_alpha, best_score = max(scored, key=lambda p: p[1])
             assert best_score == max(score(a) for a in grid)
             assert best_alpha == pytest.approx(peak)  # the first of tied alphas, as the grid
