@@ -16,9 +16,9 @@ ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, reports 15.4x less pre
     python benchmarks/pretrain_tax.py --seeds 1 --full-epochs 1 --main-epochs 2 \
         --threads 1 --jigsaw merge.eval_size=1000      # reduced: about 10 min on 2 CPU cores
 
-On a CPU the jigsaw stage's cost is mostly its merge: every learner and distinct candidate soup
-is scored on the validation split (46 evaluations for n=10 and 5 ratios), which `--jigsaw
-merge.eval_size=...` or `--jigsaw merge=greedy` shrinks; the table shows the merge time apart.
+On a CPU a large share of the jigsaw stage's cost is its merge: every learner and distinct
+candidate soup is scored on the validation split (47 evaluations for n=10 and 5 ratios with
+`merge.search=grid`, about 22 with the default `scan`); the table shows the merge time apart.
 
     python benchmarks/pretrain_tax.py --seeds 1 --threads 1 --tax-only   # pre-training alone
 
