@@ -18,7 +18,7 @@ ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, reports 15.4x less pre
 
 On a CPU a large share of the jigsaw stage's cost is its merge: every learner and distinct
 candidate soup is scored on the validation split (47 evaluations for n=10 and 5 ratios with
-`merge.search=grid`, about 22 with the default `scan`); the table shows the merge time apart.
+the default `merge.search=grid`, about 23 with `scan`); the table shows the merge time apart.
 
     python benchmarks/pretrain_tax.py --seeds 1 --threads 1 --tax-only   # pre-training alone
 
