@@ -30,7 +30,7 @@ own eval set (which the search maximises, hence biased) and on the validation im
 variant's merge saw (independent). `--full-seeds 1` runs the full warm-up on the first seed only.
 
     python benchmarks/pretrain_tax.py --tax-only --seeds 3 --full-seeds 1 --threads 1 \
-        --variant "grid:merge.search=grid" --variant "golden:merge.search=golden"
+        --variant "grid:merge.search=grid" --variant "scan:merge.search=scan"
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="LABEL:OVERRIDES",
-        help='a jigsaw variant, e.g. "golden:merge.search=golden merge.bn_batches=1" (repeatable; '
+        help='a jigsaw variant, e.g. "scan:merge.search=scan merge.bn_batches=1" (repeatable; '
         "each runs on every seed, after --jigsaw's overrides)",
     )
     p.add_argument(
