@@ -16,11 +16,21 @@ ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, reports 15.4x less pre
     python benchmarks/pretrain_tax.py --seeds 1 --full-epochs 1 --main-epochs 2 \
         --threads 1 --jigsaw merge.eval_size=1000      # reduced: about 10 min on 2 CPU cores
 
-On a CPU the jigsaw stage's cost is mostly its merge: every learner and distinct candidate soup
-is scored on the validation split (46 evaluations for n=10 and 5 ratios), which `--jigsaw
-merge.eval_size=...` or `--jigsaw merge=greedy` shrinks; the table shows the merge time apart.
+On a CPU a large share of the jigsaw stage's cost is its merge: every learner and distinct
+candidate soup is scored on the validation split (47 evaluations for n=10 and 5 ratios with
+the default `merge.search=grid`, about 23 with `scan`); the table shows the merge time apart.
 
     python benchmarks/pretrain_tax.py --seeds 1 --threads 1 --tax-only   # pre-training alone
+
+Merge variants side by side (`--variant LABEL:OVERRIDES`, repeatable; OVERRIDES space-separated,
+empty for the defaults): the jigsaw stage runs once per variant and seed, and the pre-training
+table gives each one's wall time, learner and merge seconds, held-out evaluations, the full /
+jigsaw ratio (against the full warm-up of the same seed), and the soup's accuracy on the merge's
+own eval set (which the search maximises, hence biased) and on the validation images no
+variant's merge saw (independent). `--full-seeds 1` runs the full warm-up on the first seed only.
+
+    python benchmarks/pretrain_tax.py --tax-only --seeds 3 --full-seeds 1 --threads 1 \
+        --variant "grid:merge.search=grid" --variant "scan:merge.search=scan"
 """
 
 from __future__ import annotations
@@ -60,6 +70,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="KEY=VALUE",
         help="extra override for the jigsaw run only, e.g. merge.eval_size=1000 (repeatable)",
+    )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL:OVERRIDES",
+        help='a jigsaw variant, e.g. "scan:merge.search=scan merge.bn_batches=1" (repeatable; '
+        "each runs on every seed, after --jigsaw's overrides)",
+    )
+    p.add_argument(
+        "--full-seeds",
+        type=int,
+        default=None,
+        help="run pretrain=full on the first N seeds only (default: every seed)",
     )
     p.add_argument(
         "--override",
@@ -102,27 +126,82 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def parse_variants(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Label -> the jigsaw overrides of each `--variant` (one unlabelled run without any)."""
+    variants: dict[str, list[str]] = {}
+    for spec in args.variant:
+        label, sep, overrides = spec.partition(":")
+        if not sep or not label.strip() or label.strip() in variants:
+            sys.exit(f"error: --variant {spec!r}: give a new LABEL:OVERRIDES")
+        variants[label.strip()] = overrides.split()
+    return variants or {"": []}
+
+
+def independent_positions(dm: Any, seed: int, eval_sizes: Sequence[int | None]) -> Any:
+    """Validation positions outside every variant's merge eval set (None: a variant scores on
+    the whole split, so none are left). Each eval set is a prefix of one seeded permutation."""
+    from lipt.jigsaw.merge import eval_positions
+
+    if any(size is None for size in eval_sizes):
+        return None
+    seen = eval_positions(max(int(s) for s in eval_sizes if s is not None), dm, seed)  # type: ignore[arg-type]
+    keep = ~torch.isin(dm.val_indices, seen)
+    return dm.val_indices[keep] if bool(keep.any()) else None
+
+
+@torch.no_grad()
+def accuracy_on(model: Any, dm: Any, positions: Any) -> float:
+    """Top-1 accuracy of `model` on training-split `positions`, un-augmented."""
+    from lipt.data import IndexedImages
+
+    model.eval()
+    correct = 0
+    for x, y, _ in dm.loader(IndexedImages(dm.train_source, positions, dm.eval_transform()), False):
+        correct += int((model(x).argmax(dim=1) == y).sum())
+    return correct / len(positions)
+
+
 def run_strategy(
-    args: argparse.Namespace, base: list[str], name: str, seed: int, out: Path, dm: Any
+    args: argparse.Namespace,
+    base: list[str],
+    name: str,
+    seed: int,
+    out: Path,
+    dm: Any,
+    variant: tuple[str, list[str]] = ("", []),
+    independent: Any = None,
 ) -> dict[str, Any]:
-    """Pre-train with `name`, select with its model, train on the subset; returns the costs
-    and the test accuracy."""
+    """Pre-train with `name` (a jigsaw `variant`: its label and overrides), select with its
+    model, train on the subset; returns the costs and the test accuracy."""
     from lipt.artifacts import save_subset
     from lipt.pretrain import pretrain_model
     from lipt.select import choose_subset, subset_meta
     from lipt.train import run as train_run
 
-    extra = {"full": [f"pretrain.epochs={args.full_epochs}"], "jigsaw": args.jigsaw}
-    run_dir = out / f"{name}_seed{seed}"
+    label, variant_overrides = variant
+    extra = {
+        "full": [f"pretrain.epochs={args.full_epochs}"],
+        "jigsaw": [*args.jigsaw, *variant_overrides],
+    }
+    tag = f"{name}_{label}" if label else name
+    run_dir = out / f"{tag}_seed{seed}"
     overrides = [*base, f"pretrain={name}", f"seed={seed}", *extra.get(name, [])]
     cfg = compose(overrides, run_dir)
-    log(f"{name} seed {seed}: pre-training")
+    log(f"{tag} seed {seed}: pre-training")
     result = pretrain_model(cfg, dm, seed)
-    row: dict[str, Any] = {"strategy": name, "seed": seed, **result.stats()}
+    row: dict[str, Any] = {"strategy": name, "variant": label, "seed": seed, **result.stats()}
     if result.report:
         row["merge_seconds"] = result.report.get("merge_seconds")
         row["soup_val_accuracy"] = result.report.get("soup_accuracy")
-    log(f"{name} seed {seed}: {result.stats()}")
+        row["evaluations"] = result.report.get("evaluations")
+        row["eval_forward_samples"] = result.report.get("eval_forward_samples")
+        row["kept"] = result.report.get("kept")
+        row["ratios"] = result.report.get("ratios")
+    if independent is not None:
+        # After the timed stage: the soup as selection uses it, on images its merge never saw.
+        row["independent_val_accuracy"] = accuracy_on(result.model, dm, independent)
+        row["independent_size"] = len(independent)
+    log(f"{tag} seed {seed}: {result.stats()} {row.get('independent_val_accuracy')}")
     if args.tax_only:
         return row
     start = time.perf_counter()
@@ -154,6 +233,45 @@ def mean_std(values: Sequence[float]) -> str:
     mean = 100 * statistics.fmean(values)
     std = 100 * statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{mean:.2f} ± {std:.2f}"
+
+
+def pct_mean_std(values: Sequence[float | None]) -> str:
+    return mean_std([v for v in values if v is not None])
+
+
+def tax_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
+    """Pre-training alone, one line per strategy and variant, means over the seeds; the ratio
+    is full / run for each seed that ran the full warm-up, then averaged."""
+    full = {r["seed"]: r["seconds"] for r in rows if r["strategy"] == "full"}
+    lines = [
+        "| pre-training | seeds | wall time (s) | learners (s) | merge (s) | evaluations "
+        f"| full / run (seeds {sorted(full) or '-'}) | soup acc. on merge eval set % "
+        "| soup acc. independent % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    keys = list(dict.fromkeys((r["strategy"], r.get("variant", "")) for r in rows))
+    for name, label in keys:
+        group = [r for r in rows if r["strategy"] == name and r.get("variant", "") == label]
+
+        def avg(field: str, group: list[dict[str, Any]] = group) -> str:
+            values = [r[field] for r in group if r.get(field) is not None]
+            return f"{statistics.fmean(values):.1f}" if values else "-"
+
+        ratios = [full[r["seed"]] / r["seconds"] for r in group if r["seed"] in full]
+        ratio = f"{statistics.fmean(ratios):.1f}x" if ratios and name != "full" else "-"
+        title = {"full": f"full (E={args.full_epochs})"}.get(name, name)
+        lines.append(
+            f"| {title}{f' [{label}]' if label else ''} | {len(group)} | {avg('seconds')} "
+            f"| {avg('learner_seconds')} | {avg('merge_seconds')} | {avg('evaluations')} "
+            f"| {ratio} | {pct_mean_std([r.get('soup_val_accuracy') for r in group])} "
+            f"| {pct_mean_std([r.get('independent_val_accuracy') for r in group])} |"
+        )
+    sizes = sorted({r["independent_size"] for r in rows if "independent_size" in r})
+    lines.append(
+        f"\nindependent: the soup's (or model's) top-1 on the {sizes or '-'} validation images "
+        "outside every variant's merge eval set; accuracies mean ± std over seeds"
+    )
+    return "\n".join(lines)
 
 
 def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
@@ -222,13 +340,29 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="pretrain_tax_") as tmp:
         out = args.out or Path(tmp)
         dm = build_datamodule(compose(base, out))  # one pool and split for every run
+        variants = parse_variants(args)
+        eval_sizes = [
+            compose([*base, "pretrain=jigsaw", *args.jigsaw, *extra], out).merge.eval_size
+            for extra in variants.values()
+        ]
         rows = []
         for seed in range(args.seeds):
-            rows += [run_strategy(args, base, name, seed, out, dm) for name in strategies]
+            independent = independent_positions(dm, seed, eval_sizes)
+            for name in strategies:
+                if name == "full" and args.full_seeds is not None and seed >= args.full_seeds:
+                    continue
+                runs = variants.items() if name == "jigsaw" else [("", [])]
+                for variant in runs:
+                    rows.append(run_strategy(args, base, name, seed, out, dm, variant, independent))
+                    save_rows(args, rows)  # as it goes: a long run stopped early keeps its rows
             if not args.tax_only:
                 rows.append(run_random(base, seed, out))
-    report = table(args, rows)
+    report = tax_table(args, rows) if args.tax_only else table(args, rows)
     print(report)
+    save_rows(args, rows)
+
+
+def save_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     if args.json is not None:
         settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
         args.json.write_text(json.dumps({"args": settings, "rows": rows}, indent=2) + "\n")

@@ -159,9 +159,12 @@ def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, m
             assert not torch.equal(masks[i], masks[j])
 
 
-@pytest.mark.parametrize("merge", ["greedy", "greedy_interp"])
-def test_greedy_soup_never_scores_below_its_best_learner(jigsaw_cfg, merge):
-    cfg = jigsaw_cfg(f"merge={merge}", *([FEW_RATIOS] if merge == "greedy_interp" else []))
+@pytest.mark.parametrize(
+    ("merge", "search"), [("greedy", None), ("greedy_interp", "grid"), ("greedy_interp", "scan")]
+)
+def test_greedy_soup_never_scores_below_its_best_learner(jigsaw_cfg, merge, search):
+    interp = merge == "greedy_interp"
+    cfg = jigsaw_cfg(f"merge={merge}", *([FEW_RATIOS, f"merge.search={search}"] if interp else []))
     dm = build_datamodule(cfg)
     result = pretrain_model(cfg, dm, seed=0)
     report = result.report
@@ -169,11 +172,15 @@ def test_greedy_soup_never_scores_below_its_best_learner(jigsaw_cfg, merge):
     assert report["soup_accuracy"] >= max(scores)
     assert report["best_learner_accuracy"] == max(scores)
     # Each distinct candidate is scored once: alpha = 1 of the grid blends the soup into exactly
-    # the candidate learner, scored already (so N - 1 re-uses, and no more).
-    reused = N - 1 if merge == "greedy_interp" else 0
-    per_candidate = 5 if merge == "greedy_interp" else 1
+    # the candidate learner, scored already (so one re-use per trial at alpha = 1, and no more).
+    trials = report["trials"]
+    reused = sum(t["alpha"] == 1.0 for t in trials) if interp else 0
+    if search == "scan":  # from the smallest ratio up, stopped at the first drop
+        assert (N - 1) <= len(trials) < (N - 1) * 5
+    else:
+        assert len(trials) == (N - 1) * (5 if search == "grid" else 1)
     assert report["evaluations_reused"] == reused
-    assert report["evaluations"] == 1 + N + (N - 1) * per_candidate - reused  # 1: the init
+    assert report["evaluations"] == 1 + N + len(trials) - reused  # 1: the init
     # Scored independently on the whole validation split, the returned model is what the soup
     # reported (BatchNorm statistics recomputed as when it was scored).
     assert _accuracy(result.model, dm) == pytest.approx(report["soup_accuracy"], abs=1e-9)
@@ -283,6 +290,7 @@ def test_shards_larger_than_the_pool_are_a_clear_error(jigsaw_cfg):
         ("merge.ratios=[0.0]", "merge.ratios"),
         ("merge.ratios=sometimes", "merge.ratios"),
         ("merge.bn_batches=0", "merge.bn_batches"),
+        ("merge.search=golden", "merge.search"),
         ("merge.eval_size=0", "merge.eval_size"),
         ("augment.magnitude=31", "augment.magnitude"),
         ("augment.num_ops=15", "augment.num_ops"),
@@ -301,6 +309,7 @@ def test_good_jigsaw_settings_pass(jigsaw_cfg):
         ["pretrain.learners=[0,2]"],
         ["merge.ratios=running_mean"],
         ["merge.ratios=[0.25,0.5,1.0]"],
+        ["merge.search=scan"],
         ["prune=snip", "augment=none", "merge=uniform", "merge.eval_size=50"],
         ["prune=none", "merge=greedy"],
     ):

@@ -18,6 +18,7 @@ from lipt.jigsaw.soup import (
     RUNNING_MEAN,
     SoupResult,
     alpha_grid,
+    ascending_scan,
     greedy_interp_soup,
     greedy_soup,
     uniform_soup,
@@ -299,6 +300,72 @@ def test_greedy_interp_running_mean_equals_greedy_on_fake_scores() -> None:
     assert interp.ratios == pytest.approx(greedy.ratios)
     _assert_sd_close(interp.state_dict, greedy.state_dict)
     assert interp.soup_score == pytest.approx(greedy.soup_score)
+
+
+def _peaked(peak: float, top: float, width: int = 0) -> Callable[[float], float]:
+    """A unimodal score of alpha: rises linearly to `top` at `peak`, level for `width` steps of
+    0.05 after it, then falls linearly."""
+    return lambda a: top - 2.0 * max(peak - a, 0.0, a - peak - 0.05 * width)
+
+
+def test_ascending_scan_finds_the_grid_maximum_with_few_evaluations() -> None:
+    grid = alpha_grid(20)  # 0.05, ..., 1
+    for index, peak in enumerate(grid):
+        for width in (0, 2):  # a single peak, and a plateau of three tied alphas
+            score = _peaked(peak, top=0.9, width=width)
+            calls: list[float] = []
+            scored = ascending_scan(
+                lambda a, calls=calls, score=score: calls.append(a) or score(a), grid, score(0.0)
+            )
+            best_alpha, best_score = max(scored, key=lambda p: p[1])
+            assert best_score == max(score(a) for a in grid)
+            assert best_alpha == pytest.approx(peak)  # the first of tied alphas, as the grid
+            assert calls == sorted(calls) and calls == [a for a, _ in scored]
+            # Every tied alpha is scored, so the soup's tie-break sees them all, as the grid's.
+            assert {a for a in grid if score(a) == best_score} <= set(calls)
+            tied = min(width, len(grid) - 1 - index)
+            assert len(calls) <= min(index + tied + 2, len(grid))
+    # A candidate whose smallest blend already loses to the soup costs one evaluation.
+    calls = []
+    scored = ascending_scan(lambda a: calls.append(a) or 0.4 - a, grid, start=0.5)
+    assert calls == [0.05] and scored == [(0.05, pytest.approx(0.35))]
+    # NaN is a drop; bad grids raise.
+    assert len(ascending_scan(lambda a: math.nan, grid, start=0.0)) == 1
+    for bad in ([], [0.0, 0.5], [0.5, 1.5]):
+        with pytest.raises(ValueError, match="alphas"):
+            ascending_scan(lambda a: 0.0, bad, start=0.0)
+
+
+def test_scan_soup_equals_grid_soup_on_unimodal_scores_at_fewer_evaluations() -> None:
+    # -distance to a target is concave along every blend line, hence unimodal in alpha.
+    g = torch.Generator().manual_seed(0)
+    sds = [{"w": torch.randn(128, generator=g, dtype=torch.float64)} for _ in range(10)]
+    target = torch.stack([sd["w"] for sd in sds[:4]]).mean(0)
+    grid_eval, scan_eval = Counting(_neg_distance(target)), Counting(_neg_distance(target))
+    grid = greedy_interp_soup(sds, grid_eval, alpha_grid(20))
+    scan = greedy_interp_soup(sds, scan_eval, alpha_grid(20), search="scan")
+    assert 1 < len(grid.kept) < len(sds)  # a non-trivial run: some kept, some dropped
+    assert scan.kept == grid.kept and scan.ratios == grid.ratios
+    _assert_sd_close(scan.state_dict, grid.state_dict, rtol=0, atol=0)
+    assert scan.soup_score == grid.soup_score
+    assert len(grid_eval.calls) == 10 + 9 * 20
+    assert len(scan_eval.calls) < 10 + 9 * 20 // 3
+
+
+def test_real_scan_soup_never_below_best_ingredient(
+    learners_and_saboteur: list[StateDict],
+) -> None:
+    evaluate = Counting(_accuracy)
+    result = greedy_interp_soup(learners_and_saboteur, evaluate, alpha_grid(20), search="scan")
+    assert result.soup_score >= max(result.ingredient_scores)
+    assert _accuracy(result.state_dict) == result.soup_score
+    # The saboteur loses at its smallest blend already: one evaluation, then dropped.
+    saboteur = len(learners_and_saboteur) - 1
+    assert [t["alpha"] for t in result.trials if t["candidate"] == saboteur] == [0.05]
+    assert saboteur not in result.kept
+    assert len(evaluate.calls) < len(learners_and_saboteur) * 20
+    with pytest.raises(ValueError, match="search"):
+        greedy_interp_soup(learners_and_saboteur, _accuracy, alpha_grid(4), search="golden")
 
 
 def test_bad_ratios_and_scores_raise() -> None:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig, ListConfig
 
 from lipt.checks import check_number, check_optim, get_key
 from lipt.errors import UserError
+from lipt.jigsaw.soup import SEARCHES
 
 
 def _is_int(value: Any) -> bool:
@@ -70,6 +71,11 @@ def validate_jigsaw(cfg: DictConfig) -> None:
 
     if "ratios" in cfg.merge:  # merge=greedy_interp
         _check_ratios(get_key(cfg, "merge.ratios"))
+    if "search" in cfg.merge and get_key(cfg, "merge.search") not in SEARCHES:
+        raise UserError(
+            f"merge.search={get_key(cfg, 'merge.search')!r} is invalid: use grid (every ratio) "
+            "or scan (from the smallest ratio up, stopping at the first drop)"
+        )
     if not isinstance(get_key(cfg, "merge.recompute_bn"), bool):
         raise UserError("merge.recompute_bn is invalid: use true or false")
     check_number(cfg, "merge.bn_batches", int, 1, 10**6, "use a positive number of minibatches")

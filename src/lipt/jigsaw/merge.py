@@ -58,16 +58,7 @@ class HeldOut:
         start = time.perf_counter()
         self.device = device
         self.model = copy.deepcopy(template).to(self.device)
-        positions = dm.val_indices
-        if len(positions) == 0:
-            raise UserError(
-                "the jigsaw soup is scored on the validation split, which is empty: set "
-                "dataset.val_size > 0"
-            )
-        size = merge.eval_size
-        if size is not None and int(size) < len(positions):
-            pick = torch.randperm(len(positions), generator=generator(seed, "eval"))[: int(size)]
-            positions = positions[pick].sort().values
+        positions = eval_positions(merge.eval_size, dm, seed)
         self.size = len(positions)
         val = IndexedImages(dm.train_source, positions, dm.eval_transform())
         self.loader: DataLoader | None = dm.loader(val, shuffle=False)
@@ -154,6 +145,22 @@ def weights_digest(state_dict: StateDict) -> str:
     them. -0.0 counts as 0.0 (`+ 0.0`): a blend at alpha = 1 turns a pruned learner's -0.0
     weights into 0.0, which change no sum, hence no score."""
     return state_digest({k: v + 0.0 for k, v in state_dict.items() if v.is_floating_point()})
+
+
+def eval_positions(eval_size: int | None, dm: DataModule, seed: int) -> Tensor:
+    """The validation images the soup is scored on: a seeded subset of `eval_size` of the split
+    (None: all of it), sorted. A smaller size takes a prefix of the same seeded permutation, so
+    the images a larger `eval_size` leaves out are left out by every smaller one too."""
+    positions = dm.val_indices
+    if len(positions) == 0:
+        raise UserError(
+            "the jigsaw soup is scored on the validation split, which is empty: set "
+            "dataset.val_size > 0"
+        )
+    if eval_size is not None and int(eval_size) < len(positions):
+        pick = torch.randperm(len(positions), generator=generator(seed, "eval"))[: int(eval_size)]
+        positions = positions[pick].sort().values
+    return positions
 
 
 def bn_positions(settings: JigsawSettings, merge: Merge, dm: DataModule, seed: int) -> Tensor:

@@ -19,6 +19,7 @@ from lipt.errors import UserError
 from lipt.jigsaw.pruning import prune_magnitude, prune_random, prune_snip
 from lipt.jigsaw.soup import (
     RUNNING_MEAN,
+    SEARCHES,
     Evaluate,
     SoupResult,
     StateDict,
@@ -191,9 +192,12 @@ class GreedyMerge(Merge):
 @dataclass(frozen=True)
 class GreedyInterpMerge(Merge):
     """LiPT's greedy interpolation soup (paper, section 3.2). `ratios`: an int S gives
-    alpha_grid(S), a list the ratios, "running_mean" tries only 1/(k+1)."""
+    alpha_grid(S), a list the ratios, "running_mean" tries only 1/(k+1). `search`: "grid"
+    scores every ratio, "scan" scores them from the smallest up and stops at the first drop
+    (soup.ascending_scan)."""
 
     ratios: int | list[float] | str = 20
+    search: str = "grid"
 
     def grid(self) -> Sequence[float] | str:
         value = self.ratios
@@ -209,9 +213,12 @@ class GreedyInterpMerge(Merge):
         return [float(r) for r in value]
 
     def soup(self, states: Sequence[StateDict], evaluate: Evaluate) -> SoupResult:
-        return greedy_interp_soup(states, evaluate, self.grid())  # type: ignore[arg-type]
+        if self.search not in SEARCHES:
+            raise UserError(f"merge.search={self.search!r} is invalid: use one of {SEARCHES}")
+        return greedy_interp_soup(states, evaluate, self.grid(), self.search)  # type: ignore[arg-type]
 
     def evaluations(self, n: int) -> int:
+        """(An upper bound under search=scan, which stops early.)"""
         grid = self.grid()
         return n + max(n - 1, 0) * (1 if isinstance(grid, str) else len(grid))
 

@@ -35,10 +35,12 @@ from lipt.jigsaw.weights import (
 
 __all__ = [
     "RUNNING_MEAN",
+    "SEARCHES",
     "Evaluate",
     "SoupResult",
     "StateDict",
     "alpha_grid",
+    "ascending_scan",
     "greedy_interp_soup",
     "greedy_soup",
     "uniform_soup",
@@ -49,6 +51,10 @@ Evaluate = Callable[[StateDict], float]
 # Ratio "grid" of greedy_interp_soup that reproduces greedy_soup: alpha = 1/(k+1) with k
 # ingredients already in, i.e. the running mean of the kept ingredients.
 RUNNING_MEAN: Final = "running_mean"
+
+# How greedy_interp_soup searches a candidate's ratio grid: "grid" scores every alpha, "scan"
+# scores them from the smallest up and stops at the first drop (`ascending_scan`).
+SEARCHES: Final = ("grid", "scan")
 
 
 # --------------------------------------------------------------------------- soups
@@ -216,10 +222,42 @@ def _check_ratios(ratios: Sequence[float] | str) -> list[float]:
     return grid
 
 
+def ascending_scan(
+    score: Callable[[float], float], alphas: Sequence[float], start: float
+) -> list[tuple[float, float]]:
+    """The (alpha, score) pairs of `alphas` scored from the smallest up, stopping after the first
+    whose score falls below the best so far; `start` is the score at alpha = 0 (the soup as it
+    is), so a candidate whose smallest blend already loses costs one evaluation.
+
+    When the scores of 0 < alphas[0] < alphas[1] < ... (with `start` at 0) rise, stay level,
+    then only fall (unimodal), the best of the returned pairs is the best of the whole grid, ties
+    included (a level score is no drop, so every tied alpha is scored): the grid's choice at
+    peak + 2 evaluations at most, one when the smallest alpha already scores below `start`.
+    NaN counts as -inf (a drop).
+
+    Raises:
+        ValueError: `alphas` empty or outside (0, 1].
+    """
+    grid = sorted(set(float(a) for a in alphas))
+    if not grid or grid[0] <= 0.0 or grid[-1] > 1.0:
+        raise ValueError(f"alphas must be a non-empty set in (0, 1], got {list(alphas)}")
+    best = start
+    scored: list[tuple[float, float]] = []
+    for alpha in grid:
+        value = float(score(alpha))
+        value = -math.inf if math.isnan(value) else value
+        scored.append((alpha, value))
+        if value < best:
+            break
+        best = value
+    return scored
+
+
 def greedy_interp_soup(
     state_dicts: Sequence[StateDict],
     evaluate: Evaluate,
     ratios: Sequence[float] | Literal["running_mean"],
+    search: str = "grid",
 ) -> SoupResult:
     """LiPT's greedy interpolation soup (Ro et al. 2023, section 3.2).
 
@@ -235,11 +273,18 @@ def greedy_interp_soup(
     `greedy_soup`.
 
     ``evaluate`` runs once per ingredient and once per alpha > 0 (once for ``running_mean``)
-    per later candidate.
+    per later candidate. ``search="scan"`` scores a candidate's alphas from the smallest up and
+    stops at the first drop below the best so far, the soup's own score standing at alpha = 0
+    (`ascending_scan`): the same soup as ``"grid"`` whenever each candidate's held-out score is
+    unimodal in alpha, at one evaluation for a candidate whose smallest blend already loses (most
+    of them, once the soup holds a few learners).
 
     Raises:
-        ValueError: bad ratios (outside [0, 1], none > 0, unknown string) or state dicts.
+        ValueError: bad ratios (outside [0, 1], none > 0, unknown string), unknown search, or
+            state dicts.
     """
+    if search not in SEARCHES:
+        raise ValueError(f"unknown search {search!r}; choose from {SEARCHES}")
     running_mean = isinstance(ratios, str) and ratios == RUNNING_MEAN
     grid = [] if running_mean else _check_ratios(ratios)
     scores = _score_ingredients(state_dicts, evaluate)
@@ -253,13 +298,24 @@ def greedy_interp_soup(
         share = 1.0 / (len(kept) + 1)
         # (sort key, index into trials, soup) of the best alpha so far
         best: tuple[tuple[float, float], int, StateDict] | None = None
-        for alpha in [share] if running_mean else grid:
-            trial = interpolate(soup, state_dicts[i], alpha)
+
+        def blend(alpha: float, i: int = i, share: float = share, base: StateDict = soup) -> float:
+            nonlocal best
+            trial = interpolate(base, state_dicts[i], alpha)
             score = _score(evaluate, trial)
             trials.append({"candidate": i, "alpha": alpha, "score": score, "accepted": False})
             key = (score, -abs(alpha - share))
             if best is None or key > best[0]:
                 best = (key, len(trials) - 1, trial)
+            return score
+
+        if running_mean:
+            blend(share)
+        elif search == "scan":
+            ascending_scan(blend, grid, soup_score)
+        else:
+            for alpha in grid:
+                blend(alpha)
         assert best is not None
         (best_score, _), best_trial, best_soup = best
         if best_score >= soup_score:
