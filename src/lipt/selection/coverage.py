@@ -16,13 +16,13 @@ rest). This selector combines, per class:
 3. a cut of the hardest `hard_cut` share of each class (likely mislabelled or ambiguous);
 4. coverage of the class's embedding space: `kmeans` clusters the class's kept, L2-normalised
    embeddings into as many clusters as the class's budget and keeps one sample per cluster
-   (the one nearest the centroid with `pick="nearest"`, a uniform one with `pick="random"`);
-   (`pick="quantile"`: the member at quantile `pick_quantile` of the difficulty within the
-   cluster, 0.5 = its median, a "moderate" sample as in Xia et al., ICLR 2023); `init` seeds
-   k-means with uniform rows or with k-means++; with `weighting="cluster"` each pick stands for
-   its cluster: its loss weight is the cluster's size, scaled so a class's weights sum to its
-   pool count (as GradMatch and CRAIG weight theirs); `strata` spreads the budget evenly over `strata` difficulty bins (CCS, Algorithm 1);
-   `random` samples the kept rows uniformly.
+   (the one nearest the centroid with `pick="nearest"`, a uniform one with `pick="random"`,
+   the one at quantile `pick_quantile` of the cluster's difficulty with `pick="quantile"`:
+   0.5 = its median, a "moderate" sample as in Xia et al., ICLR 2023); `init` seeds k-means
+   with uniform rows or with k-means++; with `weighting="cluster"` each pick stands for its
+   cluster: its loss weight is the cluster's size, scaled so a class's weights sum to its pool
+   count (as GradMatch and CRAIG weight theirs); `strata` spreads the budget evenly over
+   `strata` difficulty bins (CCS, Algorithm 1); `random` samples the kept rows uniformly.
 
 The learners were trained on disjoint shards for a few steps each, so their heads cost nothing
 to get; applying them to the soup's embeddings costs one [N, D] x [D, C] product per learner,
@@ -80,8 +80,8 @@ def ensemble_difficulty(
     if disagreement == "spread":
         return error + disagreement_weight * p_true.std(0, correction=0)
     votes = torch.zeros(n, c).scatter_add_(1, probs.argmax(2).T, torch.ones(n, m))  # [N, C]
-    disagreement = 1.0 - votes.max(1).values / m  # [N], 0 when all members agree
-    return error + disagreement_weight * disagreement
+    split_vote = 1.0 - votes.max(1).values / m  # [N], 0 when all members agree
+    return error + disagreement_weight * split_vote
 
 
 def class_budgets(
