@@ -16,7 +16,7 @@ from lipt.selection import (
     select_coverage,
     select_random,
 )
-from lipt.selection.coverage import class_budgets
+from lipt.selection.coverage import class_budgets, ensemble_probs
 from tests.test_selection_selectors import _one_thread, gen  # noqa: F401 (autouse fixture)
 
 N, C, D, L = 20_000, 10, 128, 10
@@ -206,3 +206,67 @@ def test_default_pipeline_selects_with_coverage_and_hands_it_the_heads(make_cfg)
         choose_subset(cfg, dm, [model], 0, learner_heads=wrong)
     right = LearnerHeads(torch.zeros(3, dm.num_classes, width), torch.zeros(3, dm.num_classes))
     choose_subset(cfg, dm, [model], 0, learner_heads=right)
+
+
+def test_cluster_weights_stand_for_their_clusters() -> None:
+    inputs, ids = blobs()
+    y = inputs.pool.targets
+    budget = 2000
+    plain = select_coverage(inputs, budget, generator=gen(), class_tilt=0.0)
+    weighted = select_coverage(inputs, budget, generator=gen(), class_tilt=0.0, weighting="cluster")
+    assert torch.equal(plain.rows, weighted.rows)  # the weights change, not the picks
+    assert bool((plain.weights == 1).all())
+    # Each class's weights sum to its pool count, so the weighted subset has the pool's mass.
+    for c in range(C):
+        in_c = y[weighted.rows] == c
+        torch.testing.assert_close(
+            weighted.weights[in_c].sum(), (y == c).sum().float(), rtol=1e-5, atol=1e-3
+        )
+    # K-means spends fewer picks on each class's dense blob (80% of its rows) than its share;
+    # with the clusters' sizes as weights, those picks carry the blob's real share again.
+    dense = ids[weighted.rows] % 401 == 0
+    picked_share = float(dense.float().mean())
+    mass_share = float(weighted.weights[dense].sum() / weighted.weights.sum())
+    assert picked_share < 0.77 and abs(mass_share - 0.8) < 0.02, (picked_share, mass_share)
+    with pytest.raises(ValueError, match="weighting"):
+        select_coverage(inputs, budget, generator=gen(), weighting="cluster", within="random")
+
+
+def test_kmeans_plus_plus_covers_more_than_uniform_init() -> None:
+    inputs, ids = blobs()
+    budget = 2000
+    cover = {
+        init: select_coverage(inputs, budget, generator=gen(), class_tilt=0.0, init=init)
+        for init in ("random", "kmeans++")
+    }
+    covered = {init: len(ids[s.rows].unique()) for init, s in cover.items()}
+    # Seeding by squared distance starts centroids in the small blobs the uniform draw misses.
+    assert covered["kmeans++"] > 1.1 * covered["random"], covered
+
+
+def test_quantile_pick_takes_that_quantile_of_each_cluster() -> None:
+    inputs = soup_and_heads()
+    pool = inputs.pool
+    diff = ensemble_difficulty(pool.logits, pool.embeddings, pool.targets, inputs.learner_heads)
+    mean = {}
+    for q in (0.0, 0.5, 1.0):
+        sel = select_coverage(inputs, 2000, generator=gen(), pick="quantile", pick_quantile=q)
+        mean[q] = float(diff[sel.rows].mean())
+    nearest = select_coverage(inputs, 2000, generator=gen())
+    # Clusters of ~10 rows: their easiest, median and hardest member are well apart.
+    assert mean[0.0] + 0.02 < mean[0.5] < mean[1.0] - 0.02, mean
+    assert mean[0.0] < float(diff[nearest.rows].mean()) < mean[1.0]
+    with pytest.raises(ValueError, match="pick_quantile"):
+        select_coverage(inputs, 2000, generator=gen(), pick="quantile", pick_quantile=1.5)
+
+
+def test_spread_disagreement_is_the_std_of_p_y() -> None:
+    inputs = soup_and_heads()
+    pool, heads = inputs.pool, inputs.learner_heads
+    assert heads is not None
+    probs = ensemble_probs(pool.logits, pool.embeddings, heads)  # [L+1, N, C]
+    p_true = probs[:, torch.arange(N), pool.targets]  # [L+1, N]
+    base = ensemble_difficulty(pool.logits, pool.embeddings, pool.targets, heads)
+    got = ensemble_difficulty(pool.logits, pool.embeddings, pool.targets, heads, 2.0, "spread")
+    torch.testing.assert_close(got - base, 2.0 * p_true.std(0, correction=0))
+    assert float((got - base).mean()) > 0.01  # the perturbed heads do spread

@@ -16,9 +16,13 @@ rest). This selector combines, per class:
 3. a cut of the hardest `hard_cut` share of each class (likely mislabelled or ambiguous);
 4. coverage of the class's embedding space: `kmeans` clusters the class's kept, L2-normalised
    embeddings into as many clusters as the class's budget and keeps one sample per cluster
-   (the one nearest the centroid with `pick="nearest"`, a uniform one with `pick="random"`);
-   `strata` spreads the budget evenly over `strata` difficulty bins (CCS, Algorithm 1);
-   `random` samples the kept rows uniformly.
+   (the one nearest the centroid with `pick="nearest"`, a uniform one with `pick="random"`,
+   the one at quantile `pick_quantile` of the cluster's difficulty with `pick="quantile"`:
+   0.5 = its median, a "moderate" sample as in Xia et al., ICLR 2023); `init` seeds k-means
+   with uniform rows or with k-means++; with `weighting="cluster"` each pick stands for its
+   cluster: its loss weight is the cluster's size, scaled so a class's weights sum to its pool
+   count (as GradMatch and CRAIG weight theirs); `strata` spreads the budget evenly over
+   `strata` difficulty bins (CCS, Algorithm 1); `random` samples the kept rows uniformly.
 
 The learners were trained on disjoint shards for a few steps each, so their heads cost nothing
 to get; applying them to the soup's embeddings costs one [N, D] x [D, C] product per learner,
@@ -37,7 +41,10 @@ from lipt.selection.common import check_budget, check_choice, finish, randperm
 from lipt.selection.types import LearnerHeads, Selection, SelectionInputs
 
 WITHIN = ("kmeans", "strata", "random")
-PICKS = ("nearest", "random")
+PICKS = ("nearest", "random", "quantile")
+INITS = ("random", "kmeans++")
+WEIGHTINGS = ("none", "cluster")
+DISAGREEMENTS = ("votes", "spread")
 ROW_CHUNK = 8192  # rows per chunk of the [chunk, k] distance matrix (8192 x 4096 fp32: 128 MiB)
 
 
@@ -58,18 +65,23 @@ def ensemble_difficulty(
     targets: Tensor,
     heads: LearnerHeads | None,
     disagreement_weight: float = 0.0,
+    disagreement: str = "votes",
 ) -> Tensor:
     """Per-row difficulty, [N], higher = harder: the members' mean expected error 1 - p_y plus
-    `disagreement_weight` x (1 - share of members voting for the most voted class)."""
+    `disagreement_weight` x the members' disagreement: `votes`, 1 - share of members voting for
+    the most voted class; `spread`, the standard deviation of p_y over the members."""
     probs = ensemble_probs(logits, embeddings, heads)  # [M, N, C]
     m, n, c = probs.shape
     rows = torch.arange(n)
-    error = 1.0 - probs[:, rows, targets].mean(0)  # [N], in [0, 1]
+    p_true = probs[:, rows, targets]  # [M, N]
+    error = 1.0 - p_true.mean(0)  # [N], in [0, 1]
     if disagreement_weight == 0.0 or m == 1:
         return error
+    if disagreement == "spread":
+        return error + disagreement_weight * p_true.std(0, correction=0)
     votes = torch.zeros(n, c).scatter_add_(1, probs.argmax(2).T, torch.ones(n, m))  # [N, C]
-    disagreement = 1.0 - votes.max(1).values / m  # [N], 0 when all members agree
-    return error + disagreement_weight * disagreement
+    split_vote = 1.0 - votes.max(1).values / m  # [N], 0 when all members agree
+    return error + disagreement_weight * split_vote
 
 
 def class_budgets(
@@ -105,33 +117,87 @@ def class_budgets(
 
 
 def kmeans_pick(
-    points: Tensor, k: int, *, generator: torch.Generator, iters: int, pick: str
-) -> Tensor:
+    points: Tensor,
+    k: int,
+    *,
+    generator: torch.Generator,
+    iters: int,
+    pick: str,
+    init: str = "random",
+    scores: Tensor | None = None,
+    quantile: float = 0.5,
+) -> tuple[Tensor, Tensor]:
     """k rows of `points` [n, D], one per cluster of a k-means (Lloyd, `iters` steps, seeded
-    random init); empty clusters are topped up with uniform unpicked rows. Positions in [0, n)."""
+    `init`: uniform rows or k-means++), and the size of each pick's cluster. Within a cluster
+    `pick` keeps the row nearest the centroid, a uniform one, or (`quantile`) the one at that
+    quantile of `scores` [n]. Empty clusters are topped up with uniform unpicked rows (size 1).
+    Returns positions in [0, n) [k] and cluster sizes [k] (they sum to n when none is empty)."""
     n = points.shape[0]
     assert 0 < k <= n and iters >= 0, (k, n, iters)
-    centroids = points[randperm(n, generator)[:k]].clone()  # [k, D]
+    if init == "kmeans++":
+        centroids = kmeans_plus_plus(points, k, generator)
+    else:
+        centroids = points[randperm(n, generator)[:k]].clone()  # [k, D]
     assign, dist = nearest_centroid(points, centroids)
     for _ in range(iters):
         sums = torch.zeros_like(centroids).index_add_(0, assign, points)  # [k, D]
         sizes = torch.bincount(assign, minlength=k).unsqueeze(1)  # [k, 1]
         centroids = torch.where(sizes > 0, sums / sizes.clamp_min(1), centroids)
         assign, dist = nearest_centroid(points, centroids)
-    # One row per non-empty cluster: the smallest key (distance to its centroid, or uniform).
-    key = dist if pick == "nearest" else torch.rand(n, generator=generator)
+    sizes = torch.bincount(assign, minlength=k)  # [k]
+    if pick == "quantile":
+        assert scores is not None and scores.shape == (n,), "pick=quantile needs scores [n]"
+        # Rank of each row's score within its cluster, as a share of (size - 1): the row whose
+        # rank is nearest `quantile` (0 = easiest, 0.5 = median, 1 = hardest) has key 0.
+        by_score = torch.argsort(scores, stable=True)
+        grouped = by_score[torch.argsort(assign[by_score], stable=True)]
+        starts_at = torch.cumsum(sizes, 0) - sizes  # [k]
+        rank = torch.empty(n)
+        rank[grouped] = (torch.arange(n) - starts_at[assign[grouped]]).float()
+        span = (sizes[assign] - 1).clamp_min(1).float()
+        key = (rank / span - quantile).abs()
+    elif pick == "nearest":
+        key = dist
+    else:
+        key = torch.rand(n, generator=generator)
+    # One row per non-empty cluster: the smallest key.
     by_key = torch.argsort(key, stable=True)
     grouped = by_key[torch.argsort(assign[by_key], stable=True)]  # by cluster, then key
     cluster = assign[grouped]
     starts = torch.ones(n, dtype=torch.bool)
     starts[1:] = cluster[1:] != cluster[:-1]
     chosen = grouped[starts]
+    weight = sizes[assign[chosen]].float()
     if len(chosen) < k:  # empty clusters: fill with uniform rows not yet chosen
         free = torch.ones(n, dtype=torch.bool)
         free[chosen] = False
         pool = torch.nonzero(free).flatten()
-        chosen = torch.cat([chosen, pool[randperm(len(pool), generator)[: k - len(chosen)]]])
-    return chosen
+        fill = pool[randperm(len(pool), generator)[: k - len(chosen)]]
+        chosen = torch.cat([chosen, fill])
+        weight = torch.cat([weight, torch.ones(len(fill))])
+    return chosen, weight
+
+
+def kmeans_plus_plus(points: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """k initial centroids [k, D] by k-means++ seeding (Arthur and Vassilvitskii, SODA 2007,
+    https://dl.acm.org/doi/10.5555/1283383.1283494): each next one drawn with probability
+    proportional to the squared distance to the nearest one so far, so sparse regions get
+    centroids too. k steps of O(n D)."""
+    n = points.shape[0]
+    first = int(torch.randint(n, (1,), generator=generator))
+    index = [first]
+    nearest = (points - points[first]).pow(2).sum(1)  # [n]
+    for _ in range(1, k):
+        total = float(nearest.sum())
+        if total <= 0:  # every row sits on a centroid: take any unpicked row
+            free = torch.ones(n, dtype=torch.bool)
+            free[torch.tensor(index)] = False
+            nxt = int(torch.nonzero(free).flatten()[0])
+        else:
+            nxt = int(torch.multinomial(nearest / total, 1, generator=generator))
+        index.append(nxt)
+        nearest = torch.minimum(nearest, (points - points[nxt]).pow(2).sum(1))
+    return points[torch.tensor(index)].clone()  # [k, D]
 
 
 def nearest_centroid(points: Tensor, centroids: Tensor) -> tuple[Tensor, Tensor]:
@@ -180,13 +246,24 @@ def select_coverage(
     pick: str = "nearest",
     kmeans_iters: int = 10,
     strata: int = 50,
+    init: str = "random",
+    pick_quantile: float = 0.5,
+    weighting: str = "none",
+    disagreement: str = "votes",
 ) -> Selection:
     """Class budgets tilted to hard classes, the hardest tail cut, the rest covered (see the
     module docstring). Uses `inputs.pool` (logits, embeddings, targets) and, when present,
-    `inputs.learner_heads`. Weights are 1."""
+    `inputs.learner_heads`. Weights are 1 unless `weighting="cluster"`."""
     budget = check_budget(inputs, budget)
     check_choice("coverage within", within, WITHIN)
     check_choice("coverage pick", pick, PICKS)
+    check_choice("coverage init", init, INITS)
+    check_choice("coverage weighting", weighting, WEIGHTINGS)
+    check_choice("coverage disagreement", disagreement, DISAGREEMENTS)
+    if weighting == "cluster" and within != "kmeans":
+        raise UserError(f"coverage weighting=cluster needs within=kmeans, got within={within}")
+    if not 0.0 <= pick_quantile <= 1.0:
+        raise UserError(f"coverage pick_quantile must be in [0, 1], got {pick_quantile}")
     if not 0.0 <= hard_cut < 1.0:
         raise UserError(f"coverage hard_cut must be in [0, 1), got {hard_cut}")
     if class_tilt < 0 or disagreement_weight < 0 or strata < 1 or kmeans_iters < 1:
@@ -202,7 +279,7 @@ def select_coverage(
             f"{pool.num_classes} classes x {pool.embeddings.shape[1]} features"
         )
     difficulty = ensemble_difficulty(
-        pool.logits, pool.embeddings, pool.targets, heads, disagreement_weight
+        pool.logits, pool.embeddings, pool.targets, heads, disagreement_weight, disagreement
     )  # [N]
     classes = torch.unique(pool.targets).tolist()
     members = [torch.nonzero(pool.targets == c).flatten() for c in classes]  # pool rows
@@ -216,18 +293,29 @@ def select_coverage(
     class_difficulty = [float(difficulty[rows].mean()) for rows in members]
     shares = class_budgets([len(k) for k in kept], class_difficulty, budget, class_tilt)
 
-    chosen = []
+    chosen, weights = [], []
     embeddings = torch.nn.functional.normalize(pool.embeddings.float(), dim=1)  # [N, D]
-    for rows, share in zip(kept, shares, strict=True):
+    for rows, class_rows, share in zip(kept, members, shares, strict=True):
         if share == 0:
             continue
+        weight = torch.ones(share)
         if within == "kmeans":
-            local = kmeans_pick(
-                embeddings[rows], share, generator=generator, iters=kmeans_iters, pick=pick
+            local, sizes = kmeans_pick(
+                embeddings[rows],
+                share,
+                generator=generator,
+                iters=kmeans_iters,
+                pick=pick,
+                init=init,
+                scores=difficulty[rows],
+                quantile=pick_quantile,
             )
+            if weighting == "cluster":  # a class's weights sum to its pool count
+                weight = sizes * (len(class_rows) / float(sizes.sum()))
         elif within == "strata":
             local = strata_pick(difficulty[rows], share, generator=generator, strata=strata)
         else:
             local = randperm(len(rows), generator)[:share]
         chosen.append(rows[local])
-    return finish(torch.cat(chosen), None, budget)
+        weights.append(weight)
+    return finish(torch.cat(chosen), torch.cat(weights), budget)
