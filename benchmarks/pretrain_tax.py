@@ -17,8 +17,8 @@ ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, reports 15.4x less pre
         --threads 1 --jigsaw merge.eval_size=1000      # reduced: about 10 min on 2 CPU cores
 
 On a CPU a large share of the jigsaw stage's cost is its merge: every learner and distinct
-candidate soup is scored on the validation split (47 evaluations for n=10 and 5 ratios with
-the default `merge.search=grid`, about 23 with `scan`); the table shows the merge time apart.
+candidate soup is scored on the validation split (about 23 evaluations for n=10 and 5 ratios
+with the default `merge.search=scan`, 47 with `grid`); the table shows the merge time apart.
 
     python benchmarks/pretrain_tax.py --seeds 1 --threads 1 --tax-only   # pre-training alone
 
