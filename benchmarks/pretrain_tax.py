@@ -258,7 +258,8 @@ def tax_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
             return f"{statistics.fmean(values):.1f}" if values else "-"
 
         ratios = [full[r["seed"]] / r["seconds"] for r in group if r["seed"] in full]
-        ratio = f"{statistics.fmean(ratios):.1f}x" if ratios and name != "full" else "-"
+        pretrained = name not in ("full", "none")  # a jigsaw row: what the ratio is about
+        ratio = f"{statistics.fmean(ratios):.1f}x" if ratios and pretrained else "-"
         title = {"full": f"full (E={args.full_epochs})"}.get(name, name)
         lines.append(
             f"| {title}{f' [{label}]' if label else ''} | {len(group)} | {avg('seconds')} "
