@@ -144,24 +144,19 @@ def lipt_cfg(name: str, seed: int, pretrained: bool):
         )
 
 
-def run_lipt(
-    name: str, model: nn.Module, dm, seed: int, pretrained: bool
-) -> tuple[float, torch.Tensor]:
+def run_lipt(cfg, model: nn.Module, dm, seed: int) -> tuple[float, torch.Tensor]:
     from lipt.select import choose_subset
 
-    cfg = lipt_cfg(name, seed, pretrained)
     start = time.perf_counter()
     indices, _ = choose_subset(cfg, dm, [model], seed=seed)
     return time.perf_counter() - start, indices
 
 
-def save_picks(path: Path, indices: torch.Tensor, name: str, seed: int, dm, pretrained: bool):
+def save_picks(path: Path, indices: torch.Tensor, cfg, dm) -> None:
     from lipt.artifacts import save_subset
     from lipt.select import subset_meta
 
-    indices = indices.sort().values
-    meta = subset_meta(lipt_cfg(name, seed, pretrained), dm)
-    save_subset(path, indices, torch.ones(len(indices)), meta)
+    save_subset(path, indices.sort().values, torch.ones(len(indices)), subset_meta(cfg, dm))
 
 
 def main() -> None:
@@ -198,17 +193,18 @@ def main() -> None:
     from lipt import console
 
     for name in args.selectors:
+        selector_cfg = lipt_cfg(name, args.seed, pretrained)
         cords_s, lipt_s = [], []
         for _ in range(args.repeats):
             seconds, cords_picks = run_cords(strategies, name, model, dm, budget, args.seed)
             cords_s.append(seconds)
             with console.no_bars():
-                seconds, lipt_picks = run_lipt(name, model, dm, args.seed, pretrained)
+                seconds, lipt_picks = run_lipt(selector_cfg, model, dm, args.seed)
             lipt_s.append(seconds)
         if args.subsets_dir:
             out = Path(args.subsets_dir)
-            save_picks(out / f"cords_{name}.npz", cords_picks, name, args.seed, dm, pretrained)
-            save_picks(out / f"lipt_{name}.npz", lipt_picks, name, args.seed, dm, pretrained)
+            save_picks(out / f"cords_{name}.npz", cords_picks, selector_cfg, dm)
+            save_picks(out / f"lipt_{name}.npz", lipt_picks, selector_cfg, dm)
         c, lp = min(cords_s), min(lipt_s)
         print(f"| {name} | {c:.1f} s | {lp:.1f} s | {lp / c:.2f} |", flush=True)
 

@@ -149,16 +149,14 @@ def independent_positions(dm: Any, seed: int, eval_sizes: Sequence[int | None]) 
     return dm.val_indices[keep] if bool(keep.any()) else None
 
 
-@torch.no_grad()
 def accuracy_on(model: Any, dm: Any, positions: Any) -> float:
     """Top-1 accuracy of `model` on training-split `positions`, un-augmented."""
     from lipt.data import IndexedImages
+    from lipt.selection import model_outputs
 
-    model.eval()
-    correct = 0
-    for x, y, _ in dm.loader(IndexedImages(dm.train_source, positions, dm.eval_transform()), False):
-        correct += int((model(x).argmax(dim=1) == y).sum())
-    return correct / len(positions)
+    loader = dm.loader(IndexedImages(dm.train_source, positions, dm.eval_transform()), False)
+    outputs = model_outputs(model, loader)  # eval mode, train flags restored after
+    return float((outputs.logits.argmax(dim=1) == outputs.targets).float().mean())
 
 
 def run_strategy(

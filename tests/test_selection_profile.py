@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lipt.selection import PoolOutputs, subset_profile
-from lipt.selection.profile import within_class_percentiles
+from lipt.selection.common import within_group_percentiles
 
 N, D, C, K = 20_000, 128, 10, 2_000
 
@@ -71,7 +71,7 @@ def test_a_clumped_subset_covers_less_than_random(pool: PoolOutputs) -> None:
 def test_percentiles_are_within_each_class() -> None:
     values = torch.tensor([5.0, 1.0, 3.0, 100.0, 200.0, 300.0])
     targets = torch.tensor([0, 0, 0, 1, 1, 1])
-    assert within_class_percentiles(values, targets).tolist() == [1.0, 0.0, 0.5, 0.0, 0.5, 1.0]
+    assert within_group_percentiles(values, targets).tolist() == [1.0, 0.0, 0.5, 0.0, 0.5, 1.0]
 
 
 def test_bad_input_is_a_value_error(pool: PoolOutputs) -> None:

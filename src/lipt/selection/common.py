@@ -85,6 +85,19 @@ def randperm(n: int, generator: torch.Generator, device: torch.device | None = N
     return perm.to(device) if device is not None else perm
 
 
+def within_group_percentiles(values: Tensor, groups: Tensor) -> Tensor:
+    """Each row's rank of `values` [N] among the rows of its group (`groups` [N], int >= 0),
+    as a share of the group's size - 1, in [0, 1], [N] float32 (ties: the earlier row first)."""
+    n = values.shape[0]
+    by_value = torch.argsort(values, stable=True)
+    grouped = by_value[torch.argsort(groups[by_value], stable=True)]  # by group, then value
+    sizes = torch.bincount(groups)  # [G]
+    starts = torch.cumsum(sizes, 0) - sizes  # [G], each group's first slot in `grouped`
+    rank = torch.empty(n, dtype=torch.float32)
+    rank[grouped] = (torch.arange(n) - starts[groups[grouped]]).float()
+    return rank / (sizes[groups] - 1).clamp_min(1).float()
+
+
 def split_budget(counts: Sequence[int], budget: int) -> list[int]:
     """Split `budget` over groups proportionally to `counts` by largest-remainder rounding.
 

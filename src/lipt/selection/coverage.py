@@ -37,7 +37,13 @@ import torch
 from torch import Tensor
 
 from lipt.errors import UserError
-from lipt.selection.common import check_budget, check_choice, finish, randperm
+from lipt.selection.common import (
+    check_budget,
+    check_choice,
+    finish,
+    randperm,
+    within_group_percentiles,
+)
 from lipt.selection.types import LearnerHeads, Selection, SelectionInputs
 
 WITHIN = ("kmeans", "strata", "random")
@@ -147,15 +153,9 @@ def kmeans_pick(
     sizes = torch.bincount(assign, minlength=k)  # [k]
     if pick == "quantile":
         assert scores is not None and scores.shape == (n,), "pick=quantile needs scores [n]"
-        # Rank of each row's score within its cluster, as a share of (size - 1): the row whose
-        # rank is nearest `quantile` (0 = easiest, 0.5 = median, 1 = hardest) has key 0.
-        by_score = torch.argsort(scores, stable=True)
-        grouped = by_score[torch.argsort(assign[by_score], stable=True)]
-        starts_at = torch.cumsum(sizes, 0) - sizes  # [k]
-        rank = torch.empty(n)
-        rank[grouped] = (torch.arange(n) - starts_at[assign[grouped]]).float()
-        span = (sizes[assign] - 1).clamp_min(1).float()
-        key = (rank / span - quantile).abs()
+        # The row whose rank within its cluster is nearest `quantile` (0 = easiest, 0.5 =
+        # median, 1 = hardest) has key 0.
+        key = (within_group_percentiles(scores, assign) - quantile).abs()
     elif pick == "nearest":
         key = dist
     else:

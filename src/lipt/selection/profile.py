@@ -20,20 +20,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from lipt.selection.common import randperm
+from lipt.selection.common import randperm, within_group_percentiles
 from lipt.selection.types import PoolOutputs
 
 ROW_CHUNK = 4096  # pool rows per [chunk, k] similarity block (4096 x 5,000 fp32: 80 MiB)
-
-
-def within_class_percentiles(values: Tensor, targets: Tensor) -> Tensor:
-    """Each row's percentile of `values` [N] among the rows of its class, in [0, 1], [N]."""
-    out = torch.zeros(values.shape[0], dtype=torch.float32)
-    for c in torch.unique(targets).tolist():
-        members = torch.nonzero(targets == c).flatten()
-        ranks = torch.argsort(torch.argsort(values[members], stable=True)).float()  # [n_c]
-        out[members] = ranks / max(1, len(members) - 1)
-    return out
 
 
 def nearest_pick_distance(embeddings: Tensor, targets: Tensor, rows: Tensor) -> float:
@@ -78,8 +68,8 @@ def subset_profile(pool: PoolOutputs, rows: Tensor, generator: torch.Generator) 
         pool.embeddings, targets, stratified_random_rows(targets, rows, generator)
     )
     return {
-        "difficulty_percentile": float(within_class_percentiles(error, targets)[rows].mean()),
-        "norm_percentile": float(within_class_percentiles(norms, targets)[rows].mean()),
+        "difficulty_percentile": float(within_group_percentiles(error, targets)[rows].mean()),
+        "norm_percentile": float(within_group_percentiles(norms, targets)[rows].mean()),
         "coverage_distance": picked,
         "random_coverage_distance": reference,
         "coverage_ratio": picked / reference if reference > 0 else 1.0,
