@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -345,7 +346,15 @@ def test_wandb_run_gets_the_merge_table_class_histogram_and_picture(
         "images/subset/picture_",
     ):
         assert any(m.startswith(prefix) for m in media), (prefix, media)
-    records = next(run.glob("run-*.wandb")).read_bytes()  # the bar charts, over those tables
+    # the bar charts, over those tables; wandb's writer is a separate process that can still be
+    # flushing the records file when finish() returns on a loaded machine, so wait for it
+    records_file = next(run.glob("run-*.wandb"))
+    deadline = time.monotonic() + 60
+    while b"subset/class_histogram" not in records_file.read_bytes():
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    records = records_file.read_bytes()
     assert b"merge/held_out_accuracy" in records and b"subset/class_histogram" in records
     table = next((run / "files" / "media" / "table" / "merge").glob("learners_*.json"))
     rows = json.loads(table.read_text())["data"]
