@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Callable
@@ -18,7 +19,10 @@ from lipt.data import DataModule
 from lipt.errors import UserError
 from lipt.jigsaw import learner as jigsaw_learner
 from lipt.jigsaw import stage as jigsaw_stage
+from lipt.jigsaw.learner import Learner, learner_shards, state_digest
+from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
 from lipt.jigsaw.soup_callback import learner_sweep
+from lipt.jigsaw.weights import recompute_batchnorm_stats
 from lipt.pretrain import pretrain_model
 from lipt.pretrain import run as pretrain_run
 from lipt.results import heads_from_payload
@@ -184,6 +188,55 @@ def test_greedy_soup_never_scores_below_its_best_learner(jigsaw_cfg, merge, sear
     # Scored independently on the whole validation split, the returned model is what the soup
     # reported (BatchNorm statistics recomputed as when it was scored).
     assert _accuracy(result.model, dm) == pytest.approx(report["soup_accuracy"], abs=1e-9)
+
+
+def test_held_out_scores_in_channels_last_as_the_model_does_and_the_soup_keeps_its_format(
+    make_cfg, fashion_mnist_dir
+):
+    # Fashion-MNIST shapes and the default convnet width: NHWC scoring is only a speed-up.
+    cfg = make_cfg(
+        [
+            "pretrain=jigsaw",
+            "dataset=fashion_mnist",
+            f"dataset.data_dir={fashion_mnist_dir}",
+            "dataset.download=false",
+            "dataset.val_size=100",
+            "trainer.accelerator=cpu",
+            "logger=none",
+            "pretrain.num_learners=4",
+            "batch_size=32",
+            FEW_RATIOS,
+        ],
+        config_name="pretrain",
+    )
+    dm = build_datamodule(cfg)
+    init = build_model(cfg, 0)
+    ctx, settings = build_pretrain_context(cfg, dm), build_part(cfg.pretrain)
+    evaluate = HeldOut(ctx.merge, ctx.device, dm, init, 0, bn_positions(settings, ctx.merge, dm, 0))
+    assert evaluate.model.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+    digest = state_digest(init.state_dict())
+    learners = []
+    for i, shard in enumerate(learner_shards(settings, dm, 0)):
+        g = torch.Generator().manual_seed(i)
+        state = {
+            k: v + 0.05 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+            for k, v in init.state_dict().items()
+        }
+        learners.append(Learner(i, shard, state_dict=state, init_digest=digest))
+        # The reference: the model in its own (NCHW) format, statistics re-estimated likewise.
+        reference = copy.deepcopy(init)
+        reference.load_state_dict(state)
+        recompute_batchnorm_stats(reference, [x.contiguous() for x in evaluate.bn_batches])
+        assert evaluate(state) == _accuracy(reference, dm)
+
+    model, report = merge_learners(ctx, settings, dm, init, 0, learners, evaluate)
+    assert len(report["kept"]) > 1  # a blend, so the statistics below are the soup's own
+    assert all(p.is_contiguous() for p in model.parameters())  # NCHW, as the model was built
+    # The soup's statistics are its own: re-estimated on NCHW batches, not one bit changes.
+    again = copy.deepcopy(model)
+    recompute_batchnorm_stats(again, [x.contiguous() for x in evaluate.bn_batches])
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
+    assert _accuracy(model, dm) == pytest.approx(report["soup_accuracy"], abs=1e-9)
 
 
 def test_uniform_soup_without_bn_recompute_averages_all_learners(jigsaw_cfg):

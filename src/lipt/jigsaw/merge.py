@@ -57,7 +57,10 @@ class HeldOut:
     ) -> None:
         start = time.perf_counter()
         self.device = device
+        # Scored in channels_last: on a CPU max-pooling and BatchNorm run several times faster
+        # in NHWC (the merge is forward passes only); the soup itself keeps the model's format.
         self.model = copy.deepcopy(template).to(self.device)
+        self.model.to(memory_format=torch.channels_last)
         positions = eval_positions(merge.eval_size, dm, seed)
         self.size = len(positions)
         val = IndexedImages(dm.train_source, positions, dm.eval_transform())
@@ -73,8 +76,8 @@ class HeldOut:
             self.bn_batches = [x for x, _, _ in loader]
         # Kept on the scoring device, read once: no copy or loader per evaluation.
         if self.cached is not None:
-            self.cached = [(x.to(self.device), y.to(self.device)) for x, y in self.cached]
-        self.bn_batches = [x.to(self.device) for x in self.bn_batches]
+            self.cached = [(_nhwc(x.to(self.device)), y.to(self.device)) for x, y in self.cached]
+        self.bn_batches = [_nhwc(x.to(self.device)) for x in self.bn_batches]
         self.calls = 0
         self.forward_samples = 0
         self.reused = 0
@@ -87,10 +90,13 @@ class HeldOut:
         # including the learners' scores taken as they finish).
         self.seconds = time.perf_counter() - start
 
-    def prepare(self, model: nn.Module) -> None:
-        """Recompute BatchNorm statistics of `model` in place (no-op when off)."""
+    def prepare(self, model: nn.Module, batches_format: torch.memory_format) -> None:
+        """Recompute BatchNorm statistics of `model` in place (no-op when off), its inputs in
+        `batches_format`: the scoring model's NHWC, or the soup's own NCHW (cuDNN would switch
+        an NCHW model to NHWC kernels given NHWC inputs, changing the statistics' last bits)."""
         if self.bn_batches:
-            recompute_batchnorm_stats(model, self.bn_batches)
+            batches = [x.contiguous(memory_format=batches_format) for x in self.bn_batches]
+            recompute_batchnorm_stats(model, batches)
             self.forward_samples += sum(len(x) for x in self.bn_batches)
 
     @torch.no_grad()
@@ -122,7 +128,7 @@ class HeldOut:
             return self.known[key]
         self.calls += 1
         self.model.load_state_dict(state_dict)
-        self.prepare(self.model)
+        self.prepare(self.model, torch.channels_last)
         score = self.accuracy(self.model)
         self.known[key] = score
         self.seconds += time.perf_counter() - start
@@ -136,6 +142,10 @@ class HeldOut:
         score = self(learner.state_dict)
         self.prescored.add(weights_digest(learner.state_dict))
         return score
+
+
+def _nhwc(images: Tensor) -> Tensor:
+    return images.contiguous(memory_format=torch.channels_last)  # [B, C, H, W], NHWC strides
 
 
 def weights_digest(state_dict: StateDict) -> str:
@@ -238,7 +248,7 @@ def merge_learners(
         soup = ctx.merge.soup([le.state_dict for le in usable], scored)  # type: ignore[misc]
     model = copy.deepcopy(init)
     model.load_state_dict(soup.state_dict)
-    evaluate.prepare(model)  # the same statistics the soup was scored with
+    evaluate.prepare(model, torch.contiguous_format)  # the statistics the soup was scored with
     report = merge_report(ctx, settings, dm, seed, learners, usable, soup, evaluate)
     report["init_accuracy"] = init_accuracy
     report["merge_seconds"] = round(time.perf_counter() - start + scored_before, 3)
