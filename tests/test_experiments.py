@@ -14,6 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from lipt.build import build_part
+from lipt.cli import precheck
 from lipt.config import validate
 from tests.helpers import CONFIGS, ROOT
 
@@ -187,3 +188,27 @@ def test_results_doc_links_and_report_outputs_exist():
     for out in re.findall(r'--out (\S+?)"', text):  # make report ... ARGS="--out docs/results/x"
         assert (ROOT / out / "results.md").is_file(), out
         assert (ROOT / out / "results.csv").is_file(), out
+
+
+CPU_SWEEPS = [[f"+experiment={name}"] for name in EXPERIMENTS if name.endswith("_cpu")]
+
+
+@pytest.mark.parametrize(
+    "command", [*CPU_SWEEPS, *results_commands()], ids=lambda c: " ".join(c[:1])
+)
+def test_the_cli_precheck_passes_each_sweep_with_the_experiments_own_params(command):
+    """`python train.py -m +experiment=X` checks every job's config before the first starts; the
+    approaches, fractions and seeds come from the experiment's `hydra.sweeper.params`, not the
+    command line, and `${approach}` in its protocol only resolves with them (exit 2 before)."""
+    precheck("train", command, multirun=True)  # exits 2 on the first problem
+
+
+def test_a_bad_value_in_an_experiments_own_sweep_fails_before_any_job(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        precheck(
+            "train",
+            ["+experiment=appendix_b_cpu", "hydra.sweeper.params.fraction='0.1,1.5'"],
+            multirun=True,
+        )
+    assert exit_.value.code == 2
+    assert "fraction" in capsys.readouterr().err

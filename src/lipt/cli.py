@@ -27,28 +27,49 @@ def config_dir() -> Path:
     return path
 
 
-def _candidate_overrides(args: list[str]) -> list[list[str]]:
+def _candidate_overrides(args: list[str], declared: list[str]) -> list[list[str]]:
     """Override lists to compose: sweeps (`a=1,2`) are expanded value by value, so a bad choice
-    anywhere in a multirun is caught before any job starts."""
+    anywhere in a multirun is caught before any job starts. `declared`: the config's own
+    `hydra.sweeper.params` (an experiment's approaches, fractions and seeds). As in Hydra's
+    BasicSweeper they come first, then `args`; a repeated key keeps its first place and takes
+    its last value (so `+approach=...` precedes `+experiment=...`, as in the jobs)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parsed = OverridesParser.create().parse_overrides(args)
-    base = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
-    sweeps = {
-        o.get_key_element(): list(o.sweep_string_iterator())
-        for o in parsed
-        if o.is_sweep_override()
-    }
-    sweeps = {key: values for key, values in sweeps.items() if values}
-    firsts = [f"{key}={values[0]}" for key, values in sweeps.items()]
-    candidates = [base + firsts]
-    for key, values in sweeps.items():
-        others = [f"{k}={v[0]}" for k, v in sweeps.items() if k != key]
-        candidates += [base + others + [f"{key}={value}"] for value in values[1:]]
+    by_key: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides([*declared, *args]):
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            by_key[key] = [f"{key}={value}" for value in o.sweep_string_iterator()]
+        else:
+            by_key[key] = [str(o.input_line)]
+    by_key = {key: values for key, values in by_key.items() if values}
+    firsts = {key: values[0] for key, values in by_key.items()}
+    candidates = [list(firsts.values())]
+    for key, values in by_key.items():
+        candidates += [[*{**firsts, key: value}.values()] for value in values[1:]]
     return candidates
 
 
-def precheck(config_name: str, args: list[str]) -> None:
+def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> list[str]:
+    """The config's `hydra.sweeper.params` as overrides, composed from the command line's
+    single-valued overrides (`hydra.sweeper.params.*` ones included); empty when the config
+    declares none or the run is not a multirun (`-m`, or `hydra.mode: MULTIRUN` in the config)."""
+    from hydra import compose
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    parsed = OverridesParser.create().parse_overrides(args)
+    fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
+    cfg = compose(config_name, overrides=fixed, return_hydra_config=True)
+    if not multirun and cfg.hydra.mode != RunMode.MULTIRUN:
+        return []
+    params = OmegaConf.to_container(cfg.hydra.sweeper.get("params") or {})
+    assert isinstance(params, dict)
+    return [f"{key!s}={value}" for key, value in params.items()]
+
+
+def precheck(config_name: str, args: list[str], multirun: bool = False) -> None:
     """Compose and validate the config from `args` as Hydra will; exit 2 on the first problem."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -65,7 +86,10 @@ def precheck(config_name: str, args: list[str]) -> None:
         for arg in args:
             if arg.startswith("hydra.run.dir=") and not ddp_child:
                 check_unlocked(Path(arg.split("=", 1)[1]))
-        candidates = _candidate_overrides(overrides)
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(str(config_dir()), version_base="1.3"):
+            declared = _declared_sweep(config_name, args, multirun)
+        candidates = _candidate_overrides(overrides, declared)
         configs = []
         for candidate in candidates:
             GlobalHydra.instance().clear()
@@ -99,7 +123,7 @@ def launch(config_name: str, stage: Callable[[DictConfig], Any]) -> None:
     overrides = [a for a in args if not a.startswith("-")]
     # Hydra's own flags (--help, --cfg, --info, ...) go straight through; -m still gets checked.
     if all(f in ("-m", "--multirun") for f in flags):
-        precheck(config_name, overrides)
+        precheck(config_name, overrides, multirun=bool(flags))
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> Any:
