@@ -532,3 +532,10 @@ def test_submitit_local_multirun_matches_the_in_process_soup(jigsaw_cfg, tmp_pat
     )
     pretrain_run(jigsaw_cfg())
     _same_soup(tmp_path, sweep)
+
+
+@pytest.mark.parametrize("merge", ["greedy_interp", "greedy", "uniform"])
+def test_a_merge_part_built_in_python_is_the_configs(make_cfg, merge):
+    """`GreedyInterpMerge()` in a script gets what `merge=greedy_interp` gives a run."""
+    part = build_part(make_cfg([*JIGSAW, f"merge={merge}"], config_name="pretrain").merge)
+    assert part == type(part)(name=part.name)

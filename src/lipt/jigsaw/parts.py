@@ -193,10 +193,10 @@ class GreedyInterpMerge(Merge):
     """LiPT's greedy interpolation soup (paper, section 3.2). `ratios`: an int S gives
     alpha_grid(S), a list the ratios, "running_mean" tries only 1/(k+1). `search`: "grid"
     scores every ratio, "scan" scores them from the smallest up and stops at the first drop
-    (soup.ascending_scan)."""
+    (soup.ascending_scan). The defaults are configs/merge/greedy_interp.yaml's."""
 
-    ratios: int | list[float] | str = 20
-    search: str = "grid"
+    ratios: int | list[float] | str = 5
+    search: str = "scan"
 
     def grid(self) -> Sequence[float] | str:
         value = self.ratios
