@@ -62,9 +62,10 @@ def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> list[s
     parsed = OverridesParser.create().parse_overrides(args)
     fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
     cfg = compose(config_name, overrides=fixed, return_hydra_config=True)
-    if not multirun and cfg.hydra.mode != RunMode.MULTIRUN:
+    declared = cfg.hydra.sweeper.get("params")
+    if not declared or (not multirun and cfg.hydra.mode != RunMode.MULTIRUN):
         return []
-    params = OmegaConf.to_container(cfg.hydra.sweeper.get("params") or {})
+    params = OmegaConf.to_container(declared)
     assert isinstance(params, dict)
     return [f"{key!s}={value}" for key, value in params.items()]
 
