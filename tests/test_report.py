@@ -239,6 +239,70 @@ def test_group_by_overrides_the_detected_keys(sweep, tmp_path, capsys):
     assert "selector.name" in err  # the hint lists the keys that do vary
 
 
+def test_runs_are_paired_with_random_seed_by_seed(sweep, tmp_path, capsys):
+    # selector=glister,random: random is the default baseline; each glister seed minus random's.
+    report.main([str(sweep), "--out", str(tmp_path)])
+    assert "paired against selector.name=random" in capsys.readouterr().out
+    diffs = [100 * (g - r) for g, r in zip(*ACCURACIES.values(), strict=True)]
+    rows = list(csv.DictReader((tmp_path / "paired.csv").open()))
+    assert [(r["selector.name"], r["seed"]) for r in rows] == [
+        ("glister", str(s)) for s in range(3)
+    ]
+    assert [float(r["diff_pts"]) for r in rows] == pytest.approx(diffs, abs=1e-9)
+    table = (tmp_path / "results.md").read_text()
+    assert "## Paired against selector.name=random: same seed\n" in table
+    spread = f"{statistics.mean(diffs):+.2f} ± {statistics.stdev(diffs):.2f}"
+    per_seed = ", ".join(f"s{k} {d:+.2f}" for k, d in enumerate(diffs))
+    assert f"| glister | 3 | {spread} | {per_seed} |" in table
+    assert "| random | " not in table.split("## Paired")[1]  # the baseline has no row of its own
+
+
+def test_pairs_follow_the_other_group_keys_and_the_seeds_both_have(tmp_path):
+    # pretrain=none,jigsaw x fraction x seed 0,1: jigsaw is 3 points above none at each fraction
+    # and seed, so a pairing across fractions (or seeds) would not give exactly +3.
+    sweep = tmp_path / "sweep"
+    write_fraction_sweep(sweep)
+    none_03_seed1 = next(
+        job
+        for job in sweep.iterdir()
+        if '"name": "none"' in (text := (job / "summary.json").read_text())
+        and json.loads(text)["config"]["fraction"] == 0.3
+        and json.loads(text)["config"]["seed"] == 1
+    )
+    (none_03_seed1 / "summary.json").unlink()
+    out = tmp_path / "out"
+    report.main([str(sweep), "--out", str(out), "--baseline", "pretrain.name=none"])
+    table = (out / "results.md").read_text()
+    assert "## Paired against pretrain.name=none: same seed, same fraction" in table
+    assert "| jigsaw | 0.05 | 2 | +3.00 ± 0.00 | s0 +3.00, s1 +3.00 |" in table
+    assert "| jigsaw | 0.3 | 1 | +3.00 | s0 +3.00 |" in table  # seed 1's baseline is missing
+
+
+@pytest.mark.parametrize(
+    ("baseline", "message"),
+    [
+        ("random", "--baseline 'random': write KEY=VALUE"),
+        ("selector.nmae=random", "--baseline: selector.nmae is not a group key of this sweep"),
+        ("selector.name=craig", "--baseline: no run has selector.name=craig (its values here"),
+    ],
+)
+def test_a_bad_baseline_is_one_line_and_writes_nothing(sweep, tmp_path, capsys, baseline, message):
+    with pytest.raises(SystemExit) as exc:
+        report.main([str(sweep), "--out", str(tmp_path / "out"), "--baseline", baseline])
+    assert exc.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {message}"), errors
+    assert not (tmp_path / "out").exists()
+
+
+def test_baseline_none_drops_the_paired_table_and_a_stale_paired_csv(sweep, tmp_path):
+    report.main([str(sweep), "--out", str(tmp_path)])
+    assert (tmp_path / "paired.csv").is_file()
+    report.main([str(sweep), "--out", str(tmp_path), "--baseline", "none"])
+    assert not (tmp_path / "paired.csv").exists()
+    assert "Paired" not in (tmp_path / "results.md").read_text()
+
+
 @pytest.mark.parametrize("make", ["empty", "missing", "only_broken"])
 def test_nothing_to_report_is_one_line_and_exit_2(tmp_path, capsys, make):
     target = tmp_path / "sweep"
@@ -367,6 +431,15 @@ def test_report_of_a_real_sweep_is_recomputed_from_its_summaries(real_sweep, tmp
                 assert float(row[column]) == pytest.approx(value, rel=1e-9, abs=1e-9), column
         mean, std = expected["test_acc_pct_mean"], expected["test_acc_pct_std"]
         assert f"| {row['selector.name']} | 2 | 0,1 | {mean:.2f} ± {std:.2f} |" in table
+    # el2n paired with random on each seed, from the summaries themselves.
+    by_seed = {
+        name: {s["config"]["seed"]: 100 * s["test_accuracy"] for s in summaries}
+        for name, summaries in groups.items()
+    }
+    diffs = [by_seed["el2n"][k] - by_seed["random"][k] for k in (0, 1)]
+    paired = list(csv.DictReader((tmp_path / "paired.csv").open()))
+    assert [(r["selector.name"], r["seed"]) for r in paired] == [("el2n", "0"), ("el2n", "1")]
+    assert [float(r["diff_pts"]) for r in paired] == pytest.approx(diffs, abs=1e-9)
 
 
 def _wandb_runs(path: Path) -> list[Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,6 +86,42 @@ def test_resume_without_a_checkpoint_is_a_user_error(make_cfg):
 
     with pytest.raises(UserError, match="ckpt_path=last"):
         train_stage.run(make_cfg([*FAST, "ckpt_path=last"]))
+
+
+def test_resume_of_a_finished_run_keeps_its_summary_and_trains_nothing(make_cfg, tmp_path):
+    from lipt import train as train_stage
+
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"test_accuracy": 0.5, "stages": {"train": {"seconds": 9.0}}}))
+    before = _stamp(summary)
+    # selector=el2n without a pre-trained model would need one: nothing of the run may start.
+    got = train_stage.run(make_cfg([*FAST, "ckpt_path=last", "selector=el2n"]))
+    assert got == {"test_accuracy": 0.5, "stages": {"train": {"seconds": 9.0}}}
+    assert _stamp(summary) == before
+    assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumes_with_ckpt_path_last(tmp_path):
+    # Three jobs: one finished, one killed after its last epoch's checkpoint, one never started.
+    sweep = tmp_path / "sweep"
+    args = ["-m", *FAST, "fraction=0.5", "seed=0,1,2", f"hydra.sweep.dir={sweep}"]
+    _finish(args)
+    first = {job: json.loads((sweep / job / "summary.json").read_text()) for job in "012"}
+    finished = _stamp(sweep / "0" / "summary.json")
+    (sweep / "1" / "summary.json").unlink()
+    subprocess.run(["rm", "-r", str(sweep / "2")], check=True)
+
+    out = _finish([*args, "ckpt_path=last"])
+    assert _stamp(sweep / "0" / "summary.json") == finished  # kept as it was, not re-tested
+    assert "finished already" in (sweep / "0" / "train.log").read_text()
+    # each job's line, the finished one's from its summary
+    assert len(re.findall(r"^#\d .*:  test 0\.\d+", out.stdout, re.MULTILINE)) == 3, out.stdout
+    for job in "12":
+        again = json.loads((sweep / job / "summary.json").read_text())
+        assert again["test_accuracy"] == first[job]["test_accuracy"], job
+    # The job that never started ran whole, with its own timings.
+    assert json.loads((sweep / "2" / "summary.json").read_text())["stages"]["train"]["seconds"] > 0
 
 
 def _start(args: list[str]) -> subprocess.Popen:

@@ -4,7 +4,9 @@ Reads every run's `summary.json` under SWEEP_DIR (recursively; the format is in 
 "Artifacts"), groups the runs by the config keys that vary across the sweep, averaging over
 seeds, and writes to SWEEP_DIR/report/ (or --out):
 
-- `results.md`, `results.csv`: one row per group, sorted by the group keys;
+- `results.md`, `results.csv`: one row per group, sorted by the group keys; `results.md` then
+  pairs each group with the baseline (`--baseline`, default the random subset) seed by seed,
+  also written to `paired.csv` (lipt.report_paired);
 - `accuracy_vs_data.png`: test accuracy against data used, one line per approach (the paper's
   figure 2);
 - `stage_times.png`: mean seconds of pre-training, selection and training, stacked, per group
@@ -46,9 +48,12 @@ from typing import Any
 import numpy as np
 
 from lipt.errors import UserError, fail
+from lipt.report_paired import paired_rows, parse_baseline
 from lipt.report_render import (
     STAGES,
     Row,
+    paired_csv,
+    paired_markdown,
     plot_accuracy,
     plot_stage_times,
     to_csv,
@@ -303,6 +308,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="data_used",
         help="x-axis of accuracy_vs_data.png (default: data used, as the paper's figure 2)",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="KEY=VALUE",
+        help="the group the others are paired against, seed by seed (results.md, paired.csv); "
+        "default approach=random or selector.name=random where a group has it; none: no pairing",
+    )
     return parser.parse_args(argv)
 
 
@@ -319,16 +330,27 @@ def write_report(args: argparse.Namespace) -> str:
     keys = args.group_by or varying_keys(configs)
     if args.x == "fraction" and "fraction" not in keys:  # before anything is written
         raise UserError("--x fraction: `fraction` is not a group key of this sweep")
+    baseline = parse_baseline(args.baseline, configs, keys)
     rows = aggregate(runs, keys)
     out = args.out or args.sweep_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     title = f"Results: {args.sweep_dir} ({len(runs)} runs)"
-    (out / "results.md").write_text(to_markdown(rows, keys, title))
+    markdown = to_markdown(rows, keys, title)
+    paired_path = out / "paired.csv"
+    if baseline is None:
+        paired_path.unlink(missing_ok=True)  # a stale one would describe another report
+    else:
+        paired = paired_rows(runs, keys, baseline)
+        paired.sort(key=lambda row: [_order(row[key]) for key in keys])
+        markdown += "\n" + paired_markdown(paired, keys, baseline)
+        paired_path.write_text(paired_csv(paired, keys))
+    (out / "results.md").write_text(markdown)
     (out / "results.csv").write_text(to_csv(rows, keys))
     plot_accuracy(rows, keys, out / "accuracy_vs_data.png", x=args.x)
     plot_stage_times(rows, keys, out / "stage_times.png")
     by = ", ".join(keys) or "nothing"
-    return f"{len(rows)} groups from {len(runs)} runs, grouped by {by}: {out}"
+    against = "" if baseline is None else f", paired against {baseline}"
+    return f"{len(rows)} groups from {len(runs)} runs, grouped by {by}{against}: {out}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

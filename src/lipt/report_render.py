@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from lipt.errors import UserError
+from lipt.report_paired import Baseline
 
 # A sweep's stages, in pipeline order; a row of the report: a group's figures.
 STAGES = ("pretrain", "select", "train")
@@ -113,6 +114,48 @@ def to_markdown(rows: Sequence[Row], keys: Sequence[str], title: str = "Results"
     return "\n".join(lines) + "\n\n" + MARKDOWN_NOTES
 
 
+def _signed(mean: float | None, std: float | None) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:+.2f}" if std is None else f"{mean:+.2f} ± {std:.2f}"
+
+
+def paired_markdown(rows: Sequence[Row], keys: Sequence[str], baseline: Baseline) -> str:
+    """The paired table (lipt.report_paired.paired_rows): per group, the seeds paired with the
+    baseline, the mean ± std of the differences and each seed's difference, in points."""
+    others = [key for key in keys if key != baseline.key]
+    headers = [*keys, "pairs", f"vs {baseline} (points)", "per seed"]
+    align = [":---"] * len(keys) + ["---:", "---:", ":---"]
+    same = "same seed" + (f", same {', '.join(others)}" if others else "")
+    lines = [
+        f"## Paired against {baseline}: {same}",
+        "",
+        "| " + " | ".join(headers) + " |",
+        "|" + "|".join(align) + "|",
+    ]
+    for row in rows:
+        per_seed = ", ".join(f"s{seed} {diff:+.2f}" for seed, diff in row["per_seed"].items())
+        cells = [value_text(key, row[key]) for key in keys]
+        cells += [str(row["pairs"]), _signed(row["diff_mean"], row["diff_std"]), per_seed or "—"]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = (
+        "- each seed's test accuracy minus the baseline's with the same seed (and the same values"
+        " of the other group keys), in points; mean ± sample std (ddof=1) over the pairs.\n"
+    )
+    return "\n".join(lines) + "\n\n" + notes
+
+
+def paired_csv(rows: Sequence[Row], keys: Sequence[str]) -> str:
+    """One line per group and seed: the group keys, the seed and its paired difference."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow([*keys, "seed", "diff_pts"])
+    for row in rows:
+        for seed, diff in row["per_seed"].items():
+            writer.writerow([*("" if row[k] is None else row[k] for k in keys), seed, diff])
+    return buffer.getvalue()
+
+
 # --- figures ---------------------------------------------------------------------------------
 
 
@@ -211,6 +254,3 @@ def plot_stage_times(rows: Sequence[Row], keys: Sequence[str], path: Path) -> No
     # Below the axes: inside, it would cover the longest bars.
     figure.legend(loc="outside lower center", ncols=3, fontsize="small", frameon=False)
     figure.savefig(path, dpi=120)
-
-
-# --- command line ---------------------------------------------------------------------------

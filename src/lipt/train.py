@@ -10,6 +10,7 @@ read it from there instead of recomputing it.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from lipt.build import (
     build_trainer,
     is_ddp_child,
     run_dir,
+    sweep_dir_of_job,
 )
 from lipt.config import validate
 from lipt.data import DataModule
@@ -68,6 +70,9 @@ def resume_path(cfg: DictConfig, out: Path) -> str | None:
             return str(last)
         if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
             return None  # killed before main training: its saved learners and subset are reused
+        if sweep_dir_of_job() is not None:
+            log.info("resuming a sweep: this job never started, so it starts now")
+            return None
         raise UserError(
             f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
         )
@@ -133,6 +138,13 @@ def reselect_quietly(
 def run(cfg: DictConfig) -> dict[str, Any]:
     validate(cfg)
     out = run_dir(cfg)
+    finished = out / "summary.json"
+    if cfg.get("ckpt_path") == "last" and finished.is_file() and not is_ddp_child():
+        # Resuming a sweep re-runs its every job: one that finished keeps its results as they
+        # are (a second test pass would overwrite its stage timings with a resume's).
+        console.stage(f"{console.shown(out)} finished already: its summary.json stands")
+        summary: dict[str, Any] = json.loads(finished.read_text())
+        return summary
     dm = build_datamodule(cfg)
     resume = resume_path(cfg, out)
     training_set = obtain_subset(cfg, dm, out, resume)
