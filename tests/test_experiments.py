@@ -50,12 +50,18 @@ def test_every_paper_experiment_has_a_gpu_and_a_cpu_version():
 
 
 def test_the_sweeper_applies_the_approach_before_the_experiment():
-    """The order this file relies on: a key the experiment sets globally beats the preset."""
+    """The order this file relies on: a key the experiment sets globally beats the preset, so
+    per-approach settings go through `protocol`, which the preset or the experiment reads."""
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        (job, *_) = sweep_jobs(["+experiment=table2_cpu", "+approach=grand_full"])
-        assert job.index("+approach=grand_full") < job.index("+experiment=table2_cpu")
+        (job, *_) = sweep_jobs(["+experiment=table2_cpu", "+approach=random_online"])
+        assert job.index("+approach=random_online") < job.index("+experiment=table2_cpu")
         cfg = compose("train", overrides=job)
-        assert cfg.pretrain.epochs == 2  # table2_cpu's glister warm-up, not grand_full's 1
+        assert cfg.reselect_every == 2  # the experiment's protocol, not the preset's 20
+        for approach, epochs in (("glister_full", 2), ("grand_full", 1)):
+            (job, *_) = sweep_jobs(["+experiment=table2_cpu", f"+approach={approach}"])
+            assert compose("train", overrides=job).pretrain.epochs == epochs, approach
+        (job, *_) = sweep_jobs(["+experiment=table2_cpu", "+approach=lipt"])
+        assert "epochs" not in compose("train", overrides=job).pretrain  # jigsaw takes none
 
 
 # The paper's protocol (appendix A; tables 1-3, appendices B-D, figure 3). Main training:

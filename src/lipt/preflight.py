@@ -1,9 +1,11 @@
 """The checks of a composed config that need the libraries: the Trainer, the loggers, the
-selector and the data files. `lipt.config.validate` runs them after its cheap checks, before any
-stage starts, so a setting read only by main training fails before minutes of pre-training.
+pre-training parts, the selector and the data files. `lipt.config.validate` runs them after its
+cheap checks, before any stage starts, so a setting read only by main training fails before
+minutes of pre-training.
 
-Each check builds or binds the real object (the Trainer from `cfg.trainer`, the selector's
-partial, the logger class's signature) rather than re-implementing its rules.
+Each check builds or binds the real object (the Trainer from `cfg.trainer`, the parts of
+pre-training, the selector's partial, the logger class's signature) rather than re-implementing
+its rules.
 """
 
 from __future__ import annotations
@@ -77,6 +79,28 @@ def check_loggers(cfg: DictConfig) -> None:
             inspect.signature(cls).bind(**kwargs)
         except TypeError as e:
             raise UserError(f"logger.{name} settings are invalid: {e}") from e
+
+
+# The groups built with lipt.build.build_part before or during pre-training.
+PARTS = ("pretrain", "augment", "prune", "merge")
+
+
+def check_parts(cfg: DictConfig) -> None:
+    """Build each part once: a key its class does not take (an experiment's `pretrain.epochs`
+    reaching pretrain=jigsaw) or a value it refuses fails now, not when its stage starts."""
+    from lipt.build import build_part
+
+    for group in PARTS:
+        node = cfg.get(group)
+        if node is None or "_target_" not in node:
+            continue
+        try:
+            build_part(node)
+        except Exception as e:  # Hydra wraps the TypeError or ValueError of the part's own init
+            name = node.get("name", node._target_)
+            raise UserError(
+                f"{group}={name} settings are invalid: {_cause(e)}; fix {group}.*"
+            ) from e
 
 
 def check_selector(cfg: DictConfig) -> None:
@@ -160,4 +184,5 @@ def preflight(cfg: DictConfig) -> None:
     check_loggers(cfg)
     if "trainer" in cfg:  # main training, and pretrain=full's warm-up and the learners
         check_trainer(cfg)
+    check_parts(cfg)
     check_selector(cfg)
