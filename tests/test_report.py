@@ -278,6 +278,16 @@ def test_pairs_follow_the_other_group_keys_and_the_seeds_both_have(tmp_path):
     assert "| jigsaw | 0.3 | 1 | +3.00 | s0 +3.00 |" in table  # seed 1's baseline is missing
 
 
+def test_a_seed_run_twice_is_one_pair_at_its_mean(sweep, tmp_path):
+    # A second sweep of the same experiment in the folder: glister's seed 0 again, 2 points up.
+    write_run(sweep / "again" / "0", ["pretrain=jigsaw", "selector=glister"], 0.8631, seed=0)
+    report.main([str(sweep), "--out", str(tmp_path)])
+    rows = list(csv.DictReader((tmp_path / "paired.csv").open()))
+    assert [r["seed"] for r in rows] == ["0", "1", "2"]
+    first = 100 * ((ACCURACIES["glister"][0] + 0.8631) / 2 - ACCURACIES["random"][0])
+    assert float(rows[0]["diff_pts"]) == pytest.approx(first, abs=1e-9)
+
+
 @pytest.mark.parametrize(
     ("baseline", "message"),
     [

@@ -89,24 +89,26 @@ def paired_rows(
     baseline counterpart or no common seed has pairs 0 and None figures."""
     assert baseline.key in keys, (baseline, keys)
     others = [k for k in keys if k != baseline.key]
-    # (other keys' values, seed) -> the baseline's accuracy
-    base: dict[tuple[tuple[Hashable, ...], Hashable], float] = {}
-    groups: dict[tuple[Hashable, ...], dict[Hashable, float]] = {}
+    # (other keys' values, seed) -> the baseline's accuracies; a seed run twice (two sweeps of
+    # one experiment in the folder) counts by its mean, as one pair
+    base: dict[tuple[tuple[Hashable, ...], Hashable], list[float]] = {}
+    groups: dict[tuple[Hashable, ...], dict[Hashable, list[float]]] = {}
     for run in runs:
         accuracy = _accuracy(run)
         if accuracy is None:
             continue
         seed = run.config.get("seed")
         if baseline.matches(run.config):
-            base[(tuple(run.config.get(k) for k in others), seed)] = accuracy
+            base.setdefault((tuple(run.config.get(k) for k in others), seed), []).append(accuracy)
         else:
-            groups.setdefault(tuple(run.config.get(k) for k in keys), {})[seed] = accuracy
+            by_seed = groups.setdefault(tuple(run.config.get(k) for k in keys), {})
+            by_seed.setdefault(seed, []).append(accuracy)
     rows = []
     for values, by_seed in groups.items():
         group = dict(zip(keys, values, strict=True))
         other_values = tuple(group[k] for k in others)
         per_seed = {
-            seed: by_seed[seed] - base[(other_values, seed)]
+            seed: statistics.mean(by_seed[seed]) - statistics.mean(base[(other_values, seed)])
             for seed in sorted(by_seed, key=_seed_order)
             if (other_values, seed) in base
         }
