@@ -340,7 +340,8 @@ def write_report(args: argparse.Namespace) -> str:
     if baseline is None:
         paired_path.unlink(missing_ok=True)  # a stale one would describe another report
     else:
-        paired = paired_rows(runs, keys, baseline)
+        accuracies = [(run.config, run_metrics(run.summary)["test_acc_pct"]) for run in runs]
+        paired = paired_rows(accuracies, keys, baseline)
         paired.sort(key=lambda row: [_order(row[key]) for key in keys])
         markdown += "\n" + paired_markdown(paired, keys, baseline)
         paired_path.write_text(paired_csv(paired, keys))

@@ -15,21 +15,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from lipt.errors import UserError
 
 # The keys a default baseline is looked for in, in order, and its value there.
 DEFAULT_KEYS = ("approach", "selector.name")
 DEFAULT_VALUE = "random"
-
-
-class HasConfig(Protocol):
-    @property
-    def summary(self) -> dict[str, Any]: ...
-
-    @property
-    def config(self) -> dict[str, Hashable]: ...
 
 
 @dataclass(frozen=True)
@@ -71,37 +63,34 @@ def parse_baseline(
     return baseline
 
 
-def _accuracy(run: HasConfig) -> float | None:
-    accuracy = run.summary.get("test_accuracy")
-    return None if accuracy is None else 100.0 * float(accuracy)
-
-
 def _seed_order(seed: Hashable) -> tuple[int, Any]:
     return (0, seed) if isinstance(seed, int | float) else (1, str(seed))
 
 
 def paired_rows(
-    runs: Sequence[HasConfig], keys: Sequence[str], baseline: Baseline
+    runs: Sequence[tuple[Mapping[str, Hashable], float | None]],
+    keys: Sequence[str],
+    baseline: Baseline,
 ) -> list[dict[str, Any]]:
-    """One row per group other than the baseline's, in the order of `keys`' values as given by
-    the runs: the group keys, `pairs` (seeds both have), `diff_mean`, `diff_std` (points; std
-    ddof=1, None for fewer than 2 pairs) and `per_seed` {seed: difference}. A group with no
-    baseline counterpart or no common seed has pairs 0 and None figures."""
+    """`runs`: each run's flattened config and test accuracy in % (None: it did not train).
+    One row per group other than the baseline's, in the order the runs give: the group keys,
+    `pairs` (seeds both have), `diff_mean`, `diff_std` (points; std ddof=1, None for fewer than
+    2 pairs) and `per_seed` {seed: difference}. A group with no baseline counterpart or no
+    common seed has pairs 0 and None figures."""
     assert baseline.key in keys, (baseline, keys)
     others = [k for k in keys if k != baseline.key]
     # (other keys' values, seed) -> the baseline's accuracies; a seed run twice (two sweeps of
     # one experiment in the folder) counts by its mean, as one pair
     base: dict[tuple[tuple[Hashable, ...], Hashable], list[float]] = {}
     groups: dict[tuple[Hashable, ...], dict[Hashable, list[float]]] = {}
-    for run in runs:
-        accuracy = _accuracy(run)
+    for config, accuracy in runs:
         if accuracy is None:
             continue
-        seed = run.config.get("seed")
-        if baseline.matches(run.config):
-            base.setdefault((tuple(run.config.get(k) for k in others), seed), []).append(accuracy)
+        seed = config.get("seed")
+        if baseline.matches(config):
+            base.setdefault((tuple(config.get(k) for k in others), seed), []).append(accuracy)
         else:
-            by_seed = groups.setdefault(tuple(run.config.get(k) for k in keys), {})
+            by_seed = groups.setdefault(tuple(config.get(k) for k in keys), {})
             by_seed.setdefault(seed, []).append(accuracy)
     rows = []
     for values, by_seed in groups.items():
