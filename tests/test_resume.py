@@ -58,7 +58,9 @@ def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert not (run_dir / "summary.json").exists()
-    killed_at = torch.load(last, weights_only=True)["global_step"]
+    killed_ckpt = torch.load(last, weights_only=True)
+    killed_at = killed_ckpt["global_step"]
+    first_attempt = json.loads((run_dir / "stages.json").read_text())
 
     out = subprocess.run(
         [sys.executable, "train.py", *args, "ckpt_path=last"],
@@ -77,6 +79,9 @@ def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
     # samples count the whole run once: 6 epochs, not the replayed partial epoch twice
     assert summary["stages"]["train"]["samples"] == 6 * subset
     assert summary["stages"]["train"]["reselections"] == 2  # after epochs 2 and 4
+    # the selection stage as the killed attempt recorded it, and training seconds of both
+    assert summary["stages"]["select"] == first_attempt["select"]
+    assert summary["stages"]["train"]["seconds"] > killed_ckpt["seconds_trained"] > 0
     assert not list(run_dir.rglob("*.tmp"))  # no half-written files left behind
 
 
@@ -232,12 +237,16 @@ def test_killed_after_selection_resumes_with_the_saved_subset(tmp_path):
     _kill_when(_start([*args, f"hydra.run.dir={killed}"]), subset)
     assert not (killed / "checkpoints" / "last.ckpt").exists()  # killed before epoch 1 ended
     before = _stamp(subset)
+    selecting_attempt = json.loads((killed / "stages.json").read_text())
 
     out = _finish([*args, f"hydra.run.dir={killed}", "ckpt_path=last"])
     assert _stamp(subset) == before  # kept, not selected again
     assert "is kept (not selected again)" in out.stdout + out.stderr
     summary = json.loads((killed / "summary.json").read_text())
     assert summary["stages"]["train"]["samples"] == 2 * summary["subset_size"]
+    # what selection cost when it ran, though the resume did not run it
+    assert summary["stages"]["select"] == selecting_attempt["select"]
+    assert summary["stages"]["select"]["seconds"] > 0
 
     _finish([*args, f"hydra.run.dir={clean}"])
     _same_subset(killed, clean)

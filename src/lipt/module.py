@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import lightning as L
@@ -39,6 +40,10 @@ class Classifier(L.LightningModule):
         # Training samples passed forward and backward by this process (summed over ranks at
         # the end of fit); kept in checkpoints so a resumed run keeps counting.
         self.samples_seen = 0
+        # Seconds of training kept in checkpoints before this fit (a resumed run's earlier
+        # attempts), and when this fit started: what stages.train.seconds adds up.
+        self.seconds_before = 0.0
+        self.fit_started: float | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
@@ -79,11 +84,21 @@ class Classifier(L.LightningModule):
         schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
+    def on_fit_start(self) -> None:
+        self.fit_started = time.perf_counter()
+
+    def seconds_trained(self) -> float:
+        """Training seconds of the whole run: earlier attempts' checkpointed ones and this fit's."""
+        now = 0.0 if self.fit_started is None else time.perf_counter() - self.fit_started
+        return self.seconds_before + now
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["samples_seen"] = self.samples_seen
+        checkpoint["seconds_trained"] = self.seconds_trained()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.samples_seen = int(checkpoint.get("samples_seen", 0))
+        self.seconds_before = float(checkpoint.get("seconds_trained", 0.0))
 
     def total_samples_seen(self) -> int:
         """Samples over all ranks (call on every rank: it is a collective under DDP)."""

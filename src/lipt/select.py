@@ -41,6 +41,9 @@ from lipt.summary import subset_class_counts, summary_payload
 log = logging.getLogger(__name__)
 
 SUBSET_FILE = "subset.npz"
+# The selecting attempt's stages.pretrain and stages.select, so a resumed run's summary.json
+# reports what they cost then (a resume does not run them again).
+STAGES_FILE = "stages.json"
 
 
 def budget_for(cfg: DictConfig, pool_size: int) -> int:
@@ -252,7 +255,9 @@ def select_subset(cfg: DictConfig, dm: DataModule) -> Selected:
 
 
 def write_selection(cfg: DictConfig, dm: DataModule, out: Path, selected: Selected) -> None:
-    """subset.npz, its picture, and the jigsaw merge report of a soup made in this run."""
+    """subset.npz, its picture, stages.json and the jigsaw merge report of a soup made here."""
+    # stages.json first: a run killed between the two has no subset.npz and selects again.
+    write_json(out / STAGES_FILE, selection_stages(selected))
     save_subset(out / SUBSET_FILE, selected.indices, selected.weights, subset_meta(cfg, dm))
     write_subset_picture(dm, selected.indices, out / SUBSET_PICTURE)
     if selected.pretrained is not None and selected.pretrained.report:

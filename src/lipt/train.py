@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from lipt.results import Pretrained, Selected, Trained
 from lipt.seeding import reselect_seed
 from lipt.seen import SeenSamples
 from lipt.select import (
+    STAGES_FILE,
     SUBSET_FILE,
     choose_subset,
     needs_model,
@@ -91,12 +91,19 @@ def load_checked_subset(cfg: DictConfig, dm: DataModule, path: Path) -> tuple[Te
 @dataclass
 class TrainingSet:
     """What main training trains on: the subset (None: the whole pool), and what stages 1 and
-    2 made in this run for it (None: it was loaded, or not needed)."""
+    2 made in this run for it (None: it was loaded, or not needed). `earlier_stages`: a resumed
+    run's stages.pretrain and stages.select, as the attempt that selected recorded them."""
 
     subset: tuple[Tensor, Tensor] | None
     selected: Selected | None = None
     pretrained: Pretrained | None = None
     pretrain_stats: dict[str, Any] | None = None
+    earlier_stages: dict[str, dict[str, Any]] | None = None
+
+
+def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
+    path = out / STAGES_FILE
+    return json.loads(path.read_text()) if path.is_file() else None  # None: an older run
 
 
 def obtain_subset(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None) -> TrainingSet:
@@ -110,16 +117,18 @@ def obtain_subset(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None
     if resume is not None and saved.is_file():
         # A resumed run trains on what the first attempt chose (re-selected ones included).
         completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
-        return TrainingSet(load_checked_subset(cfg, dm, latest_subset(out, completed) or saved))
+        subset = load_checked_subset(cfg, dm, latest_subset(out, completed) or saved)
+        return TrainingSet(subset, earlier_stages=earlier_stages(out))
     if cfg.get("ckpt_path") == "last" and saved.is_file():
         # Killed after selection, before main training saved an epoch: keep the subset; the
         # pre-trained model (init_from=pretrained) is merged again from the saved learners.
         subset = load_checked_subset(cfg, dm, saved)
         log.info("resuming: the subset in %s is kept (not selected again)", saved)
+        earlier = earlier_stages(out)
         if cfg.init_from != "pretrained" or not needs_model(cfg) or is_ddp_child():
-            return TrainingSet(subset)
+            return TrainingSet(subset, earlier_stages=earlier)
         ranking = ranking_models(cfg, dm)
-        return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats)
+        return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
     if is_ddp_child():  # extra DDP ranks read what rank 0 chose before it started them
         return TrainingSet(load_checked_subset(cfg, dm, saved))
     selected = select_subset(cfg, dm)
@@ -200,10 +209,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     train_size = len(dm.pool_indices) if subset is None else len(subset[0])
     console.stage(console.describe_training(cfg, train_size, len(dm.pool_indices)))
-    start = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     samples = module.total_samples_seen()
-    train_seconds = time.perf_counter() - start
+    train_seconds = module.seconds_trained()  # a resumed run's earlier attempts included
     # The last epoch's validation accuracy: what hyper-parameters are chosen on (never test).
     val_metric = trainer.callback_metrics.get("val/acc")
     val_accuracy = None if val_metric is None else float(val_metric)
@@ -238,7 +246,11 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 
 def training_stages(training_set: TrainingSet, trained: Trained) -> dict[str, dict[str, Any]]:
-    """summary.json's stages: pretrain and select when they ran in this run, then train."""
+    """summary.json's stages: pretrain and select when they ran in this run (a resumed run: as
+    the attempt that ran them recorded them; re-merging a soup on resume is not its cost), then
+    train."""
+    if training_set.earlier_stages is not None:
+        return {**training_set.earlier_stages, "train": trained.stats()}
     stages: dict[str, dict[str, Any]] = {}
     if training_set.pretrain_stats is not None:
         stages["pretrain"] = training_set.pretrain_stats
