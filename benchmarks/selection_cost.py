@@ -9,6 +9,7 @@ in its own process, its peak resident memory (the target: within 8 GiB).
 
     python benchmarks/selection_cost.py                 # both parts
     python benchmarks/selection_cost.py --skip-large    # part 1 only
+    python benchmarks/selection_cost.py --selectors coverage   # one selector, both parts
 """
 
 from __future__ import annotations
@@ -24,8 +25,20 @@ from pathlib import Path
 
 import torch
 
+from lipt.selection.types import LearnerHeads
+
 ROOT = Path(__file__).resolve().parents[1]
-SELECTORS = ["random", "uncertainty", "el2n", "grand", "glister", "gradmatch", "craig", "ccs"]
+SELECTORS = [
+    "random",
+    "uncertainty",
+    "el2n",
+    "grand",
+    "glister",
+    "gradmatch",
+    "craig",
+    "ccs",
+    "coverage",
+]
 TARGET = {
     "random": 2,
     "uncertainty": 2,
@@ -35,7 +48,18 @@ TARGET = {
     "gradmatch": 5,
     "craig": 5,
     "ccs": 2,
+    "coverage": 2,  # issue 12: the default's selection within 2x one inference pass
 }
+# The jigsaw stage's learner count (configs/pretrain/jigsaw.yaml); `coverage` applies each
+# learner's head to the pool's embeddings, so its cost grows with it.
+NUM_LEARNERS = 10
+
+
+def learner_heads(classes: int, dim: int, generator: torch.Generator) -> LearnerHeads:
+    """Heads of the shape the jigsaw stage hands over ([L, C, D], [L, C]): the cost of the
+    ensemble does not depend on the values, so no jigsaw run is needed to time it."""
+    weight = torch.randn(NUM_LEARNERS, classes, dim, generator=generator) / dim**0.5
+    return LearnerHeads(weight, torch.zeros(NUM_LEARNERS, classes))
 
 
 def rss_bytes() -> int:
@@ -82,7 +106,7 @@ class PeakRSS:
         return (self.peak - self.base) / 2**20
 
 
-def fashion_mnist_part(repeats: int) -> list[dict]:
+def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
     from hydra import compose, initialize_config_dir
 
     from lipt.build import build_datamodule, build_model
@@ -90,16 +114,21 @@ def fashion_mnist_part(repeats: int) -> list[dict]:
     from lipt.selection import model_outputs
 
     rows = []
-    for name in SELECTORS:
+    dm = model = None
+    for name in selectors:
         with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
             cfg = compose(
                 "train",
                 overrides=["paths.output_dir=/tmp/lipt-bench", f"selector={name}", "fraction=0.1"],
             )
-        if name == "random":
+        if model is None:  # one data module and model for every selector (the data is shared)
             dm = build_datamodule(cfg)
             model = build_model(cfg, 0)
             model_outputs(model, dm.pool_dataloader())  # warm-up
+        heads = None
+        if name == "coverage":  # as if from pretrain.ckpt: one head per jigsaw learner
+            head = model.classifier  # lipt models end in a `classifier` nn.Linear
+            heads = learner_heads(head.out_features, head.in_features, torch.Generator())
         inference, selection = [], []
         for _ in range(repeats):
             start = time.perf_counter()
@@ -107,7 +136,7 @@ def fashion_mnist_part(repeats: int) -> list[dict]:
             inference.append(time.perf_counter() - start)
             with PeakRSS() as memory:
                 start = time.perf_counter()
-                choose_subset(cfg, dm, [model], seed=0)
+                choose_subset(cfg, dm, [model], seed=0, learner_heads=heads)
                 selection.append(time.perf_counter() - start)
         ratio = min(selection) / min(inference)
         rows.append(
@@ -141,7 +170,8 @@ def large_worker(name: str, n: int, classes: int, dim: int) -> None:
         embeddings[torch.arange(count), targets] += 3.0  # some signal
         return PoolOutputs(embeddings @ weight.T + bias, embeddings, targets, torch.arange(count))
 
-    inputs = SelectionInputs(outputs(n), outputs(n // 50), (), weight, bias)
+    heads = learner_heads(classes, dim, g) if name == "coverage" else None
+    inputs = SelectionInputs(outputs(n), outputs(n // 50), (), weight, bias, heads)
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         node = compose("train", overrides=["paths.output_dir=/tmp", f"selector={name}"]).selector
     fn = build_selector(node)
@@ -157,9 +187,9 @@ def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     print(json.dumps({"seconds": seconds, "peak_rss_gib": peak_kib / 2**20}))
 
 
-def large_part(n: int, classes: int, dim: int, timeout: float) -> list[dict]:
+def large_part(selectors: list[str], n: int, classes: int, dim: int, timeout: float) -> list[dict]:
     rows = []
-    for name in SELECTORS:
+    for name in selectors:
         try:
             out = subprocess.run(
                 [
@@ -199,6 +229,7 @@ def large_part(n: int, classes: int, dim: int, timeout: float) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker")
+    parser.add_argument("--selectors", nargs="+", choices=SELECTORS, default=SELECTORS)
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--dim", type=int, default=512)
@@ -211,7 +242,7 @@ def main() -> None:
         large_worker(args.worker, args.n, args.classes, args.dim)
         return
     if not args.skip_small:
-        rows = fashion_mnist_part(args.repeats)
+        rows = fashion_mnist_part(args.selectors, args.repeats)
         print("\n| selector | select (s) | inference (s) | ratio | target | peak extra (MiB) |")
         print("| --- | --- | --- | --- | --- | --- |")
         for r in rows:
@@ -221,7 +252,7 @@ def main() -> None:
                 f"{r['ratio']:.2f}x | <= {r['target']}x {ok} | {r['peak_extra_mib']:.0f} |"
             )
     if not args.skip_large:
-        rows = large_part(args.n, args.classes, args.dim, args.timeout)
+        rows = large_part(args.selectors, args.n, args.classes, args.dim, args.timeout)
         print(f"\n{args.n:,} samples, {args.classes} classes, {args.dim}-wide features:")
         print("| selector | seconds | peak RSS (GiB) | within 8 GiB |")
         print("| --- | --- | --- | --- |")

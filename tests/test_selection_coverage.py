@@ -270,3 +270,43 @@ def test_spread_disagreement_is_the_std_of_p_y() -> None:
     got = ensemble_difficulty(pool.logits, pool.embeddings, pool.targets, heads, 2.0, "spread")
     torch.testing.assert_close(got - base, 2.0 * p_true.std(0, correction=0))
     assert float((got - base).mean()) > 0.01  # the perturbed heads do spread
+
+
+def test_a_class_larger_than_a_partition_is_covered_part_by_part(monkeypatch) -> None:
+    """K-means costs rows x clusters per step, quadratic in a class's size; a class over
+    `partition_size` rows is split at random into parts of at most that many rows, each covered
+    with its proportional share, so the work per part stays bounded."""
+    from lipt.selection import coverage
+
+    inputs, ids = blobs()  # 2,000 rows a class
+    y = inputs.pool.targets
+    budget = 2000  # class_tilt=0: 200 picks a class
+    calls: list[tuple[int, int]] = []
+    real = coverage.kmeans_pick
+
+    def watched(points: Tensor, k: int, **kwargs) -> tuple[Tensor, Tensor]:
+        calls.append((points.shape[0], k))
+        return real(points, k, **kwargs)
+
+    monkeypatch.setattr(coverage, "kmeans_pick", watched)
+    parted = select_coverage(
+        inputs, budget, generator=gen(), class_tilt=0.0, partition_size=512, weighting="cluster"
+    )
+    assert calls == [(500, 50)] * (4 * C)  # 4 parts of 500 rows a class, 50 picks each
+    assert len(parted.rows.unique()) == budget
+    for c in range(C):  # the parts' cluster sizes still sum to the class's pool count
+        in_c = y[parted.rows] == c
+        torch.testing.assert_close(parted.weights[in_c].sum(), torch.tensor(2000.0))
+    # Each part is covered: still far more of the small blobs than a random subset reaches.
+    rand = select_random(inputs, budget, generator=gen())
+    covered, random_covered = len(ids[parted.rows].unique()), len(ids[rand.rows].unique())
+    assert covered > 1.3 * random_covered, (covered, random_covered)
+
+    calls.clear()  # a class that fits in one part: one k-means over all its rows, as before
+    whole = select_coverage(inputs, budget, generator=gen(), class_tilt=0.0, partition_size=2000)
+    assert calls == [(2000, 200)] * C
+    calls.clear()
+    again = select_coverage(inputs, budget, generator=gen(), class_tilt=0.0, partition_size=10**9)
+    assert torch.equal(whole.rows, again.rows)
+    with pytest.raises(ValueError, match="partition_size"):
+        select_coverage(inputs, budget, generator=gen(), partition_size=0)
