@@ -255,3 +255,28 @@ def _same_batches_on(device: torch.device, fashion_mnist) -> None:
     plain = augment_batch(images.on(device)[0][:8], torch.Generator(), FMNIST_MEAN, FMNIST_STD)
     expected = (fashion_mnist.train.images[:8].float() / 255 - 0.2860) / 0.3530
     torch.testing.assert_close(plain.cpu(), expected)
+
+
+def test_epoch_source_draws_that_epochs_order_and_augmentation(fashion_mnist):
+    """A loader made after a resume (or by a re-selection's reload) asks the trainer's epoch
+    when its iteration starts and draws exactly what the uninterrupted loader drew then."""
+    images = ResidentImages(fashion_mnist.train)
+    positions = torch.arange(0, 2_000)
+    aug = Augmentation(2, True, RandAugmentSettings(2, 9))
+
+    def loader(source=None) -> ResidentBatches:
+        cpu = torch.device("cpu")
+        return ResidentBatches(
+            images, positions, 500, cpu, FMNIST_MEAN, FMNIST_STD, aug, seed=3, epoch_source=source
+        )
+
+    running = loader()
+    epochs = [_epoch(running) for _ in range(3)]  # epochs 0, 1, 2 of one loader
+    trainer_epoch = 2
+    fresh = loader(lambda: trainer_epoch)
+    for ours, ref in zip(_epoch(fresh), epochs[2], strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(ours, ref, strict=True))
+    assert not torch.equal(epochs[2][0][2], epochs[0][0][2])  # epochs do differ
+    unknown = loader(lambda: None)  # no trainer attached: it counts its own iterations
+    assert torch.equal(_epoch(unknown)[0][2], epochs[0][0][2])
+    assert torch.equal(_epoch(unknown)[0][2], epochs[1][0][2])

@@ -295,3 +295,51 @@ def test_same_config_and_seed_give_the_same_trained_model_bit_for_bit(make_cfg, 
     second, other = trained(0, "b"), trained(1, "c")
     assert all(torch.equal(first[k], second[k]) for k in first)  # bit for bit
     assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
+class PreemptedError(Exception):
+    """Stands for a kill: raised as epoch 2 starts, after epoch 1's checkpoint is on disk."""
+
+
+@pytest.mark.parametrize(
+    ("resident", "reselect_every"), [("true", 0), ("false", 0), ("true", 2), ("false", 2)]
+)
+def test_a_resumed_run_trains_bit_for_bit_as_an_uninterrupted_one(
+    make_cfg, tmp_path, monkeypatch, resident, reselect_every
+):
+    """Stopped as epoch 2 starts and resumed with `ckpt_path=last`, a run must end where the
+    same run never stopped ends: main training's shuffle seed is kept in the checkpoint, each
+    resident loader shuffles for the trainer's epoch (a fresh one would replay epoch 0), and the
+    global random states are restored (the DataLoader path shuffles with them)."""
+    from lipt.module import Classifier
+    from lipt.train import run
+
+    args = [
+        *[o for o in FAST if not o.startswith("trainer.max_epochs")],
+        "trainer.max_epochs=4",
+        "selector=random",
+        "fraction=0.5",
+        f"dataset.resident={resident}",
+        f"reselect_every={reselect_every}",  # 2: random re-drawn, the loader reloaded at epoch 2
+    ]
+    clean, stopped = tmp_path / "clean", tmp_path / "stopped"
+    run(make_cfg([*args, f"paths.output_dir={clean}"]))
+
+    def preempt(self: Classifier) -> None:
+        if self.current_epoch == 2:
+            raise PreemptedError
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Classifier, "on_train_epoch_start", preempt, raising=False)
+        with pytest.raises(PreemptedError):
+            run(make_cfg([*args, f"paths.output_dir={stopped}"]))
+    torch.rand(5)  # whatever the global RNG went through in between must not matter
+    run(make_cfg([*args, f"paths.output_dir={stopped}", "ckpt_path=last"]))
+
+    def model(out: Path) -> dict[str, torch.Tensor]:
+        ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert ckpt["epoch"] == 3
+        return ckpt["state_dict"]
+
+    a, b = model(clean), model(stopped)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # bit for bit

@@ -84,6 +84,17 @@ def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
     assert summary["stages"]["train"]["seconds"] > killed_ckpt["seconds_trained"] > 0
     assert not list(run_dir.rglob("*.tmp"))  # no half-written files left behind
 
+    # Ends bit for bit where the run never killed ends: the shuffle seed, the epoch each loader
+    # shuffles for and the global random streams all continue across the resume.
+    clean = tmp_path / "clean"
+    _finish([*args[:-1], f"hydra.run.dir={clean}"])
+    model, model_clean = _model(run_dir), _model(clean)
+    assert all(torch.equal(model[k], model_clean[k]) for k in model)
+    assert (
+        summary["test_accuracy"]
+        == json.loads((clean / "summary.json").read_text())["test_accuracy"]
+    )
+
 
 def test_resume_without_a_checkpoint_is_a_user_error(make_cfg):
     from lipt import train as train_stage

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from lipt.seeding import global_rng_states, set_global_rng_states
+
 
 class Classifier(L.LightningModule):
     """Cross-entropy classifier with per-sample loss weights.
@@ -95,10 +97,15 @@ class Classifier(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["samples_seen"] = self.samples_seen
         checkpoint["seconds_trained"] = self.seconds_trained()
+        # The global streams (dropout, the DataLoader path's shuffling and transforms), so a
+        # resumed run continues them instead of restarting them from the seed.
+        checkpoint["rng_states"] = global_rng_states()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.samples_seen = int(checkpoint.get("samples_seen", 0))
         self.seconds_before = float(checkpoint.get("seconds_trained", 0.0))
+        if "rng_states" in checkpoint:  # absent from checkpoints written before it was kept
+            set_global_rng_states(checkpoint["rng_states"])
 
     def total_samples_seen(self) -> int:
         """Samples over all ranks (call on every rank: it is a collective under DDP)."""

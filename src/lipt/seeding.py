@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,9 +19,11 @@ __all__ = [
     "derive_seed",
     "derived_seed",
     "generator",
+    "global_rng_states",
     "repeat_seed",
     "reselect_seed",
     "seeded",
+    "set_global_rng_states",
     "torch_threads",
 ]
 
@@ -54,6 +57,31 @@ def seeded(seed: int) -> Iterator[None]:
         finally:
             random.setstate(py_state)
             np.random.set_state(np_state)
+
+
+def global_rng_states() -> dict[str, Any]:
+    """Python's, NumPy's and torch's global random states (CPU, and each CUDA device): what a
+    checkpoint needs so a resumed run continues the streams instead of re-seeding them. Plain
+    values and tensors only, so `torch.load(weights_only=True)` reads them."""
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    assert isinstance(keys, np.ndarray), type(keys)  # the legacy form: MT19937's 624 words
+    return {
+        "python": random.getstate(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+        "torch": torch.get_rng_state(),
+        "cuda": [torch.cuda.get_rng_state(d) for d in range(torch.cuda.device_count())],
+    }
+
+
+def set_global_rng_states(states: dict[str, Any]) -> None:
+    """Restore what `global_rng_states` returned (CUDA states only for devices present)."""
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    for device, state in enumerate(states["cuda"][: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(state, device)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ a DataLoader with per-sample torchvision transforms and workers."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import lightning as L
 import torch
@@ -90,6 +91,8 @@ class DataModule(L.LightningDataModule):
         self._resident_test: ResidentImages | None = None
         self.subset_indices: Tensor | None = None  # positions in the original training split
         self.subset_weights: Tensor | None = None
+        # Main training's shuffle seed and the trainer it was drawn for (see _shuffle_seed).
+        self._fit_shuffle: tuple[int, object] | None = None
 
     # --- data ------------------------------------------------------------------------------
 
@@ -168,12 +171,29 @@ class DataModule(L.LightningDataModule):
 
     def _shuffle_seed(self, distributed: bool) -> int:
         """Drawn from the global RNG (as a DataLoader draws its base seed), so seed_everything
-        fixes it; under DDP rank 0's is broadcast so all ranks share one permutation."""
-        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+        fixes it; under DDP rank 0's is broadcast so all ranks share one permutation. Main
+        training's (`distributed`, this data module fitting with a trainer) is drawn once per
+        fit and kept: the trainer's epoch varies the permutation, a re-selection's reload
+        reuses the seed, and a resumed fit gets it back from the checkpoint (`state_dict`)."""
         trainer = self.trainer
-        if distributed and trainer is not None and trainer.world_size > 1:
-            seed = int(trainer.strategy.broadcast(seed, src=0))
+        main = distributed and trainer is not None
+        if main and self._fit_shuffle is not None and self._fit_shuffle[1] is trainer:
+            return self._fit_shuffle[0]
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+        if main and trainer is not None:
+            if trainer.world_size > 1:
+                seed = int(trainer.strategy.broadcast(seed, src=0))
+            self._fit_shuffle = (seed, trainer)
         return seed
+
+    def state_dict(self) -> dict[str, Any]:
+        """Saved in Lightning checkpoints: main training's shuffle seed, once drawn."""
+        return {} if self._fit_shuffle is None else {"fit_shuffle_seed": self._fit_shuffle[0]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """On resume, before the first training loader is made: keep the checkpoint's seed."""
+        if "fit_shuffle_seed" in state_dict:
+            self._fit_shuffle = (int(state_dict["fit_shuffle_seed"]), self.trainer)
 
     def _resident_loader(
         self,
@@ -183,6 +203,7 @@ class DataModule(L.LightningDataModule):
         weights: Tensor | None = None,
         batch_size: int | None = None,
         distributed: bool = False,
+        epoch_source: Callable[[], int | None] | None = None,
     ) -> ResidentBatches:
         """`distributed`: this rank's part of the data (main training under DDP); the jigsaw
         learners, selection and evaluation see all of it."""
@@ -200,7 +221,13 @@ class DataModule(L.LightningDataModule):
             seed=self._shuffle_seed(distributed) if augmentation is not None else 0,
             world_size=world_size,
             rank=rank,
+            epoch_source=epoch_source,
         )
+
+    def trainer_epoch(self) -> int | None:
+        """The epoch of the trainer fitting with this data module (main training), None when
+        none is: a resumed run's training loader then shuffles for the epoch it resumes at."""
+        return None if self.trainer is None else int(self.trainer.current_epoch)
 
     def augmentation(self, randaugment: dict | None = None) -> Augmentation:
         return Augmentation(
@@ -233,6 +260,7 @@ class DataModule(L.LightningDataModule):
                 weights,
                 self.batch_size,
                 distributed=True,
+                epoch_source=self.trainer_epoch,
             )
         dataset = IndexedImages(self.splits.train, indices, self.train_transform(), weights)
         return self.loader(dataset, shuffle=True, batch_size=self.batch_size)

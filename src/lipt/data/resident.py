@@ -11,7 +11,7 @@ DistributedSampler so that every rank runs the same number of steps.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -51,8 +51,10 @@ class ResidentBatches:
 
     `augmentation` None gives evaluation batches (x, y, idx) in order; otherwise training
     batches (x, y, idx, w), shuffled and augmented with a fresh permutation each epoch from
-    `seed` + the epoch count. `device` is a callable so the device can be resolved when
-    iteration starts (the trainer is known then, not when the loader is made).
+    `seed` + the epoch: what `epoch_source` says when an iteration starts (the trainer's epoch,
+    so a resumed run, or a loader a re-selection rebuilt, draws what an uninterrupted run
+    draws), else the number of earlier iterations. `device` is a callable so the device can be
+    resolved when iteration starts (the trainer is known then, not when the loader is made).
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class ResidentBatches:
         seed: int = 0,
         world_size: int = 1,
         rank: int = 0,
+        epoch_source: Callable[[], int | None] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -83,7 +86,7 @@ class ResidentBatches:
         self.mean, self.std = list(mean), list(std)
         self.augmentation, self.seed = augmentation, seed
         self.world_size, self.rank = world_size, rank
-        self.epoch = 0
+        self.epoch, self.epoch_source = 0, epoch_source
 
     @property
     def training(self) -> bool:
@@ -109,6 +112,10 @@ class ResidentBatches:
         return perm[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[tuple[Tensor, ...]]:
+        # Asked, not told: Lightning starts a resumed fit's first iteration before any hook runs.
+        known = None if self.epoch_source is None else self.epoch_source()
+        if known is not None:
+            self.epoch = known
         epoch, self.epoch = self.epoch, self.epoch + 1
         images, labels = self.images.on(self.device)
         rows = self.order(epoch)
