@@ -33,7 +33,17 @@ from lipt import select as select_stage
 from lipt import train as train_stage
 
 ROOT = Path(__file__).resolve().parents[1]
-SELECTORS = ["random", "uncertainty", "el2n", "grand", "glister", "gradmatch", "craig", "ccs"]
+SELECTORS = [
+    "random",
+    "uncertainty",
+    "el2n",
+    "grand",
+    "glister",
+    "gradmatch",
+    "craig",
+    "ccs",
+    "coverage",
+]
 MODEL_FREE = ("random",)
 
 
