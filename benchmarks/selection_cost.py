@@ -28,17 +28,6 @@ import torch
 from lipt.selection.types import LearnerHeads
 
 ROOT = Path(__file__).resolve().parents[1]
-SELECTORS = [
-    "random",
-    "uncertainty",
-    "el2n",
-    "grand",
-    "glister",
-    "gradmatch",
-    "craig",
-    "ccs",
-    "coverage",
-]
 TARGET = {
     "random": 2,
     "uncertainty": 2,
@@ -50,6 +39,7 @@ TARGET = {
     "ccs": 2,
     "coverage": 2,  # issue 12: the default's selection within 2x one inference pass
 }
+SELECTORS = list(TARGET)  # every selector with a cost target, in this order
 # The jigsaw stage's learner count (configs/pretrain/jigsaw.yaml); `coverage` applies each
 # learner's head to the pool's embeddings, so its cost grows with it.
 NUM_LEARNERS = 10
