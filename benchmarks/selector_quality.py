@@ -168,6 +168,10 @@ def main() -> None:
                     flush=True,
                 )
 
+    if args.json:  # also without random (--no-baseline): every seed's figures are kept
+        payload = {"args": vars(args), "results": results}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
     if "random" not in results:
         return
     mode = (
@@ -196,10 +200,6 @@ def main() -> None:
                 f"| {selector} | {fraction} | {mean_std(tests)} | {mean_std(diffs, '+')} "
                 f"| {per_seed} | {mean_std(vals) if vals else '-'} |"
             )
-    if args.json:
-        payload = {"args": vars(args), "results": results}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,8 @@ def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
     # samples count the whole run once: 6 epochs, not the replayed partial epoch twice
     assert summary["stages"]["train"]["samples"] == 6 * subset
     assert summary["stages"]["train"]["reselections"] == 2  # after epochs 2 and 4
+    # epoch 2's profile came through the checkpoint: the resumed attempt did not re-select there
+    assert sorted(summary["stages"]["train"]["reselect_profiles"]) == ["2", "4"]
     # the selection stage as the killed attempt recorded it, and training seconds of both
     assert summary["stages"]["select"] == first_attempt["select"]
     assert summary["stages"]["train"]["seconds"] > killed_ckpt["seconds_trained"] > 0

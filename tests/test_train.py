@@ -179,6 +179,23 @@ def test_each_epoch_feeds_the_loss_the_subset_in_force_also_after_a_resume(
     assert train["unique_samples"] == len(set(np.concatenate(fed).tolist()))
 
 
+def test_each_reselection_records_where_its_subset_sits(make_cfg, tmp_path):
+    # EL2N keeps the rows the model being trained finds hardest: each re-selection's profile,
+    # ranked by that model, must show the hard tail. Random ranks nothing and records none.
+    args = [*FAST, "fraction=0.2", "reselect_every=1", "trainer.max_epochs=3"]
+    train = train_stage.run(make_cfg([*args, "selector=el2n"]))["stages"]["train"]
+    profiles = train["reselect_profiles"]
+    assert sorted(profiles) == ["1", "2"]  # after epochs 1 and 2, none after the last
+    for profile in profiles.values():
+        assert profile["difficulty_percentile"] > 0.75  # random: 0.5
+        assert profile["coverage_distance"] > 0 and profile["random_coverage_distance"] > 0
+    assert profiles["1"] != profiles["2"]  # each from its own model and subset
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["stages"]["train"]["reselect_profiles"] == profiles
+    random_run = train_stage.run(make_cfg([*args, "selector=random"]))["stages"]["train"]
+    assert random_run["reselections"] == 2 and "reselect_profiles" not in random_run
+
+
 def test_loss_weights_each_sample_by_its_subset_weight():
     """A sample of weight k counts as k copies of it: the weighted loss of a batch equals the
     plain mean loss of the batch with each sample repeated k times."""

@@ -1,5 +1,8 @@
 """Re-selection during main training (`reselect_every=R`): every R epochs the selector runs
 again with the current model's gradients (the paper re-selects every 20 epochs, appendix A).
+Each re-selection that ranked the pool with the model also records where its subset sits
+(`lipt.selection.profile`), as the first selection does, so a re-selecting run shows whether its
+later subsets drift towards the hard tail or away from coverage.
 
 Rank 0 computes the new subset once and broadcasts it; every rank then rebuilds its loader
 (Lightning reloads train loaders every R epochs) and trains on its own part of the same subset.
@@ -19,7 +22,9 @@ from torch import Tensor, nn
 from lipt.artifacts import atomic_write_bytes, save_subset
 from lipt.data import DataModule
 
-Chooser = Callable[[nn.Module, int], tuple[Tensor, Tensor]]  # (model, epoch) -> indices, weights
+# (model, epoch, profile to fill) -> indices, weights; the profile stays empty when the selector
+# ranks nothing (random)
+Chooser = Callable[[nn.Module, int, dict[str, float]], tuple[Tensor, Tensor]]
 
 
 def fingerprint(indices: Tensor, weights: Tensor) -> str:
@@ -37,7 +42,8 @@ class Reselect(L.Callback):
         self.every, self.dm, self.choose = every, datamodule, choose
         self.out_dir, self.meta = out_dir, meta
         self.reselections = 0
-        self.seconds = 0.0
+        self.seconds = 0.0  # profiles included, as in stages.select (their share: their "seconds")
+        self.profiles: dict[int, dict[str, float]] = {}  # completed epochs -> subset profile
         initial = datamodule.subset_indices
         self.unique = set() if initial is None else set(initial.tolist())
 
@@ -50,7 +56,10 @@ class Reselect(L.Callback):
         if trainer.is_global_zero:
             model = pl_module.model
             assert isinstance(model, nn.Module)
-            indices, weights = self.choose(model, epoch)
+            profile: dict[str, float] = {}
+            indices, weights = self.choose(model, epoch, profile)
+            if profile:
+                self.profiles[epoch] = profile
             subset = (indices.cpu(), weights.cpu())
             save_subset(self.out_dir / "subsets" / f"epoch_{epoch}.npz", *subset, self.meta)
         subset = trainer.strategy.broadcast(subset, src=0)
@@ -70,12 +79,15 @@ class Reselect(L.Callback):
             "reselections": self.reselections,
             "seconds": self.seconds,
             "unique": torch.tensor(sorted(self.unique), dtype=torch.int64),
+            "profiles": {str(epoch): profile for epoch, profile in self.profiles.items()},
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.reselections = int(state_dict["reselections"])
         self.seconds = float(state_dict["seconds"])
         self.unique = set(state_dict["unique"].tolist())
+        # A checkpoint written before profiles were kept has none.
+        self.profiles = {int(e): p for e, p in state_dict.get("profiles", {}).items()}
 
 
 def latest_subset(out_dir: Path, completed_epochs: int) -> Path | None:

@@ -138,10 +138,10 @@ def obtain_subset(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None
 
 
 def reselect_quietly(
-    cfg: DictConfig, dm: DataModule, model: nn.Module, seed: int
+    cfg: DictConfig, dm: DataModule, model: nn.Module, seed: int, profile: dict[str, float]
 ) -> tuple[Tensor, Tensor]:
     with console.no_bars():  # Lightning's own bar is live during training
-        return choose_subset(cfg, dm, [model], seed)
+        return choose_subset(cfg, dm, [model], seed, profile=profile)
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
@@ -196,7 +196,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         reselect = Reselect(
             int(cfg.reselect_every),
             dm,
-            lambda m, epoch: reselect_quietly(cfg, dm, m, reselect_seed(int(cfg.seed), epoch)),
+            lambda m, epoch, profile: reselect_quietly(
+                cfg, dm, m, reselect_seed(int(cfg.seed), epoch), profile
+            ),
             out,
             subset_meta(cfg, dm),
         )
@@ -225,6 +227,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         val_accuracy=val_accuracy,
         reselections=None if reselect is None else reselect.reselections,
         reselect_seconds=None if reselect is None else reselect.seconds,
+        reselect_profiles=None if reselect is None else reselect.profiles,
     )
     stages = training_stages(training_set, trained)
     summary = summary_payload(cfg, dm, test_accuracy, subset_size, stages, class_counts)
