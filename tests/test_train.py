@@ -183,7 +183,8 @@ def test_each_reselection_records_where_its_subset_sits(make_cfg, tmp_path):
     # EL2N keeps the rows the model being trained finds hardest: each re-selection's profile,
     # ranked by that model, must show the hard tail. Random ranks nothing and records none.
     args = [*FAST, "fraction=0.2", "reselect_every=1", "trainer.max_epochs=3"]
-    train = train_stage.run(make_cfg([*args, "selector=el2n"]))["stages"]["train"]
+    logged = [o for o in args if o != "logger=none"]  # the default logger, csv
+    train = train_stage.run(make_cfg([*logged, "selector=el2n"]))["stages"]["train"]
     profiles = train["reselect_profiles"]
     assert sorted(profiles) == ["1", "2"]  # after epochs 1 and 2, none after the last
     for profile in profiles.values():
@@ -192,6 +193,8 @@ def test_each_reselection_records_where_its_subset_sits(make_cfg, tmp_path):
     assert profiles["1"] != profiles["2"]  # each from its own model and subset
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["stages"]["train"]["reselect_profiles"] == profiles
+    metrics = next((tmp_path / "csv").rglob("metrics.csv")).read_text().splitlines()[0]
+    assert "stages/train/reselect_profiles/2/difficulty_percentile" in metrics.split(",")
     random_run = train_stage.run(make_cfg([*args, "selector=random"]))["stages"]["train"]
     assert random_run["reselections"] == 2 and "reselect_profiles" not in random_run
 

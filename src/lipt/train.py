@@ -263,17 +263,20 @@ def training_stages(training_set: TrainingSet, trained: Trained) -> dict[str, di
 
 
 def run_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """The summary's numbers, flat: test accuracy, sizes and every stage's seconds/samples."""
+    """The summary's numbers, flat: test accuracy, sizes and every stage's figures, nested ones
+    by path (stages/select/diagnostics/<name>, stages/train/reselect_profiles/<epoch>/<name>)."""
     metrics = {
         key: float(summary[key])
         for key in ("test_accuracy", "subset_size", "train_size")
         if summary.get(key) is not None
     }
-    for stage, figures in summary["stages"].items():
-        for key, value in figures.items():
-            if isinstance(value, dict):  # e.g. stages.select.diagnostics
-                for name, count in value.items():
-                    metrics[f"stages/{stage}/{key}/{name}"] = float(count)
-            else:
-                metrics[f"stages/{stage}/{key}"] = float(value)
+
+    def flatten(path: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for name, inner in value.items():
+                flatten(f"{path}/{name}", inner)
+        else:
+            metrics[path] = float(value)
+
+    flatten("stages", summary["stages"])
     return metrics
