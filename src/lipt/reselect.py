@@ -42,8 +42,9 @@ class Reselect(L.Callback):
         self.every, self.dm, self.choose = every, datamodule, choose
         self.out_dir, self.meta = out_dir, meta
         self.reselections = 0
-        self.seconds = 0.0  # profiles included, as in stages.select (their share: their "seconds")
-        self.profiles: dict[int, dict[str, float]] = {}  # completed epochs -> subset profile
+        self.seconds = 0.0  # profiles included, as in stages.select
+        # str(completed epochs) -> subset profile: keyed as summary.json and the checkpoint keep it
+        self.profiles: dict[str, dict[str, float]] = {}
         initial = datamodule.subset_indices
         self.unique = set() if initial is None else set(initial.tolist())
 
@@ -59,7 +60,7 @@ class Reselect(L.Callback):
             profile: dict[str, float] = {}
             indices, weights = self.choose(model, epoch, profile)
             if profile:
-                self.profiles[epoch] = profile
+                self.profiles[str(epoch)] = profile
             subset = (indices.cpu(), weights.cpu())
             save_subset(self.out_dir / "subsets" / f"epoch_{epoch}.npz", *subset, self.meta)
         subset = trainer.strategy.broadcast(subset, src=0)
@@ -79,7 +80,7 @@ class Reselect(L.Callback):
             "reselections": self.reselections,
             "seconds": self.seconds,
             "unique": torch.tensor(sorted(self.unique), dtype=torch.int64),
-            "profiles": {str(epoch): profile for epoch, profile in self.profiles.items()},
+            "profiles": self.profiles,
         }
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -87,7 +88,7 @@ class Reselect(L.Callback):
         self.seconds = float(state_dict["seconds"])
         self.unique = set(state_dict["unique"].tolist())
         # A checkpoint written before profiles were kept has none.
-        self.profiles = {int(e): p for e, p in state_dict.get("profiles", {}).items()}
+        self.profiles = dict(state_dict.get("profiles", {}))
 
 
 def latest_subset(out_dir: Path, completed_epochs: int) -> Path | None:

@@ -130,7 +130,7 @@ class Trained:
     val_accuracy: float | None
     reselections: int | None = None
     reselect_seconds: float | None = None
-    reselect_profiles: dict[int, dict[str, float]] | None = None  # epoch -> subset profile
+    reselect_profiles: dict[str, dict[str, float]] | None = None  # str(epoch) -> subset profile
 
     def stats(self) -> dict[str, Any]:
         """summary.json's stages.train."""
@@ -143,5 +143,5 @@ class Trained:
             figures["reselections"] = self.reselections
             figures["reselect_seconds"] = round(float(self.reselect_seconds or 0.0), 3)
         if self.reselect_profiles:
-            figures["reselect_profiles"] = {str(e): p for e, p in self.reselect_profiles.items()}
+            figures["reselect_profiles"] = self.reselect_profiles
         return figures
