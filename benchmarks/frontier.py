@@ -86,7 +86,7 @@ SMALL_BASE = [
     "trainer.enable_progress_bar=false",
     "logger=none",
 ]
-SMALL_JIGSAW = ["pretrain.num_learners=3", "pretrain.local_epochs=2", "merge.ratios=3"]
+SMALL_JIGSAW = ["pretrain.num_learners=2", "pretrain.local_epochs=1", "merge.ratios=2"]
 SMALL_BUDGETS = (0.25, 0.5)
 SMALL_REF_EPOCHS = 2
 
@@ -311,6 +311,7 @@ def train_one(run: Run, ref_epochs: int, run_dir: Path) -> dict[str, Any]:
     if run_dir.exists():
         shutil.rmtree(run_dir)  # an earlier attempt that did not finish: start clean
     cfg = compose(run.overrides, run_dir)
+    load_before = os.getloadavg()[0]
     start = time.perf_counter()
     summary = train_run(cfg)
     call_seconds = time.perf_counter() - start
@@ -322,7 +323,11 @@ def train_one(run: Run, ref_epochs: int, run_dir: Path) -> dict[str, Any]:
         "max_steps": cfg.trainer.get("max_steps"),
         **costs(summary),
         "call_seconds": round(call_seconds, 3),  # data loading and the test pass included
+        # 1-minute load averages at the start and the end: above the core count, other work
+        # shared the machine and the seconds are inflated
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "run_dir": str(run_dir),
+        "host": host(),  # results spread over sessions may come from different machines
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
 
@@ -362,6 +367,7 @@ class Point:
     seconds_std: float
     samples: float  # mean forward+backward samples
     speedup: float | None = None  # the reference's mean seconds / this point's
+    sample_speedup: float | None = None  # the reference's mean samples / this point's
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -386,7 +392,10 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> list[Point]:
     ref = reference_of(points)
     if ref is None:
         return points
-    return [replace(p, speedup=ref.seconds / p.seconds) for p in points]
+    return [
+        replace(p, speedup=ref.seconds / p.seconds, sample_speedup=ref.samples / p.samples)
+        for p in points
+    ]
 
 
 def reference_of(points: Sequence[Point]) -> Point | None:
@@ -429,8 +438,8 @@ def table_rows(points: Sequence[Point], ref_epochs: int) -> list[str]:
     )
     lines = [
         "| method | budget | seeds | test acc. (%) | end-to-end (s) | samples (fwd+bwd) "
-        "| speed-up |",
-        "|:---|---:|---:|---:|---:|---:|---:|",
+        "| speed-up (s) | speed-up (samples) |",
+        "|:---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in ordered:
         if p.method == REFERENCE:
@@ -440,9 +449,10 @@ def table_rows(points: Sequence[Point], ref_epochs: int) -> list[str]:
         else:
             label, budget = p.method, f"{p.budget:g}"
         speedup = "-" if p.speedup is None else f"{p.speedup:.2f}x"
+        by_samples = "-" if p.sample_speedup is None else f"{p.sample_speedup:.2f}x"
         lines.append(
             f"| {label} | {budget} | {len(p.seeds)} | {accuracy_text(p)} | {p.seconds:.1f} "
-            f"| {p.samples:,.0f} | {speedup} |"
+            f"| {p.samples:,.0f} | {speedup} | {by_samples} |"
         )
     return lines
 
@@ -461,7 +471,12 @@ def lossless_rows(points: Sequence[Point]) -> list[str]:
     return lines
 
 
-def markdown(meta: Mapping[str, Any], points: Sequence[Point], missing: Sequence[str]) -> str:
+def markdown(
+    meta: Mapping[str, Any],
+    points: Sequence[Point],
+    results: Sequence[Mapping[str, Any]],
+    missing: Sequence[str],
+) -> str:
     ref = reference_of(points)
     hw = meta["hardware"]
     lines = [
@@ -497,8 +512,24 @@ def markdown(meta: Mapping[str, Any], points: Sequence[Point], missing: Sequence
         "selection and re-selection over the pool and of the jigsaw merge's held-out scoring "
         "(summary.json does not record them); their time is in the seconds.",
     ]
+    busy = [
+        r["name"]
+        for r in results
+        if max(r.get("load_average", [0])) > r.get("host", {}).get("cores", os.cpu_count())
+    ]
+    if busy:
+        lines += [
+            "",
+            f"Timing caveat: {len(busy)} of {len(results)} runs started or ended with a 1-minute "
+            f"load average above the core count (other work shared the machine; their seconds "
+            f"are inflated): {', '.join(busy)}.",
+        ]
+    hosts = {json.dumps(r["host"], sort_keys=True) for r in results if "host" in r}
+    if len(hosts) > 1:
+        lines += ["", f"The runs were measured on {len(hosts)} machines: {sorted(hosts)}."]
     if meta.get("methods_unavailable"):
-        lines += ["", f"Not run (config missing on this branch): {meta['methods_unavailable']}."]
+        unavailable = ", ".join(meta["methods_unavailable"])
+        lines += ["", f"Not run (their config is not on this branch): {unavailable}."]
     if missing:
         lines += ["", f"Not finished yet ({len(missing)} runs): {', '.join(missing)}."]
     return "\n".join(lines) + "\n"
@@ -564,24 +595,32 @@ def plot(points: Sequence[Point], ref_epochs: int, path: Path) -> None:
     plt.close(fig)
 
 
+def host() -> dict[str, Any]:
+    """The machine a run's seconds were measured on."""
+    import torch
+
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def hardware() -> dict[str, Any]:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [
-            ln.split(":", 1)[1].strip()
-            for ln in cpuinfo.read_text().splitlines()
-            if ln.startswith("model name")
-        ]
-        cpu = names[0] if names else cpu
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "accelerator": gpu,
+        **host(),
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
@@ -617,7 +656,7 @@ def report(
         "cost": "seconds: stages pretrain + select + train (no data loading, no test); samples: "
         "pretrain + train forward+backward (selection's forward-only passes not counted)",
     }
-    text = markdown(meta, points, missing)
+    text = markdown(meta, points, results, missing)
     lossless = lossless_speedups(points) if reference_of(points) else {}
     write_json(
         args.out / "frontier.json",
@@ -698,7 +737,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--small",
         action="store_true",
         help=f"synthetic data, tiny model and jigsaw, seed 0, budgets {SMALL_BUDGETS}, "
-        f"a {SMALL_REF_EPOCHS}-epoch reference (a smoke test)",
+        f"a {SMALL_REF_EPOCHS}-epoch reference, one torch thread (a smoke test)",
     )
     p.add_argument(
         "--report-only",
@@ -763,6 +802,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         ref = Reference(args.ref_epochs, steps_per_epoch(base, args.work), reselect)
     runs = plan(args.methods, args.budgets, args.seeds, ref, args.curve_epochs, base, jigsaw)
     if not args.report_only:
+        if args.small:
+            # Tiny models: one thread. Two threads on two busy cores spin-wait for each other
+            # and make the smoke test several times slower.
+            import torch
+
+            torch.set_num_threads(1)
         log(f"{len(runs)} runs, E_ref={args.ref_epochs}, {ref.steps_per_epoch} steps per epoch")
         run_all(runs, args.ref_epochs, results_dir, args.work)
     print(report(args, runs, results_dir, unavailable))
