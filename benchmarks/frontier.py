@@ -35,12 +35,17 @@ OUT/frontier.png (test accuracy against end-to-end seconds).
 
     python benchmarks/frontier.py                 # the full frontier: about 4-5 hours, 2 CPU cores
     python benchmarks/frontier.py --report-only   # re-render table and plot from the saved runs
-    python benchmarks/frontier.py --small         # synthetic data, tiny model: about 30 s
+    python benchmarks/frontier.py --small         # synthetic data, tiny model: about 10 s
     python benchmarks/frontier.py --methods full random --budgets 0.1 --seeds 0 --ref-epochs 2 \\
         --out /tmp/frontier_try                   # one real point: a few minutes
 
 The full run is 3 references + 6 methods x 4 budgets x 3 seeds = 75 runs (more with
---curve-epochs); the estimate above assumes about 40 s per whole-pool epoch on 2 cores.
+--curve-epochs). The estimate is from docs/RESULTS.md's quiet-machine figures: about 40 s per
+whole-pool epoch, 20 s of jigsaw pre-training, 80 s of coverage selection, 13.5 s per GraNd
+re-selection (the paper's runs re-select every epoch at E_ref = 12). Run it on a quiet machine:
+two torch threads on two cores that other work also uses spin-wait for each other and inflate
+the seconds several times over; each run records the load average at its start and end, and the
+table names the runs measured under load.
 """
 
 from __future__ import annotations

@@ -178,6 +178,7 @@ def test_full_method_anneals_the_cosine_over_its_max_steps(make_cfg: Any) -> Non
     """Lightning's estimated_stepping_batches honours max_steps: the cosine reaches ~0 at the
     last of the shorter run's steps, not at the end of max_epochs whole epochs."""
     import lightning as L
+    import torch
 
     from lipt.build import build_classifier, build_datamodule, build_model, build_trainer
 
@@ -201,10 +202,39 @@ def test_full_method_anneals_the_cosine_over_its_max_steps(make_cfg: Any) -> Non
     trainer = build_trainer(cfg, logger=False, enable_checkpointing=False, callbacks=[lrs])
     trainer.fit(module, datamodule=dm)
     assert trainer.global_step == 10
-    assert trainer.lr_scheduler_configs[0].scheduler.T_max == 10
+    schedule = trainer.lr_scheduler_configs[0].scheduler
+    assert isinstance(schedule, torch.optim.lr_scheduler.CosineAnnealingLR)
+    assert schedule.T_max == 10
     assert lrs.seen[0] == pytest.approx(0.1)
     assert lrs.seen[-1] == pytest.approx(0.1 * (1 + math.cos(math.pi * 9 / 10)) / 2)  # step 9 of 10
     assert all(a > b for a, b in zip(lrs.seen, lrs.seen[1:], strict=False))
+
+
+def test_run_all_skips_finished_runs_and_reruns_changed_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = fr.Reference(epochs=2, steps_per_epoch=16, reselect_every=1)
+    runs = fr.plan(["random"], [0.5], [0], ref, [], ["B=1"])
+    trained: list[str] = []
+
+    def fake_train(run: Any, ref_epochs: int, run_dir: Path) -> dict:
+        trained.append(run.name)
+        return {
+            **result(run.method, run.budget, run.seed, 0.5, 1.0),
+            "overrides": list(run.overrides),
+        }
+
+    monkeypatch.setattr(fr, "train_one", fake_train)
+    results = tmp_path / "runs"
+    fr.run_all(runs, 2, results, tmp_path / "work")
+    assert trained == ["reference_s0", "random_b0.5_s0"]
+    assert json.loads((results / "random_b0.5_s0.json").read_text())["test_accuracy"] == 0.5
+    fr.run_all(runs, 2, results, tmp_path / "work")  # all finished: nothing trains
+    assert len(trained) == 2
+    changed = fr.plan(["random"], [0.5], [0], ref, [], ["B=2"])  # another base override
+    fr.run_all(changed[1:], 2, results, tmp_path / "work")
+    assert trained[2:] == ["random_b0.5_s0"]
+    assert not list(results.glob(".*.tmp"))  # atomic writes leave no temporary file
 
 
 # --- bad input ------------------------------------------------------------------------------
