@@ -25,14 +25,17 @@ data:
 run: install data
 	$(PY) train.py $(ARGS)
 
+# One pytest worker per core (pytest-xdist); worksteal evens out tests of unequal length.
+XDIST := -n auto --dist worksteal
+
 test: install
-	$(PY) -m pytest -m "not slow" $(ARGS)
+	$(PY) -m pytest -m "not slow" $(XDIST) $(ARGS)
 
 test-slow: install data
-	$(PY) -m pytest -m "slow" $(ARGS)
+	$(PY) -m pytest -m "slow" $(XDIST) $(ARGS)
 
 test-all: install data
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest $(XDIST) $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -4,16 +4,25 @@ live in tests/helpers.py."""
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from tests.helpers import CONFIGS, class_images, write_idx
+
+# `make test` runs the suite as one pytest worker per core (pytest-xdist), each on one torch
+# thread: workers of several OpenMP threads each on the same cores spin-wait for one another
+# (a test 10x slower, measured). Entry scripts the tests start inherit it from the environment.
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

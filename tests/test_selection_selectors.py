@@ -630,10 +630,11 @@ def test_glister_rejects_a_step_size_that_is_not_positive(eta: float) -> None:
 
 
 def test_greedy_loops_restore_the_thread_count() -> None:
+    before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
         for fn in (select_gradmatch, select_craig, select_glister):
             fn(make_inputs(), 10, generator=gen())
             assert torch.get_num_threads() == 2
     finally:
-        torch.set_num_threads(1)
+        torch.set_num_threads(before)  # the tests after this one keep the suite's count

@@ -114,11 +114,15 @@ def _hint(e: BaseException) -> str:
     return ""
 
 
-def launch(config_name: str, stage: Callable[[DictConfig], Any]) -> None:
-    """Check the overrides, then hand over to Hydra, which calls `stage(cfg)` (a stage's `run`:
-    lipt.train.run, lipt.pretrain.run, lipt.select.run)."""
+def launch(config_name: str, stage_module: str) -> None:
+    """Check the overrides, then hand over to Hydra, which calls the stage's `run(cfg)`
+    (`stage_module`: lipt.train, lipt.pretrain or lipt.select). The stage, and with it
+    Lightning, is imported only once the overrides pass: a mistake is answered in a second."""
+    import importlib
+
     import hydra
 
+    private_matplotlib_dir()  # before precheck's deep checks or the stage import Lightning
     args = sys.argv[1:]
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-")]
@@ -128,6 +132,9 @@ def launch(config_name: str, stage: Callable[[DictConfig], Any]) -> None:
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> Any:
+        # First, as when the stage was imported before Hydra started: Lightning sets up its own
+        # loggers on import, before console.setup routes them.
+        stage: Callable[[DictConfig], Any] = importlib.import_module(stage_module).run
         from lipt import console
 
         keep_caches_in(Path(str(cfg.paths.output_dir)))
@@ -207,23 +214,14 @@ def remove_if_only_bookkeeping(run_dir: Path) -> None:
 
 def train_main() -> None:
     """`python train.py` / `lipt-train`: the whole pipeline."""
-    private_matplotlib_dir()  # before the stage imports Lightning (which imports matplotlib)
-    from lipt.train import run
-
-    launch("train", run)
+    launch("train", "lipt.train")
 
 
 def pretrain_main() -> None:
     """`python pretrain.py` / `lipt-pretrain`: stage 1 alone."""
-    private_matplotlib_dir()  # before the stage imports Lightning (which imports matplotlib)
-    from lipt.pretrain import run
-
-    launch("pretrain", run)
+    launch("pretrain", "lipt.pretrain")
 
 
 def select_main() -> None:
     """`python select.py` / `lipt-select`: stage 2 alone."""
-    private_matplotlib_dir()  # before the stage imports Lightning (which imports matplotlib)
-    from lipt.select import run
-
-    launch("select", run)
+    launch("select", "lipt.select")

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, ListConfig
 
 from lipt.checks import check_number, check_optim, get_key
 from lipt.errors import UserError
-from lipt.jigsaw.soup import SEARCHES
+from lipt.jigsaw import SEARCHES
 
 
 def _is_int(value: Any) -> bool:

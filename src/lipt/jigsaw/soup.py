@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from lipt.jigsaw import SEARCHES
 from lipt.jigsaw.weights import (
     StateDict,
     average_state_dicts,
@@ -51,10 +52,6 @@ Evaluate = Callable[[StateDict], float]
 # Ratio "grid" of greedy_interp_soup that reproduces greedy_soup: alpha = 1/(k+1) with k
 # ingredients already in, i.e. the running mean of the kept ingredients.
 RUNNING_MEAN: Final = "running_mean"
-
-# How greedy_interp_soup searches a candidate's ratio grid: "grid" scores every alpha, "scan"
-# scores them from the smallest up and stops at the first drop (`ascending_scan`).
-SEARCHES: Final = ("grid", "scan")
 
 
 # --------------------------------------------------------------------------- soups
