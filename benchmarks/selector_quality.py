@@ -2,7 +2,7 @@
 beside a random subset of the same size with the same seed (paired difference per seed).
 
     python benchmarks/selector_quality.py --selectors coverage glister --pretrain jigsaw \
-        --seeds 0 1 2 --fractions 0.1 0.05                      # the README's quality table
+        --seeds 0 1 2 --fractions 0.1 0.05                      # docs/BENCHMARKS.md's quality table
     python benchmarks/selector_quality.py --selectors coverage --pretrain jigsaw \
         --seeds 0 1 2 --fractions 0.1 --reselect-every 5        # against random re-sampled every 5
 
