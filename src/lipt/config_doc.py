@@ -1,7 +1,7 @@
 """docs/CONFIG.md, generated from configs/: every config group, option and key, its default and
 the YAML comment that explains it.
 
-    python -m lipt.config_doc > docs/CONFIG.md     # or: python -m lipt.config_doc --out docs/CONFIG.md
+    python -m lipt.config_doc > docs/CONFIG.md   # or: --out docs/CONFIG.md
 
 A key's description is the comment on its line, else the comment lines right above it; a file's
 description is the comment block it opens with. Values are shown as written in the YAML.
@@ -25,7 +25,9 @@ from typing import Any
 import yaml
 
 TOP_LEVEL = ("train", "select", "pretrain")  # the entry points' configs, in pipeline order
-KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[^\s#:'\"-][^\s:#]*|'[^']*'|\"[^\"]*\"):(?P<rest>.*)$")
+KEY_LINE = re.compile(
+    r"^(?P<indent> *)(?P<key>[^\s#:'\"-][^\s:#]*|'[^']*'|\"[^\"]*\"):(?P<rest>.*)$"
+)
 ITEM_LINE = re.compile(r"^(?P<indent> *)- (?P<item>.*)$")
 MAX_VALUE = 60  # characters of a value shown before it is cut with "…"
 
@@ -256,7 +258,9 @@ def render(config_dir: Path) -> str:
     names = groups(config_dir)
     for group in names:
         options = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
-        listed = ", ".join(f"`{o}`" + (" (default)" if chosen.get(group) == o else "") for o in options)
+        listed = ", ".join(
+            f"`{o}`" + (" (default)" if chosen.get(group) == o else "") for o in options
+        )
         out.append(f"- [`{group}`](#group-{group.replace('/', '')}): {listed}")
     out.append("")
     for group in names:
