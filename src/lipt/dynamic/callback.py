@@ -105,10 +105,17 @@ class DynamicPruning(L.Callback):
     def epoch_subset(self, trainer: L.Trainer, epoch: int) -> tuple[Tensor, Tensor]:
         """(positions in the original split, loss weights) that epoch `epoch` trains on."""
         plan = self.plan(epoch, int(trainer.max_epochs or 1))
+        return self.pool[plan.rows], plan.weights
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Recorded here, not when a loader is built: a fit resumed from an epoch's end builds
+        # one for that finished epoch first, then the next epoch's, and trains only the latter.
+        epoch = trainer.current_epoch
+        assert self.planned is not None and self.planned[0] == epoch, "loader not reloaded"
+        plan = self.planned[1]
         self.pruned_share[str(epoch)] = plan.pruned_share(len(self.pool))
         if self.audit_dir is not None:
             self.write_audit(epoch, trainer.global_rank, plan)
-        return self.pool[plan.rows], plan.weights
 
     def write_audit(self, epoch: int, rank: int, plan: EpochPlan) -> None:
         buffer = io.BytesIO()
