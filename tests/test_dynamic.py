@@ -267,7 +267,6 @@ def test_a_dynamic_run_resumes_bit_for_bit(tmp_path, monkeypatch):
             assert np.array_equal(x["indices"], y["indices"])
 
 
-@pytest.mark.slow
 def test_lipt_prunes_from_epoch_0_with_the_jigsaw_ensemble_within_its_budget(tmp_path):
     jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
     args = [*FAST, *jigsaw, "merge.ratios=3", "selector=full", "dynamic=lipt"]
