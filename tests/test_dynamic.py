@@ -284,6 +284,44 @@ def test_lipt_prunes_from_epoch_0_with_the_jigsaw_ensemble_within_its_budget(tmp
     assert json.loads((tmp_path / "stages.json").read_text())["score"] == stages["score"]
 
 
+def test_a_lipt_run_resumes_bit_for_bit_without_pre_training_again(tmp_path, monkeypatch):
+    from lipt.dynamic import stage as dynamic_stage
+
+    jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
+    args = [*FAST, *jigsaw, "merge.ratios=3", "selector=full", "dynamic=lipt"]
+    args += ["trainer.max_epochs=4", "record_seen=true"]
+    real_step = Classifier.training_step
+
+    def crash_in_epoch_2(self, batch, batch_idx):
+        if self.current_epoch == 2 and batch_idx == 1:
+            raise SimulatedCrashError("killed")
+        return real_step(self, batch, batch_idx)
+
+    killed = tmp_path / "killed"
+    monkeypatch.setattr(Classifier, "training_step", crash_in_epoch_2)
+    with pytest.raises(SimulatedCrashError):
+        train_stage.run(compose_in(killed, args))
+    first_attempt = json.loads((killed / "stages.json").read_text())
+    monkeypatch.setattr(Classifier, "training_step", real_step)
+
+    def no_pretraining(*_args, **_kwargs):
+        raise AssertionError("a resumed run re-used the checkpoint's scores, not the ensemble")
+
+    monkeypatch.setattr(dynamic_stage, "ranking_models", no_pretraining)
+    resumed = train_stage.run(compose_in(killed, [*args, "ckpt_path=last"]))
+    monkeypatch.undo()
+    clean = train_stage.run(compose_in(tmp_path / "clean", args))
+    assert resumed["stages"]["pretrain"] == first_attempt["pretrain"]
+    assert resumed["stages"]["score"] == first_attempt["score"]
+    assert resumed["stages"]["train"]["dynamic"] == clean["stages"]["train"]["dynamic"]
+    assert resumed["stages"]["train"]["dynamic"]["pruned_share"]["0"] > 0.5  # by the ensemble
+    a, b = (
+        torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        for out in (killed, tmp_path / "clean")
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.ddp
 def test_ddp_ranks_keep_identical_scores_and_train_halves_of_each_plan(tmp_path):
     run_dir = tmp_path / "run"

@@ -189,7 +189,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         model = pretrained.model
     # Dynamic pruning's weights restore a full epoch's loss sum: mean over the batch, and a
     # cosine over epochs, whose lengths vary (lipt.module.Classifier).
-    dynamic_optim = {"loss_norm": "batch", "cosine_over": "epochs"} if dynamic else {}
+    dynamic_optim = {"loss_norm": "batch", "cosine_over": "epochs"} if dynamic is not None else {}
     module = build_classifier(cfg, model, **dynamic_optim)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
