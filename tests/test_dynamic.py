@@ -13,6 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from lipt import train as train_stage
+from lipt.cli import precheck
 from lipt.config import validate
 from lipt.dynamic import (
     InfoBatch,
@@ -383,6 +384,17 @@ def test_dynamic_configs_compose_and_pass_every_check(make_cfg):
     validate(make_cfg([*FAST, "selector=full", "dynamic=infobatch"]))
     validate(make_cfg(["selector=full", "dynamic=lipt", "dynamic.budget=0.3"]))  # jigsaw default
     assert "_target_" not in make_cfg([]).dynamic  # dynamic=none: nothing is built
+
+
+def test_the_frontier_sweeps_pass_the_cli_precheck_and_a_bad_budget_fails_it(capsys):
+    # As benchmarks/frontier.py calls train.py: every job's config composed as the sweeper does.
+    infobatch = ["selector=full", "pretrain=none", "dynamic=infobatch", "trainer.max_epochs=2"]
+    precheck("train", [*infobatch, "seed=0,1"], multirun=True)
+    lipt = ["selector=full", "dynamic=lipt", "trainer.max_epochs=2", "seed=0"]
+    precheck("train", [*lipt, "dynamic.budget=0.3,0.5"], multirun=True)
+    with pytest.raises(SystemExit) as exit_:
+        precheck("train", [*lipt, "dynamic.budget=0.5,1.5"], multirun=True)
+    assert exit_.value.code == 2 and "dynamic.budget=1.5" in capsys.readouterr().err
 
 
 def test_a_bad_dynamic_value_exits_2_with_one_line_before_any_stage(tmp_path):
