@@ -38,6 +38,8 @@ ACCEPTED = [
     ["pretrain.min_learners=10"],
     ["pretrain.min_learners=1", "pretrain.optim.scheduler=constant"],
     ["pretrain=full", "pretrain.epochs=1"],
+    ["selector=full", "pretrain=none", "dynamic=infobatch", "dynamic.ratio=0", "dynamic.delta=1"],
+    ["selector=full", "dynamic=lipt", "dynamic.budget=1", "dynamic.floor=1"],
 ]
 
 REFUSED = [
@@ -81,6 +83,10 @@ REFUSED = [
     (["dataset=cifar10", "dataset.data_dir={empty}"], ["CIFAR-10 files missing"]),
     (["dataset=imagenet", "dataset.data_dir={empty}"], ["train/ and val/"]),
     (["subset_path={empty}"], ["subset_path", "does not exist"]),
+    (["selector=full", "dynamic=infobatch", "dynamic.ratio=1"], ["dynamic.ratio", "[0, 1)"]),
+    (["dynamic=infobatch"], ["dynamic=infobatch", "selector=full"]),
+    (["selector=full", "dynamic=lipt", "pretrain=none"], ["dynamic=lipt", "pretrain=none"]),
+    (["selector=full", "dynamic=lipt", "+dynamic.bogus=1"], ["dynamic=lipt", "bogus"]),
 ]
 
 

@@ -20,6 +20,61 @@ def needs_held_out(selector: DictConfig | None) -> bool:
     return name == "glister" or (name == "gradmatch" and selector.get("target") == "val")
 
 
+# The `dynamic` group's methods (lipt.dynamic.plan), by _target_; and pretrain=none's.
+INFOBATCH, LIPT_BUDGET = "lipt.dynamic.InfoBatch", "lipt.dynamic.LiptBudget"
+NO_PRETRAINING = "lipt.pretrain.NoPretraining"
+
+
+def _share(cfg: DictConfig, key: str, zero_ok: bool, one_ok: bool, hint: str) -> None:
+    """`key` is a number in [0 or (0, 1] or 1), as `zero_ok` and `one_ok` say."""
+    value = get_key(cfg, key)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not (
+        (value >= 0 if zero_ok else value > 0) and (value <= 1 if one_ok else value < 1)
+    ):
+        raise UserError(f"{key}={value!r} is invalid: {hint}")
+
+
+def validate_dynamic(cfg: DictConfig) -> None:
+    """dynamic=infobatch / lipt: knobs in range, the whole pool (selector=full), and lipt's
+    ensemble (a pre-training)."""
+    node = cfg.get("dynamic")
+    if node is None or "_target_" not in node:
+        return
+    target, name = str(node._target_), node.get("name", node._target_)
+    if "ratio" in node:
+        _share(cfg, "dynamic.ratio", True, False, "use a share in [0, 1), e.g. 0.5")
+    _share(cfg, "dynamic.delta", False, True, "use a share of the epochs in (0, 1], e.g. 0.875")
+    if "floor" in node:
+        _share(cfg, "dynamic.floor", False, True, "use a share in (0, 1], e.g. 0.25")
+    budget = get_key(cfg, "dynamic.budget") if "budget" in node else None
+    if target == INFOBATCH and budget is not None:
+        raise UserError(
+            f"dynamic.budget={budget!r} is invalid: infobatch prunes by dynamic.ratio and has no "
+            "budget; leave dynamic.budget=null or use dynamic=lipt"
+        )
+    if target == LIPT_BUDGET:
+        _share(cfg, "dynamic.budget", False, True, "use a share of the full-data cost in (0, 1]")
+        if str(get_key(cfg, "pretrain._target_")) == NO_PRETRAINING:
+            raise UserError(
+                "dynamic=lipt scores epoch 0 with the jigsaw ensemble, but pretrain=none trains "
+                "none; use pretrain=jigsaw (the default) or dynamic=infobatch"
+            )
+    selector = cfg.get("selector")
+    if selector is not None and selector.get("name") != "full":
+        raise UserError(
+            f"dynamic={name} prunes the whole pool every epoch, so selector={selector.name} "
+            "cannot choose a subset too; use selector=full (or dynamic=none)"
+        )
+    if cfg.get("subset_path") is not None:
+        raise UserError(f"dynamic={name} prunes the whole pool; drop subset_path")
+    if selector is not None and selector.get("match_subset_steps", False):
+        raise UserError(
+            f"dynamic={name} sets its own cost; drop selector.match_subset_steps "
+            "(approach=full_steps)"
+        )
+
+
 def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
     exists = path.is_dir() if want_dir else path.is_file()
     if not exists:
@@ -80,6 +135,7 @@ def validate(cfg: DictConfig, deep: bool = True) -> None:
         raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
     if selector is not None and "repeats" in selector:
         check_number(cfg, "selector.repeats", int, 1, 1000, "use a positive integer")
+    validate_dynamic(cfg)
     if deep:
         from lipt.preflight import preflight  # imports torch, Lightning: after the cheap checks
 

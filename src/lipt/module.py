@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -20,6 +21,12 @@ class Classifier(L.LightningModule):
     The weighted loss is normalised by the batch's weight sum (as CORDS does), so selectors whose
     weights sum to the pool size do not silently multiply the learning rate. Optimiser defaults
     follow the paper's appendix A: SGD lr 0.1, momentum 0.9, nesterov, weight decay 5e-4, cosine.
+
+    Dynamic pruning (lipt.dynamic) asks for two changes: `loss_norm="batch"` divides the weighted
+    loss by the batch size instead (InfoBatch's mean: its weights restore a full epoch's loss
+    sum, which a weight-sum normalisation would undo), and `cosine_over="epochs"` anneals the
+    learning rate over (fractional) epochs instead of steps, so epochs of different lengths
+    each take their share of the schedule and the last step still ends at zero.
     """
 
     def __init__(
@@ -31,11 +38,18 @@ class Classifier(L.LightningModule):
         nesterov: bool = True,
         weight_decay: float = 5e-4,
         scheduler: str = "cosine",
+        loss_norm: str = "weights",
+        cosine_over: str = "steps",
     ) -> None:
         super().__init__()
         if scheduler not in ("cosine", "constant"):
             raise ValueError(f"scheduler must be 'cosine' or 'constant', not {scheduler!r}")
+        if loss_norm not in ("weights", "batch"):
+            raise ValueError(f"loss_norm must be 'weights' or 'batch', not {loss_norm!r}")
+        if cosine_over not in ("steps", "epochs"):
+            raise ValueError(f"cosine_over must be 'steps' or 'epochs', not {cosine_over!r}")
         self.save_hyperparameters(ignore=["model"])
+        self.loss_norm, self.cosine_over = loss_norm, cosine_over
         self.model = model
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -46,6 +60,10 @@ class Classifier(L.LightningModule):
         # attempts), and when this fit started: what stages.train.seconds adds up.
         self.seconds_before = 0.0
         self.fit_started: float | None = None
+        # The last training batch's per-sample losses, detached: what dynamic pruning scores by.
+        self.last_losses: Tensor | None = None
+        # Batches done in the current epoch, and its batch count (cosine_over="epochs").
+        self.epoch_batches_done, self.epoch_batches = 0, 1
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
@@ -53,7 +71,15 @@ class Classifier(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         x, y, _, w = batch
         per_sample = F.cross_entropy(self.model(x), y, reduction="none")  # [B]
-        loss = (w * per_sample).sum() / w.sum()
+        if self.loss_norm == "batch":
+            loss = (w * per_sample).mean()
+        else:
+            loss = (w * per_sample).sum() / w.sum()
+        self.last_losses = per_sample.detach()
+        if self._trainer is not None:
+            batches = self.trainer.num_training_batches
+            self.epoch_batches = int(batches) if math.isfinite(batches) else 1
+        self.epoch_batches_done = batch_idx + 1
         self.samples_seen += int(y.shape[0])
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True)
         return loss
@@ -81,10 +107,21 @@ class Classifier(L.LightningModule):
         )
         if hp.scheduler == "constant":
             return optimizer
-        # Per-step cosine so that short runs (one epoch, a few jigsaw steps) still anneal.
-        total_steps = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+        schedule: torch.optim.lr_scheduler.LRScheduler
+        if self.cosine_over == "epochs":
+            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, self.epoch_cosine)
+        else:
+            # Per-step cosine so that short runs (one epoch, a few jigsaw steps) still anneal.
+            total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+            schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def epoch_cosine(self, _step: int) -> float:
+        """The learning rate factor after the current batch: cosine over the epochs done,
+        counting the current one's share of batches done (LambdaLR calls it after each step)."""
+        epochs = max(1, int(self.trainer.max_epochs or 1))
+        done = self.trainer.current_epoch + self.epoch_batches_done / max(1, self.epoch_batches)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, done / epochs)))
 
     def on_fit_start(self) -> None:
         self.fit_started = time.perf_counter()

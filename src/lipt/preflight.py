@@ -81,8 +81,9 @@ def check_loggers(cfg: DictConfig) -> None:
             raise UserError(f"logger.{name} settings are invalid: {e}") from e
 
 
-# The groups built with lipt.build.build_part before or during pre-training.
-PARTS = ("pretrain", "augment", "prune", "merge")
+# The groups built with lipt.build.build_part before or during pre-training, and main
+# training's dynamic pruning.
+PARTS = ("pretrain", "augment", "prune", "merge", "dynamic")
 
 
 def check_parts(cfg: DictConfig) -> None:

@@ -131,6 +131,8 @@ class Trained:
     reselections: int | None = None
     reselect_seconds: float | None = None
     reselect_profiles: dict[str, dict[str, float]] | None = None  # str(epoch) -> subset profile
+    # Dynamic pruning's ledger (lipt.dynamic.DynamicPruning.ledger); None without it.
+    dynamic: dict[str, Any] | None = None
 
     def stats(self) -> dict[str, Any]:
         """summary.json's stages.train."""
@@ -144,4 +146,6 @@ class Trained:
             figures["reselect_seconds"] = round(float(self.reselect_seconds or 0.0), 3)
         if self.reselect_profiles:
             figures["reselect_profiles"] = self.reselect_profiles
+        if self.dynamic is not None:
+            figures["dynamic"] = self.dynamic
         return figures

@@ -37,6 +37,7 @@ from lipt.build import (
 )
 from lipt.config import validate
 from lipt.data import DataModule
+from lipt.dynamic.stage import DynamicSetup, describe, dynamic_enabled, dynamic_pruning
 from lipt.errors import UserError
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.pictures import log_to_wandb
@@ -99,6 +100,7 @@ class TrainingSet:
     pretrained: Pretrained | None = None
     pretrain_stats: dict[str, Any] | None = None
     earlier_stages: dict[str, dict[str, Any]] | None = None
+    score_stats: dict[str, Any] | None = None  # dynamic=lipt: the pool's pass through the soup
 
 
 def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
@@ -157,6 +159,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     dm = build_datamodule(cfg)
     resume = resume_path(cfg, out)
     training_set = obtain_subset(cfg, dm, out, resume)
+    dynamic: DynamicSetup | None = None
+    if dynamic_enabled(cfg):  # the whole pool (selector=full), pruned anew every epoch
+        dynamic = dynamic_pruning(cfg, dm, out, resume)
+        training_set.pretrained = dynamic.pretrained
+        training_set.pretrain_stats = dynamic.pretrain_stats
+        training_set.score_stats = dynamic.score_stats
+        if resume is not None:
+            training_set.earlier_stages = earlier_stages(out)
     subset = training_set.subset
     pretrained = training_set.pretrained
     if pretrained is not None and not pretrained.trained:
@@ -177,7 +187,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
                 "other than none and a selector that ranks with a model"
             )
         model = pretrained.model
-    module = build_classifier(cfg, model)
+    # Dynamic pruning's weights restore a full epoch's loss sum: mean over the batch, and a
+    # cosine over epochs, whose lengths vary (lipt.module.Classifier).
+    dynamic_optim = {"loss_norm": "batch", "cosine_over": "epochs"} if dynamic is not None else {}
+    module = build_classifier(cfg, model, **dynamic_optim)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
         ModelCheckpoint(
@@ -204,30 +217,37 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         )
         callbacks.append(reselect)
         extra["reload_dataloaders_every_n_epochs"] = int(cfg.reselect_every)
+    if dynamic is not None:
+        callbacks.append(dynamic.callback)
+        extra["reload_dataloaders_every_n_epochs"] = 1  # each epoch's loader asks for its plan
     if cfg.selector.name == "full" and cfg.selector.get("match_subset_steps", False):
         extra["max_steps"] = subset_steps(cfg, len(dm.pool_indices))  # approach=full_steps
     trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=callbacks, **extra)
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     train_size = len(dm.pool_indices) if subset is None else len(subset[0])
-    console.stage(console.describe_training(cfg, train_size, len(dm.pool_indices)))
+    line = console.describe_training(cfg, train_size, len(dm.pool_indices))
+    console.stage(line if dynamic is None else f"{line}; {describe(dynamic.callback.method)}")
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     samples = module.total_samples_seen()
+    epochs_trained = int(trainer.current_epoch)  # after fit: the epochs completed
     train_seconds = module.seconds_trained()  # a resumed run's earlier attempts included
     # The last epoch's validation accuracy: what hyper-parameters are chosen on (never test).
     val_metric = trainer.callback_metrics.get("val/acc")
     val_accuracy = None if val_metric is None else float(val_metric)
     test_accuracy = float(trainer.test(module, datamodule=dm, verbose=False)[0]["test/acc"])
     subset_size = len(dm.pool_indices) if subset is None else len(subset[0])
+    unique = subset_size if reselect is None else len(reselect.unique)
     trained = Trained(
         seconds=train_seconds,
         samples=samples,
-        unique_samples=subset_size if reselect is None else len(reselect.unique),
+        unique_samples=unique if dynamic is None else dynamic.callback.unique_samples(),
         test_accuracy=test_accuracy,
         val_accuracy=val_accuracy,
         reselections=None if reselect is None else reselect.reselections,
         reselect_seconds=None if reselect is None else reselect.seconds,
         reselect_profiles=None if reselect is None else reselect.profiles,
+        dynamic=None if dynamic is None else dynamic.callback.ledger(samples, epochs_trained),
     )
     stages = training_stages(training_set, trained)
     summary = summary_payload(cfg, dm, test_accuracy, subset_size, stages, class_counts)
@@ -259,6 +279,8 @@ def training_stages(training_set: TrainingSet, trained: Trained) -> dict[str, di
         stages["pretrain"] = training_set.pretrain_stats
     if training_set.selected is not None:
         stages["select"] = training_set.selected.stats()
+    if training_set.score_stats is not None:
+        stages["score"] = training_set.score_stats
     return {**stages, "train": trained.stats()}
 
 
@@ -275,8 +297,8 @@ def run_metrics(summary: dict[str, Any]) -> dict[str, float]:
         if isinstance(value, dict):
             for name, inner in value.items():
                 flatten(f"{path}/{name}", inner)
-        else:
-            metrics[path] = float(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            metrics[path] = float(value)  # labels (stages/train/dynamic/method) are no metric
 
     flatten("stages", summary["stages"])
     return metrics

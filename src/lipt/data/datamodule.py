@@ -91,6 +91,9 @@ class DataModule(L.LightningDataModule):
         self._resident_test: ResidentImages | None = None
         self.subset_indices: Tensor | None = None  # positions in the original training split
         self.subset_weights: Tensor | None = None
+        # Dynamic pruning (lipt.dynamic): epoch -> (indices, weights) to train on, asked each
+        # time a training loader is built, at the fitting trainer's epoch. None: the subset.
+        self.epoch_subset: Callable[[int], tuple[Tensor, Tensor]] | None = None
         # Main training's shuffle seed and the trainer it was drawn for (see _shuffle_seed).
         self._fit_shuffle: tuple[int, object] | None = None
 
@@ -246,6 +249,9 @@ class DataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader | ResidentBatches:
         assert self.splits is not None, "call setup() first"
+        epoch = self.trainer_epoch()
+        if self.epoch_subset is not None and epoch is not None:
+            self.set_subset(*self.epoch_subset(epoch))
         indices = self.pool_indices if self.subset_indices is None else self.subset_indices
         weights = (
             torch.ones(len(indices), dtype=torch.float32)

@@ -1,0 +1,165 @@
+"""The Lightning side of dynamic pruning: scores from the training losses, a plan per epoch.
+
+Each training batch's per-sample losses (`Classifier.last_losses`, from the training forward
+pass: no extra pass) overwrite the scores of the samples they came from; under DDP every rank
+gathers all ranks' (position, loss) pairs first, so all ranks keep identical scores and draw
+identical plans. The data module asks `epoch_subset` for its training set whenever it builds a
+training loader (every epoch: `reload_dataloaders_every_n_epochs=1`), at the trainer's epoch,
+after a resumed fit has restored the epoch and the scores; the plan's generator is seeded from
+the run's seed and the epoch alone, so a resumed run draws what an uninterrupted one draws.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import Tensor
+
+from lipt.artifacts import atomic_write_bytes
+from lipt.data import DataModule
+from lipt.dynamic.plan import EpochPlan, PruningMethod
+from lipt.seeding import generator
+
+AUDIT_DIR = "dynamic"
+
+
+def audit_path(out_dir: Path, epoch: int, rank: int) -> Path:
+    return Path(out_dir) / AUDIT_DIR / f"epoch_{epoch}.rank{rank}.npz"
+
+
+class DynamicPruning(L.Callback):
+    """Prunes the pool per epoch with `method` (lipt.dynamic.plan). `initial_scores` [N]: the
+    pool's scores before epoch 0 (None: the method's own; extra DDP ranks get rank 0's at fit
+    start). `audit_dir`: write each epoch's plan and the scores it was drawn from, per rank, to
+    `dynamic/epoch_E.rankR.npz` there (record_seen=true)."""
+
+    def __init__(
+        self,
+        method: PruningMethod,
+        datamodule: DataModule,
+        seed: int,
+        initial_scores: Tensor | None = None,
+        audit_dir: Path | None = None,
+    ) -> None:
+        self.method, self.dm, self.seed, self.audit_dir = method, datamodule, seed, audit_dir
+        self.pool = datamodule.pool_indices  # [N] positions in the original split, ascending
+        n = len(self.pool)
+        scores = method.initial_scores(n) if initial_scores is None else initial_scores
+        if scores.shape != (n,):
+            raise ValueError(f"initial scores {tuple(scores.shape)} do not fit the pool of {n}")
+        self.scores = scores.float().clone()  # [N], on the training device during fit
+        # The pool row of each position of the original split (-1: not in the pool).
+        self.row_of = torch.full((len(datamodule.train_source),), -1, dtype=torch.int64)
+        self.row_of[self.pool] = torch.arange(n)
+        self.fed = torch.zeros(n, dtype=torch.bool)  # rows trained on at least once
+        self.pruned_share: dict[str, float] = {}  # str(epoch) -> share of the pool left out
+        self.planned: tuple[int, EpochPlan] | None = None
+
+    # --- scores --------------------------------------------------------------------------
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.world_size > 1:  # the ensemble scored the pool on rank 0 only
+            self.scores = trainer.strategy.broadcast(self.scores.cpu(), src=0)
+        device = pl_module.device
+        self.scores, self.row_of, self.fed = (
+            t.to(device) for t in (self.scores, self.row_of, self.fed)
+        )
+        self.dm.epoch_subset = lambda epoch: self.epoch_subset(trainer, epoch)
+
+    def on_train_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        losses = getattr(pl_module, "last_losses", None)  # [B], detached
+        assert isinstance(losses, Tensor), "dynamic pruning needs Classifier.last_losses"
+        positions = batch[2]  # [B] positions in the original split
+        if trainer.world_size > 1:  # every rank's batch: equal sizes, ranks are padded alike
+            positions = trainer.strategy.all_gather(positions).flatten()  # [W * B]
+            losses = trainer.strategy.all_gather(losses).flatten()
+        # Loaders yield the plan only, so every row is in the pool (not asserted: a GPU sync).
+        rows = self.row_of[positions.to(self.row_of.device)]
+        self.scores[rows] = losses.float().to(self.scores.device)
+        self.fed[rows] = True
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.dm.epoch_subset = None  # later loaders (a second fit) train on what set_subset says
+
+    # --- plans ---------------------------------------------------------------------------
+
+    def plan(self, epoch: int, num_epochs: int) -> EpochPlan:
+        """Epoch `epoch`'s plan, drawn once (a loader built twice for one epoch gets the same)."""
+        if self.planned is None or self.planned[0] != epoch:
+            stream = generator(self.seed, "dynamic", epoch)
+            self.planned = (epoch, self.method.plan(self.scores.cpu(), epoch, num_epochs, stream))
+        return self.planned[1]
+
+    def epoch_subset(self, trainer: L.Trainer, epoch: int) -> tuple[Tensor, Tensor]:
+        """(positions in the original split, loss weights) that epoch `epoch` trains on."""
+        plan = self.plan(epoch, int(trainer.max_epochs or 1))
+        return self.pool[plan.rows], plan.weights
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Recorded here, not when a loader is built: a fit resumed from an epoch's end builds
+        # one for that finished epoch first, then the next epoch's, and trains only the latter.
+        epoch = trainer.current_epoch
+        assert self.planned is not None and self.planned[0] == epoch, "loader not reloaded"
+        plan = self.planned[1]
+        self.pruned_share[str(epoch)] = plan.pruned_share(len(self.pool))
+        if self.audit_dir is not None:
+            self.write_audit(epoch, trainer.global_rank, plan)
+
+    def write_audit(self, epoch: int, rank: int, plan: EpochPlan) -> None:
+        buffer = io.BytesIO()
+        np.savez(
+            buffer,
+            indices=self.pool[plan.rows].numpy(),
+            weights=plan.weights.numpy(),
+            scores=self.scores.cpu().numpy(),
+        )
+        assert self.audit_dir is not None
+        atomic_write_bytes(audit_path(self.audit_dir, epoch, rank), buffer.getvalue())
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        share = self.pruned_share.get(str(trainer.current_epoch))
+        if share is not None:
+            pl_module.log("train/pruned_share", share, on_step=False, on_epoch=True)
+
+    # --- the ledger and the checkpoint -----------------------------------------------------
+
+    def ledger(self, samples: int, num_epochs: int) -> dict[str, Any]:
+        """summary.json's stages.train.dynamic: the method, its knobs, what the full pool over
+        the same epochs would have cost, what was saved against it, the share pruned per
+        epoch."""
+        full = len(self.pool) * num_epochs
+        return {
+            "method": self.method.name,
+            **self.method.settings(),
+            "samples_full": full,
+            "samples_saved": full - samples,
+            "pruned_share": {k: round(v, 6) for k, v in sorted(self.pruned_share.items())},
+        }
+
+    def unique_samples(self) -> int:
+        return int(self.fed.sum())
+
+    # Kept in Lightning checkpoints: a resumed run scores, plans and reports as if never stopped.
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "scores": self.scores.cpu(),
+            "fed": self.fed.cpu(),
+            "pruned_share": dict(self.pruned_share),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scores = state_dict["scores"].float().clone()
+        self.fed = state_dict["fed"].bool().clone()
+        self.pruned_share = {str(k): float(v) for k, v in state_dict["pruned_share"].items()}

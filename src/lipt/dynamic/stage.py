@@ -1,0 +1,82 @@
+"""Dynamic pruning in train.py: the method from the `dynamic` config group, epoch 0's scores
+(lipt's: the jigsaw ensemble on the pool, pre-trained here) and the callback that prunes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+
+from lipt import console
+from lipt.artifacts import write_json
+from lipt.build import build_part, is_ddp_child
+from lipt.data import DataModule
+from lipt.dynamic.callback import DynamicPruning
+from lipt.dynamic.plan import PruningMethod, ensemble_losses
+from lipt.results import Pretrained
+from lipt.select import STAGES_FILE, Ranking, ranking_models
+from lipt.selection import model_outputs
+
+
+def dynamic_enabled(cfg: DictConfig) -> bool:
+    """`dynamic=infobatch` or `dynamic=lipt` (`dynamic=none`, the default, builds nothing)."""
+    node = cfg.get("dynamic")
+    return node is not None and "_target_" in node
+
+
+@dataclass
+class DynamicSetup:
+    """The callback, and what this run made before training for it: the pre-trained soup
+    (init_from=pretrained may start from it), stages.pretrain and stages.score (the pool's pass
+    through the soup). None where nothing was made here (infobatch, a resumed run, a DDP
+    rank other than 0)."""
+
+    callback: DynamicPruning
+    pretrained: Pretrained | None = None
+    pretrain_stats: dict[str, Any] | None = None
+    score_stats: dict[str, Any] | None = None
+
+
+def ensemble_scores(cfg: DictConfig, dm: DataModule) -> tuple[Tensor, Ranking, dict[str, Any]]:
+    """Pre-train (the `pretrain` group, jigsaw by default) and score the pool with the soup and
+    the learners' heads: each sample's ensemble cross-entropy [N] in pool order, the ranking
+    (soup, heads, pre-training's cost) and stages.score (the pool's pass through the soup)."""
+    ranking = ranking_models(cfg, dm)
+    start = time.perf_counter()
+    soup = ranking.models[0]
+    device = next(soup.parameters()).device
+    with console.progress("dynamic: pool scored by the ensemble", len(dm.pool_indices)) as step:
+        pool = model_outputs(soup, console.counted(dm.pool_dataloader(), step), device)
+    assert torch.equal(pool.indices, dm.pool_indices), "pool rows must follow pool_indices"
+    scores = ensemble_losses(pool.logits, pool.embeddings, pool.targets, ranking.heads)
+    score_stats = {"seconds": round(time.perf_counter() - start, 3), "samples": len(pool)}
+    return scores, ranking, score_stats
+
+
+def dynamic_pruning(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None) -> DynamicSetup:
+    """The `dynamic` group's method and its callback. lipt's scores epoch 0 with the ensemble,
+    pre-trained here unless the run resumes (the checkpoint carries the scores) or this is an
+    extra DDP rank (rank 0 broadcasts its scores when the fit starts)."""
+    method: PruningMethod = build_part(cfg.dynamic)
+    audit = out if cfg.get("record_seen", False) else None
+    seed = int(cfg.seed)
+    if not method.needs_ensemble or resume is not None or is_ddp_child():
+        return DynamicSetup(DynamicPruning(method, dm, seed, audit_dir=audit))
+    scores, ranking, score_stats = ensemble_scores(cfg, dm)
+    # stages.json, as a selecting run writes it: a resumed run reports these stages' costs.
+    stages = {"score": score_stats}
+    if ranking.pretrain_stats is not None:
+        stages = {"pretrain": ranking.pretrain_stats, **stages}
+    write_json(out / STAGES_FILE, stages)
+    callback = DynamicPruning(method, dm, seed, initial_scores=scores, audit_dir=audit)
+    return DynamicSetup(callback, ranking.pretrained, ranking.pretrain_stats, score_stats)
+
+
+def describe(method: PruningMethod) -> str:
+    knobs = ", ".join(f"{k} {v:g}" for k, v in method.settings().items())
+    return f"dynamic pruning: {method.name} ({knobs})"

@@ -1,0 +1,409 @@
+"""Dynamic data pruning (lipt.dynamic): the pure plans at Fashion-MNIST's pool size with
+realistic loss distributions, then main training with dynamic=infobatch and dynamic=lipt end to
+end: both data paths, the audit trail, the ledger, a bit-for-bit resume, DDP, bad values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from lipt import train as train_stage
+from lipt.cli import precheck
+from lipt.config import validate
+from lipt.dynamic import (
+    InfoBatch,
+    LiptBudget,
+    budget_plan,
+    budget_schedule,
+    ensemble_losses,
+    infobatch_plan,
+    pruned_epochs,
+)
+from lipt.dynamic.callback import audit_path
+from lipt.errors import UserError
+from lipt.module import Classifier
+from lipt.seen import load_seen
+from lipt.selection import LearnerHeads
+from tests.helpers import CONFIGS, FAST, run_entry
+
+POOL = 55_000  # Fashion-MNIST's pool: 60,000 minus the 5,000 validation images
+
+
+def training_losses(seed: int = 0) -> torch.Tensor:
+    """Per-sample cross-entropies as a half-trained classifier gives them: most samples well
+    learned (small losses), a long tail of hard ones (log-normal, median 0.37, mean 0.76)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.exp(torch.randn(POOL, generator=g) * 1.2 - 1.0)
+
+
+def ensemble_outputs(
+    seed: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, LearnerHeads]:
+    """A soup's logits and embeddings on the pool and five learners' heads: class prototypes
+    plus noise, so the ensemble finds some samples easy and some hard."""
+    g = torch.Generator().manual_seed(seed)
+    classes, features = 10, 32
+    targets = torch.randint(0, classes, (POOL,), generator=g)
+    prototypes = torch.randn(classes, features, generator=g)
+    embeddings = torch.relu(prototypes[targets] + 1.5 * torch.randn(POOL, features, generator=g))
+    head = prototypes + 0.3 * torch.randn(classes, features, generator=g)
+    logits = embeddings @ head.T
+    weight = head + 0.5 * torch.randn(5, classes, features, generator=g)  # [L, C, D]
+    return logits, embeddings, targets, LearnerHeads(weight, torch.zeros(5, classes))
+
+
+# --- the pure plans ----------------------------------------------------------------------------
+
+
+def test_infobatch_drops_ratio_of_the_below_mean_samples_and_keeps_the_rest():
+    losses = training_losses()
+    plan = infobatch_plan(losses, 1, 10, 0.5, 0.875, torch.Generator().manual_seed(0))
+    below = losses < losses.double().mean()
+    kept = torch.zeros(POOL, dtype=torch.bool)
+    kept[plan.rows] = True
+    assert kept[~below].all()  # every above-mean sample trains, with weight 1
+    assert (plan.weights[~below[plan.rows]] == 1).all()
+    assert (plan.weights[below[plan.rows]] == 2).all()  # 1 / (1 - ratio)
+    assert int(kept[below].sum()) == int(0.5 * int(below.sum()))  # half the below-mean ones
+    # ratio 0.5 acts on the below-mean samples only: a third of the epoch here, not half
+    assert 0.2 < plan.pruned_share(POOL) < 0.45
+    assert torch.equal(plan.rows, plan.rows.sort().values)
+
+
+def test_infobatch_weights_keep_the_loss_sum_unbiased():
+    losses = training_losses(1)
+    full = float(losses.double().sum())
+    weighted, unweighted = [], []
+    for draw in range(50):
+        plan = infobatch_plan(losses, 2, 10, 0.5, 0.875, torch.Generator().manual_seed(draw))
+        weighted.append(float((plan.weights.double() * losses[plan.rows]).sum()) / full)
+        unweighted.append(float(losses[plan.rows].double().sum()) / full)
+    assert abs(np.mean(weighted) - 1) < 0.002
+    assert abs(np.mean(unweighted) - 1) > 0.05  # without 1 / (1 - ratio) the test would fail
+
+
+def test_lipt_weights_keep_the_loss_sum_unbiased_and_bounded():
+    losses = training_losses(2)
+    full = float(losses.double().sum())
+    weighted, unweighted = [], []
+    for draw in range(40):
+        plan = budget_plan(losses, 1, 10, 0.5, 0.875, 0.25, torch.Generator().manual_seed(draw))
+        weighted.append(float((plan.weights.double() * losses[plan.rows]).sum()) / full)
+        unweighted.append(float(losses[plan.rows].double().sum()) / full)
+    assert abs(np.mean(weighted) - 1) < 0.003
+    assert abs(np.mean(unweighted) - 1) > 0.1
+    _, share = budget_schedule(10, 0.5, 0.875)
+    assert float(plan.weights.max()) <= 1 / (0.25 * share) + 1e-3  # the floor caps weights
+    assert float(plan.weights.min()) >= 1.0
+
+
+@pytest.mark.parametrize(("epochs", "pruning"), [(10, 8), (4, 3), (8, 7), (1, 0)])
+def test_annealing_epochs_train_on_everything_with_weight_1(epochs, pruning):
+    # delta * E = 8.75, 3.5, 7, 0.875: epochs e >= floor(delta * E) anneal, whole or not
+    assert pruned_epochs(epochs, 0.875) == pruning
+    losses = training_losses(3)
+    # lipt anneals where its budget affords it: 0.6 * E / 1.4 epochs at most (none for E=1)
+    lipt_pruning = budget_schedule(epochs, 0.6, 0.875)[0]
+    assert lipt_pruning == (1 if epochs == 1 else pruning)
+    for method, first_full in ((InfoBatch(), pruning), (LiptBudget(budget=0.6), lipt_pruning)):
+        for epoch in range(epochs):
+            plan = method.plan(losses, epoch, epochs, torch.Generator().manual_seed(epoch))
+            if epoch >= first_full:
+                assert plan.annealing and torch.equal(plan.rows, torch.arange(POOL))
+                assert (plan.weights == 1).all()  # the last pruned epoch's weights are gone
+            else:
+                assert len(plan.rows) < POOL and (plan.weights > 1).any()
+    assert pruned_epochs(100, 0.57) == 57  # 0.57 * 100 = 56.99999999999999 in floats
+
+
+def test_infobatch_epoch_0_prunes_nothing_while_lipt_prunes_by_the_ensemble():
+    method = InfoBatch()
+    start = method.initial_scores(POOL)  # all 3.0, as published
+    plan = method.plan(start, 0, 10, torch.Generator().manual_seed(0))
+    assert len(plan.rows) == POOL and (plan.weights == 1).all()
+
+    logits, embeddings, targets, heads = ensemble_outputs()
+    scores = ensemble_losses(logits, embeddings, targets, heads)  # [N]
+    assert scores.shape == (POOL,) and (scores >= 0).all() and scores.std() > 0.1
+    lipt = LiptBudget(budget=0.5)
+    plan = lipt.plan(scores, 0, 4, torch.Generator().manual_seed(0))
+    assert budget_schedule(4, 0.5, 0.875) == (3, pytest.approx(1 / 3))
+    assert abs(len(plan.rows) / POOL - 1 / 3) < 0.01  # epoch 0 already keeps its share
+    # the ensemble's hard samples are kept far more often than its easy ones
+    kept = torch.zeros(POOL, dtype=torch.bool)
+    kept[plan.rows] = True
+    hard = scores > scores.quantile(0.9)
+    easy = scores < scores.quantile(0.1)
+    assert kept[hard].float().mean() > 0.9 and kept[easy].float().mean() < 0.15
+
+
+def test_same_seed_and_epoch_give_the_same_plan():
+    losses = training_losses(4)
+    for method in (InfoBatch(), LiptBudget()):
+        a, b, c = (
+            method.plan(losses, 1, 10, torch.Generator().manual_seed(seed)) for seed in (7, 7, 8)
+        )
+        assert torch.equal(a.rows, b.rows) and torch.equal(a.weights, b.weights)
+        assert not torch.equal(a.rows, c.rows)
+
+
+@pytest.mark.parametrize("budget", [0.15, 0.3, 0.5, 0.8, 1.0])
+def test_lipt_budget_is_the_share_of_the_full_data_cost(budget):
+    losses, epochs = training_losses(5), 6
+    total = 0
+    for epoch in range(epochs):
+        plan = budget_plan(losses, epoch, epochs, budget, 0.875, 0.25, torch.Generator())
+        total += len(plan.rows)
+    assert abs(total / (POOL * epochs) - budget) < 0.005
+    pruning, share = budget_schedule(epochs, budget, 0.875)
+    assert pruning * share + (epochs - pruning) == pytest.approx(budget * epochs)
+    if budget * epochs / (2 - budget) < 1:  # no annealing epoch leaves half the share (0.15)
+        assert (pruning, share) == (epochs, pytest.approx(budget))
+    else:  # floor(0.875 * 6) = 5 prune, one anneals on full data
+        assert pruning == 5 and budget / 2 <= share <= budget
+
+
+def test_bad_arguments_are_value_errors():
+    losses = training_losses()
+    g = torch.Generator()
+    for call in (
+        lambda: infobatch_plan(losses, 0, 10, 1.0, 0.875, g),
+        lambda: infobatch_plan(losses, 0, 10, 0.5, 0.0, g),
+        lambda: budget_plan(losses, 0, 10, 0.0, 0.875, 0.25, g),
+        lambda: budget_plan(losses, 0, 10, 0.5, 0.875, 1.5, g),
+        lambda: pruned_epochs(0, 0.5),
+        lambda: InfoBatch(budget=0.5),
+        lambda: LiptBudget(budget=1.2),
+    ):
+        with pytest.raises(ValueError):
+            call()
+
+
+# --- main training end to end --------------------------------------------------------------
+
+
+def compose_in(out: Path, overrides: list[str]):
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=[f"paths.output_dir={out}", *overrides])
+
+
+INFOBATCH = [*FAST, "selector=full", "dynamic=infobatch", "trainer.max_epochs=4"]
+
+
+@pytest.mark.parametrize("resident", ["true", "false"])
+def test_infobatch_trains_on_both_data_paths_and_feeds_exactly_each_plan(tmp_path, resident):
+    args = [*INFOBATCH, f"dataset.resident={resident}", "record_seen=true"]
+    if resident == "true":
+        args = [o for o in args if o != "logger=none"]  # the csv logger, for train/pruned_share
+    summary = train_stage.run(compose_in(tmp_path, args))
+    ledger = summary["stages"]["train"]["dynamic"]
+    fed = 0
+    for epoch in range(4):
+        with np.load(audit_path(tmp_path, epoch, 0)) as planned:
+            plan_indices, plan_weights = planned["indices"], planned["weights"]
+        indices, weights = load_seen(tmp_path, epoch)
+        order = np.argsort(indices)
+        assert np.array_equal(indices[order], plan_indices)  # the plan, each sample once
+        assert np.array_equal(weights[order], plan_weights)  # with its weight
+        assert ledger["pruned_share"][str(epoch)] == pytest.approx(1 - len(indices) / 500)
+        fed += len(indices)
+    shares = ledger["pruned_share"]
+    assert shares["0"] == 0 and shares["3"] == 0  # equal scores; floor(0.875 * 4) = 3 anneals
+    assert shares["1"] > 0.1 and shares["2"] > 0.1
+    train = summary["stages"]["train"]
+    assert train["samples"] == fed and ledger["samples_full"] == 4 * 500
+    assert ledger["samples_saved"] == 4 * 500 - fed and ledger["method"] == "infobatch"
+    assert ledger["ratio"] == 0.5 and ledger["delta"] == 0.875
+    assert summary["test_accuracy"] > 0.5  # 4 classes: chance is 0.25
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["stages"]["train"]["dynamic"] == ledger
+    if resident == "true":
+        metrics = next((tmp_path / "csv").rglob("metrics.csv")).read_text().splitlines()
+        column = metrics[0].split(",").index("train/pruned_share")
+        logged = [float(row.split(",")[column]) for row in metrics[1:] if row.split(",")[column]]
+        assert logged == pytest.approx([shares[str(e)] for e in range(4)], abs=1e-6)
+
+
+class SimulatedCrashError(RuntimeError):
+    pass
+
+
+def test_a_dynamic_run_resumes_bit_for_bit(tmp_path, monkeypatch):
+    args = [*INFOBATCH, "record_seen=true"]
+    real_step = Classifier.training_step
+
+    def crash_in_epoch_2(self, batch, batch_idx):
+        if self.current_epoch == 2 and batch_idx == 1:
+            raise SimulatedCrashError("killed")  # after epochs 0 and 1 are checkpointed
+        return real_step(self, batch, batch_idx)
+
+    killed = tmp_path / "killed"
+    monkeypatch.setattr(Classifier, "training_step", crash_in_epoch_2)
+    with pytest.raises(SimulatedCrashError):
+        train_stage.run(compose_in(killed, args))
+    monkeypatch.setattr(Classifier, "training_step", real_step)
+    resumed = train_stage.run(compose_in(killed, [*args, "ckpt_path=last"]))
+    clean = train_stage.run(compose_in(tmp_path / "clean", args))
+
+    def weights(out: Path) -> dict[str, torch.Tensor]:
+        return torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+    a, b = weights(killed), weights(tmp_path / "clean")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["test_accuracy"] == clean["test_accuracy"]
+    ledger, clean_ledger = resumed["stages"]["train"], clean["stages"]["train"]
+    assert ledger["dynamic"] == clean_ledger["dynamic"]  # epochs 0-1 came via the checkpoint
+    assert ledger["samples"] == clean_ledger["samples"]
+    for epoch in (2, 3):  # planned again after the resume from the restored scores
+        with (
+            np.load(audit_path(killed, epoch, 0)) as x,
+            np.load(audit_path(tmp_path / "clean", epoch, 0)) as y,
+        ):
+            assert np.array_equal(x["scores"], y["scores"])
+            assert np.array_equal(x["indices"], y["indices"])
+
+
+def test_lipt_prunes_from_epoch_0_with_the_jigsaw_ensemble_within_its_budget(tmp_path):
+    jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
+    args = [*FAST, *jigsaw, "merge.ratios=3", "selector=full", "dynamic=lipt"]
+    args += ["dynamic.budget=0.4", "trainer.max_epochs=5", "init_from=pretrained"]
+    summary = train_stage.run(compose_in(tmp_path, args))
+    stages = summary["stages"]
+    assert stages["pretrain"]["learners_merged"] >= 2 and stages["score"]["samples"] == 500
+    ledger = stages["train"]["dynamic"]
+    assert ledger["method"] == "lipt" and ledger["budget"] == 0.4
+    # floor(0.875 * 5) = 4: 0.4 * 5 / 1.6 = 1.25 affords the one annealing epoch
+    pruning, share = budget_schedule(5, 0.4, 0.875)
+    assert (pruning, share) == (4, pytest.approx(0.25))
+    assert ledger["pruned_share"]["0"] > 0.5 and ledger["pruned_share"]["4"] == 0
+    assert abs(stages["train"]["samples"] / (0.4 * 500 * 5) - 1) < 0.15  # Poisson draws of 500
+    assert json.loads((tmp_path / "stages.json").read_text())["score"] == stages["score"]
+
+
+def test_a_lipt_run_resumes_bit_for_bit_without_pre_training_again(tmp_path, monkeypatch):
+    from lipt.dynamic import stage as dynamic_stage
+
+    jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
+    args = [*FAST, *jigsaw, "merge.ratios=3", "selector=full", "dynamic=lipt"]
+    args += ["trainer.max_epochs=4", "record_seen=true"]
+    real_step = Classifier.training_step
+
+    def crash_in_epoch_2(self, batch, batch_idx):
+        if self.current_epoch == 2 and batch_idx == 1:
+            raise SimulatedCrashError("killed")
+        return real_step(self, batch, batch_idx)
+
+    killed = tmp_path / "killed"
+    monkeypatch.setattr(Classifier, "training_step", crash_in_epoch_2)
+    with pytest.raises(SimulatedCrashError):
+        train_stage.run(compose_in(killed, args))
+    first_attempt = json.loads((killed / "stages.json").read_text())
+    monkeypatch.setattr(Classifier, "training_step", real_step)
+
+    def no_pretraining(*_args, **_kwargs):
+        raise AssertionError("a resumed run re-used the checkpoint's scores, not the ensemble")
+
+    monkeypatch.setattr(dynamic_stage, "ranking_models", no_pretraining)
+    resumed = train_stage.run(compose_in(killed, [*args, "ckpt_path=last"]))
+    monkeypatch.undo()
+    clean = train_stage.run(compose_in(tmp_path / "clean", args))
+    assert resumed["stages"]["pretrain"] == first_attempt["pretrain"]
+    assert resumed["stages"]["score"] == first_attempt["score"]
+    assert resumed["stages"]["train"]["dynamic"] == clean["stages"]["train"]["dynamic"]
+    assert resumed["stages"]["train"]["dynamic"]["pruned_share"]["0"] > 0.5  # by the ensemble
+    a, b = (
+        torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        for out in (killed, tmp_path / "clean")
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.ddp
+def test_ddp_ranks_keep_identical_scores_and_train_halves_of_each_plan(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_entry(
+        "train.py",
+        [
+            *INFOBATCH,
+            "trainer.max_epochs=3",
+            "record_seen=true",
+            "trainer.devices=2",
+            "trainer.strategy=ddp",
+            f"hydra.run.dir={run_dir}",
+        ],
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for epoch in range(3):
+        with (
+            np.load(audit_path(run_dir, epoch, 0)) as r0,
+            np.load(audit_path(run_dir, epoch, 1)) as r1,
+        ):
+            for key in ("scores", "indices", "weights"):  # every rank scored and drew alike
+                assert np.array_equal(r0[key], r1[key]), (epoch, key)
+            plan = set(r0["indices"].tolist())
+            scores = r0["scores"]
+        (i0, _), (i1, _) = (load_seen(run_dir, epoch, rank) for rank in (0, 1))
+        assert set(i0.tolist()) | set(i1.tolist()) == plan  # the ranks split the plan
+        assert len(i0) == len(i1) == -(-len(plan) // 2)  # padded alike
+        if epoch == 1:  # epoch 0's losses came from both ranks' halves
+            assert len(np.unique(scores)) > 400
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stages"]["train"]["dynamic"]["pruned_share"]["1"] > 0
+
+
+REFUSED = [
+    (["dynamic=infobatch", "dynamic.ratio=1"], "dynamic.ratio"),
+    (["dynamic=infobatch", "dynamic.ratio=-0.1"], "dynamic.ratio"),
+    (["dynamic=infobatch", "dynamic.delta=0"], "dynamic.delta"),
+    (["dynamic=infobatch", "dynamic.delta=1.5"], "dynamic.delta"),
+    (["dynamic=infobatch", "dynamic.budget=0.5"], "dynamic.budget"),
+    (["dynamic=lipt", "dynamic.budget=0"], "dynamic.budget"),
+    (["dynamic=lipt", "dynamic.budget=1.5"], "dynamic.budget"),
+    (["dynamic=lipt", "dynamic.floor=0"], "dynamic.floor"),
+    (["dynamic=lipt", "pretrain=none"], "pretrain=none"),
+    (["dynamic=infobatch", "selector=coverage"], "selector=full"),
+    (["dynamic=infobatch", "selector.match_subset_steps=true"], "match_subset_steps"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key"), REFUSED, ids=lambda v: str(v)[:50])
+def test_bad_dynamic_settings_are_refused_naming_the_key(make_cfg, overrides, key):
+    cfg = make_cfg([*FAST, "selector=full", *overrides])
+    with pytest.raises(UserError) as caught:
+        validate(cfg, deep=False)
+    assert key in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_dynamic_configs_compose_and_pass_every_check(make_cfg):
+    validate(make_cfg([*FAST, "selector=full", "dynamic=infobatch"]))
+    validate(make_cfg(["selector=full", "dynamic=lipt", "dynamic.budget=0.3"]))  # jigsaw default
+    assert "_target_" not in make_cfg([]).dynamic  # dynamic=none: nothing is built
+
+
+def test_the_frontier_sweeps_pass_the_cli_precheck_and_a_bad_budget_fails_it(capsys):
+    # As benchmarks/frontier.py calls train.py: every job's config composed as the sweeper does.
+    infobatch = ["selector=full", "pretrain=none", "dynamic=infobatch", "trainer.max_epochs=2"]
+    precheck("train", [*infobatch, "seed=0,1"], multirun=True)
+    lipt = ["selector=full", "dynamic=lipt", "trainer.max_epochs=2", "seed=0"]
+    precheck("train", [*lipt, "dynamic.budget=0.3,0.5"], multirun=True)
+    with pytest.raises(SystemExit) as exit_:
+        precheck("train", [*lipt, "dynamic.budget=0.5,1.5"], multirun=True)
+    assert exit_.value.code == 2 and "dynamic.budget=1.5" in capsys.readouterr().err
+
+
+def test_a_bad_dynamic_value_exits_2_with_one_line_before_any_stage(tmp_path):
+    run_dir = tmp_path / "run"
+    out = run_entry(
+        "train.py",
+        [*FAST, "selector=full", "dynamic=lipt", "dynamic.budget=2", f"hydra.run.dir={run_dir}"],
+    )
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "dynamic.budget=2" in lines[0], out.stderr
+    assert not run_dir.exists()
