@@ -292,7 +292,15 @@ def costs(summary: Mapping[str, Any]) -> dict[str, Any]:
     def stage(name: str, key: str) -> float:
         return float(stages.get(name, {}).get(key) or 0)
 
-    seconds = {name: stage(name, "seconds") for name in ("pretrain", "select", "train")}
+    # Every stage that ran: pretrain, select, score (dynamic=lipt's pass of the soup over the
+    # pool), train; those that did not count 0.
+    names = (
+        "pretrain",
+        "select",
+        "train",
+        *(n for n in stages if n not in ("pretrain", "select", "train")),
+    )
+    seconds = {name: stage(name, "seconds") for name in names}
     samples = {name: int(stage(name, "samples")) for name in ("pretrain", "train")}
     train = stages["train"]
     return {

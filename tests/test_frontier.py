@@ -68,6 +68,9 @@ def test_costs_add_the_stages_and_count_a_missing_stage_as_zero() -> None:
     whole = {"test_accuracy": 0.9, "stages": {"train": {"seconds": 4.0, "samples": 1000}}}
     c = fr.costs(whole)
     assert c["seconds"]["end_to_end"] == 4.0 and c["samples"]["forward_backward"] == 1000
+    # dynamic=lipt's scoring pass of the soup over the pool is a stage of its own: it is paid
+    scored = {**whole, "stages": {**whole["stages"], "score": {"seconds": 1.5}}}
+    assert fr.costs(scored)["seconds"]["end_to_end"] == 5.5
 
 
 def test_aggregate_means_stds_and_speedups() -> None:
