@@ -42,10 +42,17 @@ OUT/frontier.png (test accuracy against end-to-end seconds).
 The full run is 3 references + 6 methods x 4 budgets x 3 seeds = 75 runs (more with
 --curve-epochs). The estimate is from docs/RESULTS.md's quiet-machine figures: about 40 s per
 whole-pool epoch, 20 s of jigsaw pre-training, 80 s of coverage selection, 13.5 s per GraNd
-re-selection (the paper's runs re-select every epoch at E_ref = 12). Run it on a quiet machine:
-two torch threads on two cores that other work also uses spin-wait for each other and inflate
-the seconds several times over; each run records the load average at its start and end, and the
-table names the runs measured under load.
+re-selection (the paper's runs re-select every epoch at E_ref = 12). Two torch threads on two
+cores that other work also uses spin-wait for each other and inflate the seconds several times
+over (the whole pool for 516 steps: 331 s beside a niced test suite, where 258 and 774 steps
+took 58 and 151 s). So the committed frontier
+runs pinned to one core with one thread, where every method pays the same one-core rate and
+other work on the other core leaves its seconds alone:
+
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/frontier.py
+
+Each run records its torch threads, allowed cores and the load average at its start and end;
+the table names the runs measured under load.
 """
 
 from __future__ import annotations
@@ -620,6 +627,9 @@ def host() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
         "torch_threads": torch.get_num_threads(),
+        # cores this process may run on (taskset): a run pinned to one core with one thread
+        # keeps its seconds when other work shares the machine
+        "cores_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
     }
 
 
