@@ -1,4 +1,5 @@
-"""The values lipt.config.validate (with lipt.preflight) and lipt.build accept and refuse.
+"""The values lipt.run.config.validate (with lipt.run.preflight) and lipt.run.build accept and
+refuse.
 
 Configs are composed as the entry points compose them (the real configs/, the stage's config
 name, then the overrides). A refused value raises UserError naming the key; an accepted one
@@ -13,10 +14,10 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-from lipt.build import build_loggers, build_model, build_trainer, quiet_trainer, run_dir
-from lipt.config import validate
-from lipt.errors import UserError
-from lipt.run_lock import RunDirLockedError
+from lipt.run.build import build_loggers, build_model, build_trainer, quiet_trainer, run_dir
+from lipt.run.config import validate
+from lipt.run.errors import UserError
+from lipt.run.lock import RunDirLockedError
 from tests.helpers import FAST
 
 ACCEPTED = [
@@ -153,7 +154,7 @@ def test_every_stage_config_is_checked_the_same(make_cfg):
             validate(make_cfg(["trainer.precision=banana"], config_name=name))
 
 
-# --------------------------------------------------------------------------- lipt.build
+# --------------------------------------------------------------------------- lipt.run.build
 
 
 @pytest.mark.parametrize(
@@ -172,7 +173,7 @@ def test_build_trainer_takes_the_trainer_group(make_cfg, overrides, expected):
 
 
 def test_build_trainer_overrides_win_and_checkpoints_are_atomic(make_cfg, tmp_path):
-    from lipt.artifacts import AtomicCheckpointIO
+    from lipt.run.artifacts import AtomicCheckpointIO
 
     trainer = build_trainer(make_cfg([*FAST, "trainer.max_epochs=9"]), max_epochs=2, logger=False)
     assert trainer.max_epochs == 2
@@ -217,7 +218,7 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
     folder = run_dir(cfg)
     assert folder.is_dir() and run_dir(cfg) == folder  # this process may call it again
     probe = (
-        "import sys; from pathlib import Path; from lipt.run_lock import lock_run_dir\n"
+        "import sys; from pathlib import Path; from lipt.run.lock import lock_run_dir\n"
         "lock_run_dir(Path(sys.argv[1]))"
     )
     out = subprocess.run(

@@ -18,16 +18,14 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from lipt import console
-from lipt.artifacts import load_checkpoint, save_subset, write_json
-from lipt.build import build_datamodule, build_model, build_selector, run_dir
-from lipt.config import needs_held_out, validate
 from lipt.data import DataModule
-from lipt.errors import UserError
-from lipt.pictures import SUBSET_PICTURE, write_subset_picture
-from lipt.pretrain import pretrain_model
-from lipt.results import Pretrained, Selected, heads_from_payload
-from lipt.seeding import repeat_seed
+from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
+from lipt.run import console
+from lipt.run.artifacts import load_checkpoint, save_subset, write_json
+from lipt.run.build import build_datamodule, build_model, build_selector, run_dir
+from lipt.run.config import needs_held_out, validate
+from lipt.run.errors import UserError
+from lipt.run.seeding import repeat_seed
 from lipt.selection import (
     LearnerHeads,
     PoolOutputs,
@@ -36,7 +34,9 @@ from lipt.selection import (
     select_balanced,
     subset_profile,
 )
-from lipt.summary import subset_class_counts, summary_payload
+from lipt.stages.pretrain import pretrain_model
+from lipt.stages.results import Pretrained, Selected, heads_from_payload
+from lipt.stages.summary import subset_class_counts, summary_payload
 
 log = logging.getLogger(__name__)
 

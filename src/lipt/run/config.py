@@ -7,9 +7,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from lipt.checks import check_number, check_optim, get_key
-from lipt.errors import UserError
 from lipt.jigsaw.checks import validate_jigsaw
+from lipt.run.checks import check_number, check_optim, get_key
+from lipt.run.errors import UserError
 
 
 def needs_held_out(selector: DictConfig | None) -> bool:
@@ -22,7 +22,7 @@ def needs_held_out(selector: DictConfig | None) -> bool:
 
 # The `dynamic` group's methods (lipt.dynamic.plan), by _target_; and pretrain=none's.
 INFOBATCH, LIPT_BUDGET = "lipt.dynamic.InfoBatch", "lipt.dynamic.LiptBudget"
-NO_PRETRAINING = "lipt.pretrain.NoPretraining"
+NO_PRETRAINING = "lipt.stages.pretrain.NoPretraining"
 
 
 def _share(cfg: DictConfig, key: str, zero_ok: bool, one_ok: bool, hint: str) -> None:
@@ -86,7 +86,7 @@ def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
 def validate(cfg: DictConfig, deep: bool = True) -> None:
     """Raise UserError naming the key and the fix for the first problem found: the cheap checks
     here, then (`deep`) those that build the Trainer, the loggers and the selector and look at
-    the data files (lipt.preflight)."""
+    the data files (lipt.run.preflight)."""
     fraction = get_key(cfg, "fraction")
     if (
         not isinstance(fraction, (int, float))
@@ -137,6 +137,6 @@ def validate(cfg: DictConfig, deep: bool = True) -> None:
         check_number(cfg, "selector.repeats", int, 1, 1000, "use a positive integer")
     validate_dynamic(cfg)
     if deep:
-        from lipt.preflight import preflight  # imports torch, Lightning: after the cheap checks
+        from lipt.run.preflight import preflight  # imports torch, Lightning: after the cheap checks
 
         preflight(cfg)
