@@ -18,7 +18,8 @@ from lipt.run.build import build_loggers, build_model, build_trainer, quiet_trai
 from lipt.run.config import validate
 from lipt.run.errors import UserError
 from lipt.run.lock import RunDirLockedError
-from tests.helpers import FAST
+from lipt.run.selector import selector_settings
+from tests.helpers import CONFIGS, FAST
 
 ACCEPTED = [
     [],  # the defaults: Fashion-MNIST from the system folder, glister, jigsaw, csv
@@ -226,3 +227,41 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
     )
     assert out.returncode != 0 and RunDirLockedError.__name__ in out.stderr
     assert "in use by another lipt run" in out.stderr
+
+
+# What the stages ask of each selector option (lipt.run.selector: the one place that reads
+# selector.name to choose code): (is_full, needs_model, needs_held_out, match_subset_steps).
+SELECTOR_SETTINGS = [
+    (["selector=full"], (True, False, False, False)),
+    (["+approach=full_steps"], (True, False, False, True)),
+    (["selector=random"], (False, False, False, False)),
+    (["selector=random_balanced"], (False, False, False, False)),
+    (["selector=glister"], (False, True, True, False)),
+    (["selector=gradmatch"], (False, True, False, False)),
+    (["selector=gradmatch", "selector.target=val"], (False, True, True, False)),
+    (["selector=coverage"], (False, True, False, False)),
+    (["selector=craig"], (False, True, False, False)),
+    (["selector=ccs"], (False, True, False, False)),
+    (["selector=el2n"], (False, True, False, False)),
+    (["selector=uncertainty"], (False, True, False, False)),
+    (["selector=grand"], (False, True, False, False)),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), SELECTOR_SETTINGS)
+def test_selector_settings_of_each_option(make_cfg, overrides, expected):
+    settings = selector_settings(make_cfg(overrides).selector)
+    assert settings.label == make_cfg(overrides).selector.name
+    flags = (
+        settings.is_full,
+        settings.needs_model,
+        settings.needs_held_out,
+        settings.match_subset_steps,
+    )
+    assert flags == expected
+
+
+def test_selector_settings_cover_every_selector_option():
+    options = {p.stem for p in (CONFIGS / "selector").glob("*.yaml")}
+    tested = {o.split("=")[1] for overrides, _ in SELECTOR_SETTINGS for o in overrides[:1]}
+    assert options <= tested

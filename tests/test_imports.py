@@ -106,7 +106,10 @@ def test_the_top_of_the_package_holds_packages_only():
 
 # The bottom row (docs/DESIGN.md, "Layers") and the pure rooms above it: these import, of lipt,
 # only one another, never a stage, the build layer, the config checks or a report.
-BOTTOM = {f"lipt.run.{m}" for m in ("errors", "seeding", "checks", "artifacts", "console", "lock")}
+BOTTOM = {
+    f"lipt.run.{m}"
+    for m in ("errors", "seeding", "checks", "artifacts", "console", "lock", "selector")
+}
 PURE_PACKAGES = ("lipt.data", "lipt.models", "lipt.selection")
 PURE_MODULES = {"lipt.dynamic.plan"} | {
     f"lipt.jigsaw.{m}" for m in ("soup", "weights", "pruning", "shards")

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from lipt.run import console
 from lipt.run.errors import UserError
+from lipt.run.selector import selector_settings
 
 # Rows, classes and features of the tiny pool the selector is tried on.
 DRY_RUN_ROWS, DRY_RUN_FEATURES = 64, 8
@@ -113,7 +114,7 @@ def check_selector(cfg: DictConfig) -> None:
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     node = cfg.get("selector")
-    if node is None or node.get("name") == "full":
+    if node is None or selector_settings(node).is_full:
         return
     name = node.get("name")
     for key, kind in (("balance", bool), ("needs_model", bool)):

@@ -42,6 +42,7 @@ from lipt.run.build import (
 from lipt.run.config import validate
 from lipt.run.errors import UserError
 from lipt.run.seeding import reselect_seed
+from lipt.run.selector import selector_settings
 from lipt.stages.reselect import Reselect, latest_subset
 from lipt.stages.results import Pretrained, Selected, Trained
 from lipt.stages.seen import SeenSamples
@@ -49,7 +50,6 @@ from lipt.stages.select import (
     STAGES_FILE,
     SUBSET_FILE,
     choose_subset,
-    needs_model,
     ranking_models,
     select_subset,
     subset_meta,
@@ -113,7 +113,8 @@ def obtain_subset(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None
     restarted run already chose, or selected now exactly as select.py selects."""
     if cfg.subset_path:
         return TrainingSet(load_checked_subset(cfg, dm, Path(str(cfg.subset_path))))
-    if cfg.selector.name == "full":
+    selector = selector_settings(cfg.selector)
+    if selector.is_full:
         return TrainingSet(None)
     saved = out / SUBSET_FILE
     if resume is not None and saved.is_file():
@@ -127,7 +128,7 @@ def obtain_subset(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None
         subset = load_checked_subset(cfg, dm, saved)
         log.info("resuming: the subset in %s is kept (not selected again)", saved)
         earlier = earlier_stages(out)
-        if cfg.init_from != "pretrained" or not needs_model(cfg) or is_ddp_child():
+        if cfg.init_from != "pretrained" or not selector.needs_model or is_ddp_child():
             return TrainingSet(subset, earlier_stages=earlier)
         ranking = ranking_models(cfg, dm)
         return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
@@ -220,7 +221,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if dynamic is not None:
         callbacks.append(dynamic.callback)
         extra["reload_dataloaders_every_n_epochs"] = 1  # each epoch's loader asks for its plan
-    if cfg.selector.name == "full" and cfg.selector.get("match_subset_steps", False):
+    selector = selector_settings(cfg.selector)
+    if selector.is_full and selector.match_subset_steps:
         extra["max_steps"] = subset_steps(cfg, len(dm.pool_indices))  # approach=full_steps
     trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=callbacks, **extra)
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
