@@ -1,4 +1,4 @@
-"""python select.py [ckpt_path=...] [overrides]: the selection stage alone (lipt.select.run).
+"""python select.py [ckpt_path=...] [overrides]: the selection stage alone (lipt.stages.select.run).
 
 This file's name shadows the standard library's `select` module (which `subprocess` imports) in
 every Python process whose first sys.path entry is the repository root: `python train.py`,
@@ -24,6 +24,6 @@ if __name__ == "select":
     sys.modules["select"] = _module  # the import statement returns sys.modules["select"]
     _spec.loader.exec_module(_module)
 elif __name__ == "__main__":
-    from lipt.cli import select_main
+    from lipt.run.cli import select_main
 
     select_main()

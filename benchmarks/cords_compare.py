@@ -145,7 +145,7 @@ def lipt_cfg(name: str, seed: int, pretrained: bool):
 
 
 def run_lipt(cfg, model: nn.Module, dm, seed: int) -> tuple[float, torch.Tensor]:
-    from lipt.select import choose_subset
+    from lipt.stages.select import choose_subset
 
     start = time.perf_counter()
     indices, _ = choose_subset(cfg, dm, [model], seed=seed)
@@ -153,8 +153,8 @@ def run_lipt(cfg, model: nn.Module, dm, seed: int) -> tuple[float, torch.Tensor]
 
 
 def save_picks(path: Path, indices: torch.Tensor, cfg, dm) -> None:
-    from lipt.artifacts import save_subset
-    from lipt.select import subset_meta
+    from lipt.run.artifacts import save_subset
+    from lipt.stages.select import subset_meta
 
     save_subset(path, indices.sort().values, torch.ones(len(indices)), subset_meta(cfg, dm))
 
@@ -172,8 +172,8 @@ def main() -> None:
         return
     from hydra import compose, initialize_config_dir
 
-    from lipt.build import build_datamodule, build_model
-    from lipt.select import load_pretrained
+    from lipt.run.build import build_datamodule, build_model
+    from lipt.stages.select import load_pretrained
 
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=["paths.output_dir=/tmp/lipt-bench", f"seed={args.seed}"])
@@ -190,7 +190,7 @@ def main() -> None:
     print(f"best of {args.repeats}, CORDS and lipt alternating\n")
     print("| selector | CORDS | lipt | lipt / CORDS |")
     print("|---|---:|---:|---:|")
-    from lipt import console
+    from lipt.run import console
 
     for name in args.selectors:
         selector_cfg = lipt_cfg(name, args.seed, pretrained)

@@ -23,10 +23,11 @@ and samples passed forward and backward (pre-training's + training's; the forwar
 selection, re-selection and the jigsaw merge's held-out scoring are not in summary.json and are
 not counted). `--curve-epochs` adds whole-pool runs of more epochs to the whole pool's curve.
 
-Each run is one in-process `lipt.train.run` (as `python train.py OVERRIDES` would run it, its own
-run folder under --work), one at a time, with the config's thread settings. Its result lands in
-OUT/runs/ref<E_ref>/<name>.json as it ends (written atomically); a re-run skips every run whose
-result is there with the same overrides, so work spread over sessions is never lost. At the end
+Each run is one in-process `lipt.stages.train.run` (as `python train.py OVERRIDES` would run
+it, its own run folder under --work), one at a time, with the config's thread settings. Its
+result lands in OUT/runs/ref<E_ref>/<name>.json as it ends (written atomically); a re-run
+skips every run whose result is there with the same overrides, so work spread over sessions is
+never lost. At the end
 (or with --report-only, from the saved results alone) it writes OUT/frontier.json (command,
 commit, hardware, E_ref, every run), OUT/frontier.md (method x budget: test accuracy mean ± std
 over seeds, mean seconds and samples, speed-up against the reference; each method's lossless
@@ -120,7 +121,7 @@ Method = Callable[[float, Reference], list[str]]
 def full(budget: float, ref: Reference) -> list[str]:
     """The whole pool for budget x E_ref epochs. Lightning stops at max_steps, and the cosine
     anneals over `trainer.estimated_stepping_batches` = min(max_steps, max_epochs x steps per
-    epoch) (lipt.module.Classifier.configure_optimizers): over the shorter run."""
+    epoch) (lipt.models.classifier.Classifier.configure_optimizers): over the shorter run."""
     steps = max(1, round(budget * ref.epochs * ref.steps_per_epoch))
     epochs = math.ceil(steps / ref.steps_per_epoch)
     return [
@@ -285,7 +286,7 @@ def compose(overrides: Sequence[str], run_dir: Path) -> Any:
 
 def steps_per_epoch(base: Sequence[str], work: Path) -> int:
     """Optimiser steps of one whole-pool epoch (the train loader keeps the last short batch)."""
-    from lipt.build import build_datamodule
+    from lipt.run.build import build_datamodule
 
     cfg = compose(base, work / "probe")
     return math.ceil(len(build_datamodule(cfg).pool_indices) / int(cfg.batch_size))
@@ -325,7 +326,7 @@ def costs(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 def train_one(run: Run, ref_epochs: int, run_dir: Path) -> dict[str, Any]:
     """Train `run` in its own fresh run folder; its result, ready to write."""
-    from lipt.train import run as train_run
+    from lipt.stages.train import run as train_run
 
     if run_dir.exists():
         shutil.rmtree(run_dir)  # an earlier attempt that did not finish: start clean

@@ -1,7 +1,8 @@
 """The pre-training tax: LiPT's jigsaw learners against the classic full warm-up.
 
 Fashion-MNIST with `convnet`, in one process, through lipt's own stage functions
-(`pretrain_model`, `choose_subset`, then main training by `lipt.train.run` on the saved subset):
+(`pretrain_model`, `choose_subset`, then main training by `lipt.stages.train.run` on the saved
+subset):
 
 1. one run (the first seed): wall time and training samples of `pretrain=jigsaw` (its defaults:
    n=10, M=1, K=10, greedy interpolation soup) and of `pretrain=full` with E epochs;
@@ -113,7 +114,7 @@ def compose(overrides: Sequence[str], out: Path) -> Any:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from lipt.config import validate
+    from lipt.run.config import validate
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
@@ -171,10 +172,10 @@ def run_strategy(
 ) -> dict[str, Any]:
     """Pre-train with `name` (a jigsaw `variant`: its label and overrides), select with its
     model, train on the subset; returns the costs and the test accuracy."""
-    from lipt.artifacts import save_subset
-    from lipt.pretrain import pretrain_model
-    from lipt.select import choose_subset, subset_meta
-    from lipt.train import run as train_run
+    from lipt.run.artifacts import save_subset
+    from lipt.stages.pretrain import pretrain_model
+    from lipt.stages.select import choose_subset, subset_meta
+    from lipt.stages.train import run as train_run
 
     label, variant_overrides = variant
     extra = {
@@ -216,7 +217,7 @@ def run_strategy(
 
 
 def run_random(base: list[str], seed: int, out: Path) -> dict[str, Any]:
-    from lipt.train import run as train_run
+    from lipt.stages.train import run as train_run
 
     run_dir = out / f"random_seed{seed}"
     overrides = [*base, "pretrain=none", "selector=random", f"seed={seed}"]
@@ -324,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     if not (ROOT / "configs" / "selector" / f"{args.selector}.yaml").is_file():
         sys.exit(f"error: no configs/selector/{args.selector}.yaml; pass --selector random")
-    from lipt.build import build_datamodule
+    from lipt.run.build import build_datamodule
 
     base = [
         f"dataset={args.dataset}",

@@ -99,9 +99,9 @@ class PeakRSS:
 def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
     from hydra import compose, initialize_config_dir
 
-    from lipt.build import build_datamodule, build_model
-    from lipt.select import choose_subset
+    from lipt.run.build import build_datamodule, build_model
     from lipt.selection import model_outputs
+    from lipt.stages.select import choose_subset
 
     rows = []
     dm = model = None
@@ -147,7 +147,7 @@ def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     """One selector on a synthetic pool; prints its time (peak memory is read by the parent)."""
     from hydra import compose, initialize_config_dir
 
-    from lipt.build import build_selector
+    from lipt.run.build import build_selector
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     g = torch.Generator().manual_seed(0)

@@ -28,9 +28,9 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
-from lipt import pretrain as pretrain_stage
-from lipt import select as select_stage
-from lipt import train as train_stage
+from lipt.stages import pretrain as pretrain_stage
+from lipt.stages import select as select_stage
+from lipt.stages import train as train_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 SELECTORS = [

@@ -71,7 +71,7 @@ def make_datamodule(load: Callable, channels: int, size: int, resident: bool, de
 
 def lipt_epoch(model: nn.Module, dm, device: torch.device, precision: str) -> float:
     """Seconds of one training epoch of lipt's Classifier on `dm`'s pool."""
-    from lipt.module import Classifier
+    from lipt.models.classifier import Classifier
 
     module = Classifier(model, num_classes=10)
     timer = EpochTimer()

@@ -4,7 +4,7 @@ The ```bash / ```sh / ```shell and ```python blocks of README.md and docs/*.md a
 shell line (backslash continuations joined, `# comments` dropped) is checked by what it is:
 
 - `python train.py|select.py|pretrain.py [-m] OVERRIDES`: composed and validated in-process by
-  `lipt.cli.precheck`, exactly as the entry script does before Hydra starts (every job of a
+  `lipt.run.cli.precheck`, exactly as the entry script does before Hydra starts (every job of a
   `-m` sweep; the Trainer, loggers, selector and data files included). A path a command reads
   (`ckpt_path`, `subset_path`, `pretrain.merge_from`) must lie in the run or sweep folder of an
   earlier command of the same doc (`hydra.run.dir=` / `hydra.sweep.dir=`); an empty stand-in
@@ -157,8 +157,9 @@ def script_main(path: Path) -> Callable[[], object]:
 
 
 def check_stage(stage: str, args: list[str], session: Session) -> str | None:
-    """`python <stage>.py ARGS` as lipt.cli.launch checks it, in the session's scratch folder."""
-    from lipt.cli import precheck
+    """`python <stage>.py ARGS` as lipt.run.cli.launch checks it, in the session's scratch
+    folder."""
+    from lipt.run.cli import precheck
 
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-")]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lipt.artifacts import (
+from lipt.run.artifacts import (
     atomic_write_bytes,
     check_subset,
     load_checkpoint,
@@ -17,7 +17,7 @@ from lipt.artifacts import (
     save_checkpoint,
     save_subset,
 )
-from lipt.errors import UserError
+from lipt.run.errors import UserError
 
 
 def test_subset_round_trip_is_plain_numpy(tmp_path):

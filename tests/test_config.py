@@ -1,4 +1,5 @@
-"""The values lipt.config.validate (with lipt.preflight) and lipt.build accept and refuse.
+"""The values lipt.run.config.validate (with lipt.run.preflight) and lipt.run.build accept and
+refuse.
 
 Configs are composed as the entry points compose them (the real configs/, the stage's config
 name, then the overrides). A refused value raises UserError naming the key; an accepted one
@@ -13,11 +14,12 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-from lipt.build import build_loggers, build_model, build_trainer, quiet_trainer, run_dir
-from lipt.config import validate
-from lipt.errors import UserError
-from lipt.run_lock import RunDirLockedError
-from tests.helpers import FAST
+from lipt.run.build import build_loggers, build_model, build_trainer, quiet_trainer, run_dir
+from lipt.run.config import validate
+from lipt.run.errors import UserError
+from lipt.run.lock import RunDirLockedError
+from lipt.run.selector import selector_settings
+from tests.helpers import CONFIGS, FAST
 
 ACCEPTED = [
     [],  # the defaults: Fashion-MNIST from the system folder, glister, jigsaw, csv
@@ -153,7 +155,7 @@ def test_every_stage_config_is_checked_the_same(make_cfg):
             validate(make_cfg(["trainer.precision=banana"], config_name=name))
 
 
-# --------------------------------------------------------------------------- lipt.build
+# --------------------------------------------------------------------------- lipt.run.build
 
 
 @pytest.mark.parametrize(
@@ -172,7 +174,7 @@ def test_build_trainer_takes_the_trainer_group(make_cfg, overrides, expected):
 
 
 def test_build_trainer_overrides_win_and_checkpoints_are_atomic(make_cfg, tmp_path):
-    from lipt.artifacts import AtomicCheckpointIO
+    from lipt.run.artifacts import AtomicCheckpointIO
 
     trainer = build_trainer(make_cfg([*FAST, "trainer.max_epochs=9"]), max_epochs=2, logger=False)
     assert trainer.max_epochs == 2
@@ -217,7 +219,7 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
     folder = run_dir(cfg)
     assert folder.is_dir() and run_dir(cfg) == folder  # this process may call it again
     probe = (
-        "import sys; from pathlib import Path; from lipt.run_lock import lock_run_dir\n"
+        "import sys; from pathlib import Path; from lipt.run.lock import lock_run_dir\n"
         "lock_run_dir(Path(sys.argv[1]))"
     )
     out = subprocess.run(
@@ -225,3 +227,41 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
     )
     assert out.returncode != 0 and RunDirLockedError.__name__ in out.stderr
     assert "in use by another lipt run" in out.stderr
+
+
+# What the stages ask of each selector option (lipt.run.selector: the one place that reads
+# selector.name to choose code): (is_full, needs_model, needs_held_out, match_subset_steps).
+SELECTOR_SETTINGS = [
+    (["selector=full"], (True, False, False, False)),
+    (["+approach=full_steps"], (True, False, False, True)),
+    (["selector=random"], (False, False, False, False)),
+    (["selector=random_balanced"], (False, False, False, False)),
+    (["selector=glister"], (False, True, True, False)),
+    (["selector=gradmatch"], (False, True, False, False)),
+    (["selector=gradmatch", "selector.target=val"], (False, True, True, False)),
+    (["selector=coverage"], (False, True, False, False)),
+    (["selector=craig"], (False, True, False, False)),
+    (["selector=ccs"], (False, True, False, False)),
+    (["selector=el2n"], (False, True, False, False)),
+    (["selector=uncertainty"], (False, True, False, False)),
+    (["selector=grand"], (False, True, False, False)),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), SELECTOR_SETTINGS)
+def test_selector_settings_of_each_option(make_cfg, overrides, expected):
+    settings = selector_settings(make_cfg(overrides).selector)
+    assert settings.label == make_cfg(overrides).selector.name
+    flags = (
+        settings.is_full,
+        settings.needs_model,
+        settings.needs_held_out,
+        settings.match_subset_steps,
+    )
+    assert flags == expected
+
+
+def test_selector_settings_cover_every_selector_option():
+    options = {p.stem for p in (CONFIGS / "selector").glob("*.yaml")}
+    tested = {o.split("=")[1] for overrides, _ in SELECTOR_SETTINGS for o in overrides[:1]}
+    assert options <= tested

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from lipt.build import build_datamodule
 from lipt.data.sources import read_idx
-from lipt.errors import UserError
+from lipt.run.build import build_datamodule
+from lipt.run.errors import UserError
 
 
 def test_fashion_mnist_idx_files_load_with_seeded_split(make_cfg, fashion_mnist_dir):

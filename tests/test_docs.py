@@ -1,5 +1,5 @@
 """The docs stay true: every command they show runs (tests/doc_check.py), docs/CONFIG.md is what
-`python -m lipt.config_doc` makes of configs/ today, links resolve, the README stays a
+`python -m lipt.run.config_doc` makes of configs/ today, links resolve, the README stays a
 five-minute read, and user-facing docs talk about the software, not its history."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lipt.config_doc import render
+from lipt.run.config_doc import render
 from tests.doc_check import Session, blocks, check_doc, check_python, check_shell
 from tests.helpers import CONFIGS, ROOT
 
@@ -23,7 +23,7 @@ USER_DOCS = [*DOCS, *sorted((ROOT / "src" / "lipt").rglob("README.md"))]
 
 def prechecked_by_test_experiments(command: str) -> bool:
     """docs/RESULTS.md's sweep commands: tests/test_experiments.py runs each through
-    lipt.cli.precheck (test_the_cli_precheck_passes_each_sweep_with_the_experiments_own_params),
+    lipt.run.cli.precheck (test_the_cli_precheck_passes_each_sweep_with_the_experiments_own_params),
     the check this file would run, so it is not run twice (the sweeps take ~4 s each)."""
     from tests.test_experiments import results_commands
 
@@ -66,7 +66,7 @@ def test_the_docs_show_commands_of_every_kind_the_checker_knows():
         "make run ARGS='optim.lr=0'",
         "python benchmarks/selector_quality.py --no-such-flag",
         "python benchmarks/no_such_benchmark.py",
-        "python -m lipt.config_doc --no-such-flag",
+        "python -m lipt.run.config_doc --no-such-flag",
         "python -m lipt.no_such_module",
         "rm -rf outputs",  # not on the allow-list
         "pip install torch",
@@ -93,7 +93,7 @@ def test_the_checker_runs_python_blocks_for_real():
 
 def test_config_doc_is_generated_from_the_configs_of_today():
     """Regenerate docs/CONFIG.md: a config key added, removed or re-commented without running
-    `python -m lipt.config_doc > docs/CONFIG.md` fails here."""
+    `python -m lipt.run.config_doc > docs/CONFIG.md` fails here."""
     assert (ROOT / "docs" / "CONFIG.md").read_text() == render(CONFIGS)
 
 
@@ -115,7 +115,7 @@ def test_config_doc_lists_every_option_key_and_comment(tmp_path):
 
 def test_config_doc_needs_neither_hydra_nor_torch_and_no_stage_imports_it():
     code = (
-        "import sys, lipt.config_doc\n"
+        "import sys, lipt.run.config_doc\n"
         "bad = {'omegaconf', 'hydra', 'torch', 'lightning'} & set(sys.modules)\n"
         "assert not bad, bad\n"
     )

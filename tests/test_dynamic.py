@@ -12,9 +12,6 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from lipt import train as train_stage
-from lipt.cli import precheck
-from lipt.config import validate
 from lipt.dynamic import (
     InfoBatch,
     LiptBudget,
@@ -25,10 +22,13 @@ from lipt.dynamic import (
     pruned_epochs,
 )
 from lipt.dynamic.callback import audit_path
-from lipt.errors import UserError
-from lipt.module import Classifier
-from lipt.seen import load_seen
+from lipt.models.classifier import Classifier
+from lipt.run.cli import precheck
+from lipt.run.config import validate
+from lipt.run.errors import UserError
 from lipt.selection import LearnerHeads
+from lipt.stages import train as train_stage
+from lipt.stages.seen import load_seen
 from tests.helpers import CONFIGS, FAST, run_entry
 
 POOL = 55_000  # Fashion-MNIST's pool: 60,000 minus the 5,000 validation images

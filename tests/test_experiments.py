@@ -13,9 +13,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from lipt.build import build_part
-from lipt.cli import precheck
-from lipt.config import validate
+from lipt.run.build import build_part
+from lipt.run.cli import precheck
+from lipt.run.config import validate
 from tests.helpers import CONFIGS, ROOT
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))

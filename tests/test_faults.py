@@ -18,13 +18,13 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-import lipt.build
-from lipt.build import build_datamodule
-from lipt.errors import UserError
+import lipt.run.build
 from lipt.jigsaw import checkpoints as jigsaw_checkpoints
 from lipt.jigsaw import stage as jigsaw_stage
-from lipt.pretrain import pretrain_model
-from lipt.pretrain import run as pretrain_run
+from lipt.run.build import build_datamodule
+from lipt.run.errors import UserError
+from lipt.stages.pretrain import pretrain_model
+from lipt.stages.pretrain import run as pretrain_run
 from tests.helpers import run_entry
 
 N, M, K, B = 4, 1, 3, 32
@@ -76,7 +76,7 @@ def _diverge(ids: set[int], monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _run_out_of_memory(learner_id: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Learner `learner_id`'s first training step raises torch.OutOfMemoryError."""
-    real = lipt.build.build_classifier
+    real = lipt.run.build.build_classifier
     calls = {"n": 0}
 
     def faulty(cfg, model, **optim):
@@ -90,7 +90,7 @@ def _run_out_of_memory(learner_id: int, monkeypatch: pytest.MonkeyPatch) -> None
             module.training_step = out_of_memory
         return module
 
-    monkeypatch.setattr(lipt.build, "build_classifier", faulty)
+    monkeypatch.setattr(lipt.run.build, "build_classifier", faulty)
 
 
 def _soup(folder: Path) -> dict[str, torch.Tensor]:

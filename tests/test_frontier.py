@@ -183,7 +183,7 @@ def test_full_method_anneals_the_cosine_over_its_max_steps(make_cfg: Any) -> Non
     import lightning as L
     import torch
 
-    from lipt.build import build_classifier, build_datamodule, build_model, build_trainer
+    from lipt.run.build import build_classifier, build_datamodule, build_model, build_trainer
 
     ref = fr.Reference(epochs=2, steps_per_epoch=16, reselect_every=1)  # synthetic, batch 32
     overrides = fr.full(0.3, ref)

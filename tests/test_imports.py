@@ -94,3 +94,37 @@ def test_lipt_has_no_import_circle():
     graph = import_graph()
     assert graph.get("lipt.jigsaw.stage")
     assert cycles(graph) == []
+
+
+def test_the_top_of_the_package_holds_packages_only():
+    """src/lipt/ reads as the pipeline: a few packages, no loose modules beside __init__.py."""
+    entries = sorted(p.name for p in (SRC / "lipt").iterdir() if p.name != "__pycache__")
+    loose = [n for n in entries if (SRC / "lipt" / n).is_file()]
+    assert loose == ["__init__.py", "py.typed"], loose
+    assert len(entries) <= 10, entries
+
+
+# The bottom row (docs/DESIGN.md, "Layers") and the pure rooms above it: these import, of lipt,
+# only one another, never a stage, the build layer, the config checks or a report.
+BOTTOM = {
+    f"lipt.run.{m}"
+    for m in ("errors", "seeding", "checks", "artifacts", "console", "lock", "selector")
+}
+PURE_PACKAGES = ("lipt.data", "lipt.models", "lipt.selection")
+PURE_MODULES = {"lipt.dynamic.plan"} | {
+    f"lipt.jigsaw.{m}" for m in ("soup", "weights", "pruning", "shards")
+}
+
+
+def test_the_pure_rooms_and_the_bottom_row_import_nothing_above_them():
+    graph = import_graph()
+    pure = {
+        name
+        for name in graph
+        if name in PURE_MODULES or any(name == p or name.startswith(p + ".") for p in PURE_PACKAGES)
+    }
+    assert pure >= PURE_MODULES and set(graph) >= BOTTOM
+    allowed = pure | BOTTOM | {"lipt.jigsaw", "lipt.run"}  # package __init__s of docstrings only
+    for name in sorted(pure | BOTTOM):
+        above = graph[name] - allowed
+        assert not above, f"{name} imports {sorted(above)}"

@@ -12,21 +12,21 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-import lipt.build
-from lipt.build import build_datamodule, build_model, build_part, build_pretrain_context
-from lipt.config import validate
+import lipt.run.build
 from lipt.data import DataModule
-from lipt.errors import UserError
 from lipt.jigsaw import learner as jigsaw_learner
 from lipt.jigsaw import stage as jigsaw_stage
 from lipt.jigsaw.learner import Learner, learner_shards, state_digest
 from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
 from lipt.jigsaw.soup_callback import learner_sweep
 from lipt.jigsaw.weights import recompute_batchnorm_stats
-from lipt.pretrain import pretrain_model
-from lipt.pretrain import run as pretrain_run
-from lipt.results import heads_from_payload
-from lipt.select import load_pretrained
+from lipt.run.build import build_datamodule, build_model, build_part, build_pretrain_context
+from lipt.run.config import validate
+from lipt.run.errors import UserError
+from lipt.stages.pretrain import pretrain_model
+from lipt.stages.pretrain import run as pretrain_run
+from lipt.stages.results import heads_from_payload
+from lipt.stages.select import load_pretrained
 from tests.helpers import run_entry
 
 N, M, K, B = 4, 1, 2, 32
@@ -135,13 +135,13 @@ def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, m
     cfg = jigsaw_cfg()
     dm = build_datamodule(cfg)
     starts: list[dict[str, torch.Tensor]] = []
-    original = lipt.build.build_classifier
+    original = lipt.run.build.build_classifier
 
     def spy(cfg, model, **optim):
         starts.append({k: v.clone() for k, v in model.state_dict().items()})
         return original(cfg, model, **optim)
 
-    monkeypatch.setattr(lipt.build, "build_classifier", spy)
+    monkeypatch.setattr(lipt.run.build, "build_classifier", spy)
     result = pretrain_model(cfg, dm, seed=0)
 
     init = build_model(cfg, 0).state_dict()

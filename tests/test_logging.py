@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from lipt import train as train_stage
+from lipt.stages import train as train_stage
 from tests.helpers import FAST
 
 

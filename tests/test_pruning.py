@@ -20,7 +20,7 @@ from lipt.jigsaw.pruning import (
     prune_random,
     prune_snip,
 )
-from lipt.seeding import torch_threads
+from lipt.run.seeding import torch_threads
 
 PRUNABLE = ["conv1.weight", "conv2.weight", "fc.weight"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from lipt.artifacts import save_checkpoint, save_subset
+from lipt.run.artifacts import save_checkpoint, save_subset
 from tests.helpers import FAST, run_entry
 
 SLOW = pytest.mark.slow  # these load torch and data before they fail: a few seconds each
@@ -220,8 +220,8 @@ def test_a_run_writes_only_inside_its_run_dir(tmp_path):
 
 
 def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_path):
-    from lipt.build import build_datamodule
-    from lipt.select import choose_subset, ranking_models
+    from lipt.run.build import build_datamodule
+    from lipt.stages.select import choose_subset, ranking_models
 
     results = []
     for attempt in range(2):
@@ -256,8 +256,8 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
 
 
 def test_same_config_and_seed_give_the_same_soup_bit_for_bit(make_cfg, tmp_path):
-    from lipt.build import build_datamodule
-    from lipt.pretrain import pretrain_model
+    from lipt.run.build import build_datamodule
+    from lipt.stages.pretrain import pretrain_model
 
     def soup(seed: int, attempt: str) -> dict[str, torch.Tensor]:
         cfg = make_cfg(
@@ -281,7 +281,7 @@ def test_same_config_and_seed_give_the_same_soup_bit_for_bit(make_cfg, tmp_path)
 def test_same_config_and_seed_give_the_same_trained_model_bit_for_bit(make_cfg, tmp_path):
     # Main training shuffles and augments with the global RNG: without seeding it from `seed`,
     # two runs of one config train on the same subset in different orders and end apart.
-    from lipt.train import run
+    from lipt.stages.train import run
 
     def trained(seed: int, attempt: str) -> dict[str, torch.Tensor]:
         out = tmp_path / attempt
@@ -311,8 +311,8 @@ def test_a_resumed_run_trains_bit_for_bit_as_an_uninterrupted_one(
     same run never stopped ends: main training's shuffle seed is kept in the checkpoint, each
     resident loader shuffles for the trainer's epoch (a fresh one would replay epoch 0), and the
     global random states are restored (the DataLoader path shuffles with them)."""
-    from lipt.module import Classifier
-    from lipt.train import run
+    from lipt.models.classifier import Classifier
+    from lipt.stages.train import run
 
     args = [
         *[o for o in FAST if not o.startswith("trainer.max_epochs")],

@@ -1,5 +1,5 @@
-"""lipt.report on a real tiny sweep (`train.py -m` on the synthetic data set) whose numbers are
-recomputed from its summary.json files, and on hand-written sweeps (summary.json in the real
+"""lipt.report.sweep on a real tiny sweep (`train.py -m` on the synthetic data set) whose numbers
+are recomputed from its summary.json files, and on hand-written sweeps (summary.json in the real
 format with the real resolved config) for what a tiny sweep cannot reach: paper-sized numbers
 to format, truncated and missing summaries, select-only runs, fraction sweeps."""
 
@@ -21,7 +21,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from lipt import report
+from lipt.report import sweep as sweep_report
 from tests.helpers import CONFIGS, FAST, ROOT, run_entry
 
 DATASET_TRAIN_SIZE = 60000
@@ -112,7 +112,7 @@ def write_fraction_sweep(root: Path) -> None:
 
 
 def test_flatten_makes_dotted_keys_and_comparable_lists():
-    flat = report.flatten({"a": 1, "b": {"c": {"d": "x"}, "e": [0.5]}, "f": {}})
+    flat = sweep_report.flatten({"a": 1, "b": {"c": {"d": "x"}, "e": [0.5]}, "f": {}})
     assert flat == {"a": 1, "b.c.d": "x", "b.e": "[0.5]"}
 
 
@@ -121,7 +121,9 @@ def test_varying_keys_names_rows_by_the_approach_preset_when_a_sweep_has_one():
     # vary too, but only `approach` tells lipt (jigsaw) from its ablations (jigsaw, no prune).
     def config(approach: str, pretrain: str, selector: str, prune: str, seed: int) -> dict:
         tree = {"approach": approach, "pretrain": {"name": pretrain}, "seed": seed}
-        return report.flatten(tree | {"selector": {"name": selector}, "prune": {"name": prune}})
+        return sweep_report.flatten(
+            tree | {"selector": {"name": selector}, "prune": {"name": prune}}
+        )
 
     presets = [
         ("random", "none", "random", "omp"),
@@ -130,9 +132,9 @@ def test_varying_keys_names_rows_by_the_approach_preset_when_a_sweep_has_one():
         ("lipt_merge", "jigsaw", "glister", "none"),
     ]
     configs = [config(*preset, seed) for preset in presets for seed in (0, 1)]
-    assert report.varying_keys(configs) == ["approach"]
-    configs += [report.flatten({**config(*presets[0], 2), "fraction": 0.2})]
-    assert report.varying_keys(configs) == ["approach", "fraction"]
+    assert sweep_report.varying_keys(configs) == ["approach"]
+    configs += [sweep_report.flatten({**config(*presets[0], 2), "fraction": 0.2})]
+    assert sweep_report.varying_keys(configs) == ["approach", "fraction"]
 
 
 def test_varying_keys_keeps_a_swept_option_of_one_approach():
@@ -141,13 +143,13 @@ def test_varying_keys_keeps_a_swept_option_of_one_approach():
         pretrain: dict[str, Any] = {"name": name}
         if learners is not None:
             pretrain |= {"num_learners": learners, "local_epochs": 10}
-        return report.flatten({"pretrain": pretrain, "seed": seed, "fraction": 0.1})
+        return sweep_report.flatten({"pretrain": pretrain, "seed": seed, "fraction": 0.1})
 
     configs = [config("none", None, s) for s in (0, 1)]
     configs += [config("jigsaw", n, s) for n in (5, 10) for s in (0, 1)]
-    assert report.varying_keys(configs) == ["pretrain.name", "pretrain.num_learners"]
-    rows = report.aggregate(
-        [report.Run(Path(f"{i}"), {"stages": {}}, c) for i, c in enumerate(configs)],
+    assert sweep_report.varying_keys(configs) == ["pretrain.name", "pretrain.num_learners"]
+    rows = sweep_report.aggregate(
+        [sweep_report.Run(Path(f"{i}"), {"stages": {}}, c) for i, c in enumerate(configs)],
         ["pretrain.name", "pretrain.num_learners"],
     )
     keys = [(r["pretrain.name"], r["pretrain.num_learners"], r["runs"]) for r in rows]
@@ -155,7 +157,7 @@ def test_varying_keys_keeps_a_swept_option_of_one_approach():
 
 
 def test_load_skips_a_truncated_summary_and_a_job_without_one_with_warnings(sweep):
-    runs, warnings = report.load_summaries(sweep)
+    runs, warnings = sweep_report.load_summaries(sweep)
     assert len(runs) == 6
     assert len(warnings) == 2
     assert "6/summary.json: unreadable" in warnings[0]
@@ -166,24 +168,26 @@ def test_single_runs_and_runs_without_training(tmp_path):
     # A lone run has no std; a select-only run (no pretrain, no train) no accuracy, no data used.
     write_run(tmp_path / "0", ["selector=glister"], 0.85)
     write_run(tmp_path / "1", ["selector=random"], None, subset_size=None, pretrain_unique=None)
-    runs, warnings = report.load_summaries(tmp_path)
+    runs, warnings = sweep_report.load_summaries(tmp_path)
     assert warnings == []
-    trained, selected = report.aggregate(runs, report.varying_keys([r.config for r in runs]))
+    trained, selected = sweep_report.aggregate(
+        runs, sweep_report.varying_keys([r.config for r in runs])
+    )
     assert trained["test_acc_pct_mean"] == pytest.approx(85.0)
     assert trained["test_acc_pct_std"] is None
     assert selected["test_acc_pct_mean"] is None
     assert selected["data_used_pct"] == 0.0
     assert (selected["pretrain_seconds"], selected["train_seconds"]) == (None, None)
     assert selected["total_seconds"] == pytest.approx(1.1)
-    table = report.to_markdown([trained, selected], ["selector.name"])
+    table = sweep_report.to_markdown([trained, selected], ["selector.name"])
     assert "| glister | 1 | 0 | 85.00 |" in table
     assert "| random | 1 | 0 | — | — | 0.00 | — | 1.10 | — | 1.10 | 0 |" in table
 
 
 def test_markdown_table_is_formatted(sweep):
-    runs, _ = report.load_summaries(sweep)
-    rows = report.aggregate(runs, ["selector.name"])
-    lines = report.to_markdown(rows, ["selector.name"]).splitlines()
+    runs, _ = sweep_report.load_summaries(sweep)
+    rows = sweep_report.aggregate(runs, ["selector.name"])
+    lines = sweep_report.to_markdown(rows, ["selector.name"]).splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| selector.name"))
     assert "| test acc. (%) |" in lines[header]
     assert lines[header + 1].startswith("|:---|---:|")
@@ -197,7 +201,7 @@ def test_markdown_table_is_formatted(sweep):
 
 
 def test_main_writes_tables_and_figures_and_warns(sweep, capsys):
-    report.main([str(sweep)])
+    sweep_report.main([str(sweep)])
     out = sweep / "report"
     captured = capsys.readouterr()
     assert "2 groups from 6 runs, grouped by selector.name" in captured.out
@@ -214,7 +218,7 @@ def test_main_writes_tables_and_figures_and_warns(sweep, capsys):
 def test_main_plots_a_fraction_sweep_against_fraction(tmp_path):
     write_fraction_sweep(tmp_path)
     out = tmp_path / "out"
-    report.main([str(tmp_path), "--out", str(out), "--x", "fraction"])
+    sweep_report.main([str(tmp_path), "--out", str(out), "--x", "fraction"])
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [(r["pretrain.name"], r["fraction"]) for r in rows] == [
         ("jigsaw", "0.05"),
@@ -228,11 +232,11 @@ def test_main_plots_a_fraction_sweep_against_fraction(tmp_path):
 
 
 def test_group_by_overrides_the_detected_keys(sweep, tmp_path, capsys):
-    report.main([str(sweep), "--out", str(tmp_path / "one"), "--group-by", "pretrain.name"])
+    sweep_report.main([str(sweep), "--out", str(tmp_path / "one"), "--group-by", "pretrain.name"])
     rows = list(csv.DictReader((tmp_path / "one" / "results.csv").open()))
     assert [(r["pretrain.name"], r["runs"]) for r in rows] == [("jigsaw", "6")]
     with pytest.raises(SystemExit) as exc:
-        report.main([str(sweep), "--group-by", "selector.nmae"])
+        sweep_report.main([str(sweep), "--group-by", "selector.nmae"])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: --group-by: no config key selector.nmae")
@@ -241,7 +245,7 @@ def test_group_by_overrides_the_detected_keys(sweep, tmp_path, capsys):
 
 def test_runs_are_paired_with_random_seed_by_seed(sweep, tmp_path, capsys):
     # selector=glister,random: random is the default baseline; each glister seed minus random's.
-    report.main([str(sweep), "--out", str(tmp_path)])
+    sweep_report.main([str(sweep), "--out", str(tmp_path)])
     assert "paired against selector.name=random" in capsys.readouterr().out
     diffs = [100 * (g - r) for g, r in zip(*ACCURACIES.values(), strict=True)]
     rows = list(csv.DictReader((tmp_path / "paired.csv").open()))
@@ -271,7 +275,7 @@ def test_pairs_follow_the_other_group_keys_and_the_seeds_both_have(tmp_path):
     )
     (none_03_seed1 / "summary.json").unlink()
     out = tmp_path / "out"
-    report.main([str(sweep), "--out", str(out), "--baseline", "pretrain.name=none"])
+    sweep_report.main([str(sweep), "--out", str(out), "--baseline", "pretrain.name=none"])
     table = (out / "results.md").read_text()
     assert "## Paired against pretrain.name=none: same seed, same fraction" in table
     assert "| jigsaw | 0.05 | 2 | +3.00 ± 0.00 | s0 +3.00, s1 +3.00 |" in table
@@ -281,7 +285,7 @@ def test_pairs_follow_the_other_group_keys_and_the_seeds_both_have(tmp_path):
 def test_a_seed_run_twice_is_one_pair_at_its_mean(sweep, tmp_path):
     # A second sweep of the same experiment in the folder: glister's seed 0 again, 2 points up.
     write_run(sweep / "again" / "0", ["pretrain=jigsaw", "selector=glister"], 0.8631, seed=0)
-    report.main([str(sweep), "--out", str(tmp_path)])
+    sweep_report.main([str(sweep), "--out", str(tmp_path)])
     rows = list(csv.DictReader((tmp_path / "paired.csv").open()))
     assert [r["seed"] for r in rows] == ["0", "1", "2"]
     first = 100 * ((ACCURACIES["glister"][0] + 0.8631) / 2 - ACCURACIES["random"][0])
@@ -298,7 +302,7 @@ def test_a_seed_run_twice_is_one_pair_at_its_mean(sweep, tmp_path):
 )
 def test_a_bad_baseline_is_one_line_and_writes_nothing(sweep, tmp_path, capsys, baseline, message):
     with pytest.raises(SystemExit) as exc:
-        report.main([str(sweep), "--out", str(tmp_path / "out"), "--baseline", baseline])
+        sweep_report.main([str(sweep), "--out", str(tmp_path / "out"), "--baseline", baseline])
     assert exc.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and errors[0].startswith(f"error: {message}"), errors
@@ -306,9 +310,9 @@ def test_a_bad_baseline_is_one_line_and_writes_nothing(sweep, tmp_path, capsys, 
 
 
 def test_baseline_none_drops_the_paired_table_and_a_stale_paired_csv(sweep, tmp_path):
-    report.main([str(sweep), "--out", str(tmp_path)])
+    sweep_report.main([str(sweep), "--out", str(tmp_path)])
     assert (tmp_path / "paired.csv").is_file()
-    report.main([str(sweep), "--out", str(tmp_path), "--baseline", "none"])
+    sweep_report.main([str(sweep), "--out", str(tmp_path), "--baseline", "none"])
     assert not (tmp_path / "paired.csv").exists()
     assert "Paired" not in (tmp_path / "results.md").read_text()
 
@@ -321,7 +325,7 @@ def test_nothing_to_report_is_one_line_and_exit_2(tmp_path, capsys, make):
     if make == "only_broken":
         (target / "summary.json").write_text("{")
     with pytest.raises(SystemExit) as exc:
-        report.main([str(target)])
+        sweep_report.main([str(target)])
     assert exc.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
     assert len(errors) == 1
@@ -332,7 +336,7 @@ def test_nothing_to_report_is_one_line_and_exit_2(tmp_path, capsys, make):
 def test_command_line_error_has_no_traceback(tmp_path):
     # As a user runs it, from the repository root.
     out = subprocess.run(
-        [sys.executable, "-m", "lipt.report", str(tmp_path)],
+        [sys.executable, "-m", "lipt.report.sweep", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -418,7 +422,7 @@ def test_report_of_a_real_sweep_is_recomputed_from_its_summaries(real_sweep, tmp
     assert "pretrain" not in groups["random"][0]["stages"]
 
     out = subprocess.run(
-        [sys.executable, "-m", "lipt.report", str(real_sweep), "--out", str(tmp_path)],
+        [sys.executable, "-m", "lipt.report.sweep", str(real_sweep), "--out", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -490,6 +494,6 @@ def test_each_job_of_a_real_sweep_is_its_own_wandb_run_in_the_sweeps_group(real_
         run_ids.add(records[0].run_id)
         groups.update(r.run_group for r in records)
     assert len(run_ids) == len(SELECTORS) * 2
-    # one group for the whole sweep, named by its folder (lipt.build.sweep_name)
+    # one group for the whole sweep, named by its folder (lipt.run.build.sweep_name)
     (group,) = groups
     assert group == str(real_sweep) or real_sweep.as_posix().endswith(f"/{group}"), group

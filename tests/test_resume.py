@@ -99,15 +99,15 @@ def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
 
 
 def test_resume_without_a_checkpoint_is_a_user_error(make_cfg):
-    from lipt import train as train_stage
-    from lipt.errors import UserError
+    from lipt.run.errors import UserError
+    from lipt.stages import train as train_stage
 
     with pytest.raises(UserError, match="ckpt_path=last"):
         train_stage.run(make_cfg([*FAST, "ckpt_path=last"]))
 
 
 def test_resume_of_a_finished_run_keeps_its_summary_and_trains_nothing(make_cfg, tmp_path):
-    from lipt import train as train_stage
+    from lipt.stages import train as train_stage
 
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"test_accuracy": 0.5, "stages": {"train": {"seconds": 9.0}}}))

@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 
-from lipt import select as select_stage
-from lipt import train as train_stage
-from lipt.build import build_datamodule, build_model
-from lipt.errors import UserError
-from lipt.select import choose_subset, ranking_models
+from lipt.run.build import build_datamodule, build_model
+from lipt.run.errors import UserError
 from lipt.selection import split_budget
+from lipt.stages import select as select_stage
+from lipt.stages import train as train_stage
+from lipt.stages.select import choose_subset, ranking_models
 from tests.helpers import CONFIGS, FAST
 
 # coverage budgets classes by their difficulty on purpose (tests/test_selection_coverage.py).

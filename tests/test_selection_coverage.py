@@ -188,8 +188,8 @@ def test_exact_budget_seeded_and_bad_settings() -> None:
 
 
 def test_default_pipeline_selects_with_coverage_and_hands_it_the_heads(make_cfg) -> None:
-    from lipt.build import build_datamodule, build_model
-    from lipt.select import choose_subset
+    from lipt.run.build import build_datamodule, build_model
+    from lipt.stages.select import choose_subset
     from tests.helpers import FAST
 
     cfg = make_cfg([*FAST, "fraction=0.3"])  # no selector override: train.yaml's default

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from lipt import select as select_stage
-from lipt import train as train_stage
-from lipt.build import build_datamodule, build_model
-from lipt.seeding import repeat_seed, reselect_seed
-from lipt.select import choose_subset
+from lipt.run.build import build_datamodule, build_model
+from lipt.run.seeding import repeat_seed, reselect_seed
 from lipt.selection import split_budget
+from lipt.stages import select as select_stage
+from lipt.stages import train as train_stage
+from lipt.stages.select import choose_subset
 from tests.helpers import FAST
 
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lipt.errors import UserError
-from lipt.seeding import torch_threads
+from lipt.run.errors import UserError
+from lipt.run.seeding import torch_threads
 from lipt.selection import (
     PoolOutputs,
     Selection,

@@ -30,7 +30,7 @@ from lipt.jigsaw.weights import (
     is_finite_state_dict,
     recompute_batchnorm_stats,
 )
-from lipt.seeding import torch_threads
+from lipt.run.seeding import torch_threads
 
 # --------------------------------------------------------------------------- helpers
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lipt.build import build_datamodule, build_model
-from lipt.module import Classifier
+from lipt.models.classifier import Classifier
+from lipt.run.build import build_datamodule, build_model
 from tests.helpers import FAST
 
 

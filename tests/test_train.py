@@ -13,12 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from lipt import select as select_stage
-from lipt import train as train_stage
-from lipt.build import build_datamodule, build_model, state_dict_cpu
-from lipt.errors import UserError
-from lipt.module import Classifier
-from lipt.seen import load_seen
+from lipt.models.classifier import Classifier
+from lipt.run.build import build_datamodule, build_model, state_dict_cpu
+from lipt.run.errors import UserError
+from lipt.stages import select as select_stage
+from lipt.stages import train as train_stage
+from lipt.stages.seen import load_seen
 from tests.helpers import FAST, run_entry
 
 

@@ -18,11 +18,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from lipt import console
-from lipt.build import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.jigsaw.learner import Learner, learner_shards, state_digest
 from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
-from lipt.pictures import sample_grid, write_subset_picture
+from lipt.report.pictures import sample_grid, write_subset_picture
+from lipt.run import console
+from lipt.run.build import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.selection import PoolOutputs, SelectionInputs, select_balanced, select_glister
 from tests.helpers import CONFIGS, ROOT
 from tests.test_jigsaw import JIGSAW
@@ -332,7 +332,7 @@ def test_wandb_run_gets_the_merge_table_class_histogram_and_picture(
 ):
     import wandb
 
-    from lipt import train as train_stage
+    from lipt.stages import train as train_stage
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     overrides = [o for o in TINY if o != "logger=none"] + ["logger=wandb", "pretrain=jigsaw"]

@@ -20,7 +20,7 @@ from lipt.data.batch_transforms import RandAugmentSettings
 from lipt.data.resident import Augmentation, ResidentBatches, ResidentImages
 from lipt.data.sources import ImageSource, Splits, TensorImages
 from lipt.data.transforms import Transform, eval_transform, train_transform
-from lipt.errors import UserError
+from lipt.run.errors import UserError
 
 
 class IndexedImages(Dataset):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lipt.errors import UserError
+from lipt.run.errors import UserError
 
 FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 

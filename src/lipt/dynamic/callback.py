@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lipt.artifacts import atomic_write_bytes
 from lipt.data import DataModule
 from lipt.dynamic.plan import EpochPlan, PruningMethod
-from lipt.seeding import generator
+from lipt.run.artifacts import atomic_write_bytes
+from lipt.run.seeding import generator
 
 AUDIT_DIR = "dynamic"
 

@@ -15,7 +15,7 @@ Two methods, each a frozen dataclass built from the `dynamic` config group:
   weighted loss sum is unbiased.
 
 Both weight so that, in expectation over the draw, sum(weight x loss) over the kept samples is
-the full pool's loss sum: `lipt.module.Classifier` then averages over the batch size
+the full pool's loss sum: `lipt.models.classifier.Classifier` then averages over the batch size
 (`loss_norm="batch"`), as InfoBatch does, so an epoch's update matches a full epoch's.
 """
 

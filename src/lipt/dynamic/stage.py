@@ -12,15 +12,15 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
-from lipt import console
-from lipt.artifacts import write_json
-from lipt.build import build_part, is_ddp_child
 from lipt.data import DataModule
 from lipt.dynamic.callback import DynamicPruning
 from lipt.dynamic.plan import PruningMethod, ensemble_losses
-from lipt.results import Pretrained
-from lipt.select import STAGES_FILE, Ranking, ranking_models
+from lipt.run import console
+from lipt.run.artifacts import write_json
+from lipt.run.build import build_part, is_ddp_child
 from lipt.selection import model_outputs
+from lipt.stages.results import Pretrained
+from lipt.stages.select import STAGES_FILE, Ranking, ranking_models
 
 
 def dynamic_enabled(cfg: DictConfig) -> bool:

@@ -12,15 +12,15 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from lipt import console
-from lipt.artifacts import load_checkpoint, save_checkpoint
-from lipt.build import sweep_dir_of_job
 from lipt.data import DataModule
-from lipt.errors import UserError
 from lipt.jigsaw.learner import Learner, learner_shards, train_learner
 from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.weights import is_finite_state_dict
-from lipt.results import PretrainContext
+from lipt.run import console
+from lipt.run.artifacts import load_checkpoint, save_checkpoint
+from lipt.run.build import sweep_dir_of_job
+from lipt.run.errors import UserError
+from lipt.stages.results import PretrainContext
 
 log = logging.getLogger(__name__)
 

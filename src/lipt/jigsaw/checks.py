@@ -1,5 +1,5 @@
 """Checks of the jigsaw keys (`pretrain=jigsaw` and groups `augment`, `prune`, `merge`), run by
-lipt.config.validate before anything is computed, so a bad value fails before any job starts.
+lipt.run.config.validate before anything is computed, so a bad value fails before any job starts.
 
 Kept apart from the stage so that checking a config does not import torch or Lightning. Which
 prune/merge/augment option runs is the group's `_target_` (an unknown option fails when Hydra
@@ -13,9 +13,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
-from lipt.checks import check_number, check_optim, get_key
-from lipt.errors import UserError
 from lipt.jigsaw import SEARCHES
+from lipt.run.checks import check_number, check_optim, get_key
+from lipt.run.errors import UserError
 
 
 def _is_int(value: Any) -> bool:

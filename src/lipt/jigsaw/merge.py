@@ -19,16 +19,16 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from lipt import console
 from lipt.data import DataModule, IndexedImages
-from lipt.errors import UserError
 from lipt.jigsaw.learner import Learner, learner_shards, state_digest
 from lipt.jigsaw.parts import JigsawSettings, Merge
 from lipt.jigsaw.soup import SoupResult
 from lipt.jigsaw.weights import StateDict, recompute_batchnorm_stats
-from lipt.results import PretrainContext
-from lipt.seeding import generator
+from lipt.run import console
+from lipt.run.errors import UserError
+from lipt.run.seeding import generator
 from lipt.selection.types import LearnerHeads
+from lipt.stages.results import PretrainContext
 
 log = logging.getLogger(__name__)
 

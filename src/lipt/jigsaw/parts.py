@@ -1,7 +1,7 @@
 """The parts of a jigsaw pre-training a user chooses by config group, as small typed settings:
 `prune=` (how a learner is pruned), `augment=` (its strong augmentation), `merge=` (how the
 learners become one soup, scored on held-out data). Each group's yaml names one of these classes
-with `_target_`; lipt.build.build_part instantiates it, and the stage passes it down.
+with `_target_`; lipt.run.build.build_part instantiates it, and the stage passes it down.
 
 Paper: Ro et al., ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, sections 3.2-3.3.
 """
@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from lipt.errors import UserError
 from lipt.jigsaw.pruning import prune_magnitude, prune_random, prune_snip
 from lipt.jigsaw.soup import (
     RUNNING_MEAN,
@@ -27,6 +26,7 @@ from lipt.jigsaw.soup import (
     greedy_soup,
     uniform_soup,
 )
+from lipt.run.errors import UserError
 
 # --------------------------------------------------------------------------- prune=
 
@@ -232,7 +232,7 @@ class JigsawSettings:
     num_learners: int = 10  # n
     batches_per_learner: int = 1  # M
     local_epochs: int = 10  # K
-    optim: dict[str, Any] | None = None  # lipt.module.Classifier's SGD keywords
+    optim: dict[str, Any] | None = None  # lipt.models.classifier.Classifier's SGD keywords
     min_learners: int | None = None  # null: half of n, rounded up
     learners: int | list[int] | None = None  # the ids a multirun job trains (None: all, here)
     learner_dir: str | None = None

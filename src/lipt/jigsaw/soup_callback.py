@@ -22,9 +22,9 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
 
-from lipt.errors import UserError, fail, one_line
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.jigsaw.stage import merge_learner_dir
+from lipt.run.errors import UserError, fail, one_line
 
 log = logging.getLogger(__name__)
 

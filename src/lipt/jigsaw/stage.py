@@ -13,7 +13,7 @@ https://proceedings.mlr.press/v202/ro23a.html), sections 3.2-3.3. From ONE commo
 Learners never communicate. The soup (group ``merge``, merge.py) is scored by held-out accuracy
 on the validation split carved from the training set, never the test set.
 
-Everything random about learner i is a function of (seed, i) alone (lipt.seeding.derive_seed),
+Everything random about learner i is a function of (seed, i) alone (lipt.run.seeding.derive_seed),
 never of the global RNG state left by earlier learners, so a learner trained by a job of a
 multirun (`run_learner_job`, one process per job) equals the one trained in-process
 (`pretrain_jigsaw`), and `merge_learner_dir` (called by soup_callback.py when the sweep ends)
@@ -32,11 +32,7 @@ from typing import Any
 from omegaconf import DictConfig
 from torch import nn
 
-from lipt import console
-from lipt.artifacts import write_json
-from lipt.build import build_datamodule, build_model, build_part, build_pretrain_context, run_dir
 from lipt.data import DataModule
-from lipt.errors import UserError
 from lipt.jigsaw.checkpoints import (
     learner_dir,
     learner_file,
@@ -54,10 +50,20 @@ from lipt.jigsaw.merge import (
     merge_learners,
 )
 from lipt.jigsaw.parts import JigsawSettings
-from lipt.pretrain_outputs import write_pretrain_outputs
-from lipt.results import PretrainContext, Pretrained
-from lipt.seeding import torch_threads
-from lipt.summary import summary_payload
+from lipt.run import console
+from lipt.run.artifacts import write_json
+from lipt.run.build import (
+    build_datamodule,
+    build_model,
+    build_part,
+    build_pretrain_context,
+    run_dir,
+)
+from lipt.run.errors import UserError
+from lipt.run.seeding import torch_threads
+from lipt.stages.pretrain_outputs import write_pretrain_outputs
+from lipt.stages.results import PretrainContext, Pretrained
+from lipt.stages.summary import summary_payload
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +72,7 @@ __all__ = ["JigsawPretraining", "merge_learner_dir", "merge_saved", "pretrain_ji
 
 @dataclass(frozen=True)
 class JigsawPretraining(JigsawSettings):
-    """`pretrain=jigsaw`: the strategy lipt.pretrain runs (configs/pretrain/jigsaw.yaml)."""
+    """`pretrain=jigsaw`: the strategy lipt.stages.pretrain runs (configs/pretrain/jigsaw.yaml)."""
 
     def __call__(
         self, ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from lipt.errors import UserError
+from lipt.run.errors import UserError
 from lipt.selection.common import check_budget, finish, randperm
 from lipt.selection.gradients import DEFAULT_CHUNK
 from lipt.selection.scores import mean_score

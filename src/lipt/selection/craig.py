@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from lipt.errors import UserError
+from lipt.run.errors import UserError
 from lipt.selection.common import (
     check_budget,
     check_choice,

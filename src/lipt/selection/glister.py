@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lipt.errors import UserError
+from lipt.run.errors import UserError
 from lipt.selection.common import check_budget, check_choice, finish, serial_loop
 from lipt.selection.gradients import DEFAULT_CHUNK, LastLayerGradient, bias_gradients
 from lipt.selection.types import Selection, SelectionInputs

@@ -18,16 +18,15 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from lipt import console
-from lipt.artifacts import load_checkpoint, save_subset, write_json
-from lipt.build import build_datamodule, build_model, build_selector, run_dir
-from lipt.config import needs_held_out, validate
 from lipt.data import DataModule
-from lipt.errors import UserError
-from lipt.pictures import SUBSET_PICTURE, write_subset_picture
-from lipt.pretrain import pretrain_model
-from lipt.results import Pretrained, Selected, heads_from_payload
-from lipt.seeding import repeat_seed
+from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
+from lipt.run import console
+from lipt.run.artifacts import load_checkpoint, save_subset, write_json
+from lipt.run.build import build_datamodule, build_model, build_selector, run_dir
+from lipt.run.config import validate
+from lipt.run.errors import UserError
+from lipt.run.seeding import repeat_seed
+from lipt.run.selector import selector_settings
 from lipt.selection import (
     LearnerHeads,
     PoolOutputs,
@@ -36,7 +35,9 @@ from lipt.selection import (
     select_balanced,
     subset_profile,
 )
-from lipt.summary import subset_class_counts, summary_payload
+from lipt.stages.pretrain import pretrain_model
+from lipt.stages.results import Pretrained, Selected, heads_from_payload
+from lipt.stages.summary import subset_class_counts, summary_payload
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +62,13 @@ def subset_steps(cfg: DictConfig, pool_size: int) -> int:
     return int(cfg.trainer.max_epochs) * math.ceil(budget_for(cfg, pool_size) / int(cfg.batch_size))
 
 
-def needs_model(cfg: DictConfig) -> bool:
-    return cfg.selector.name != "full" and bool(cfg.selector.get("needs_model", True))
-
-
 def check_held_out(cfg: DictConfig, dm: DataModule) -> None:
     """A selector that matches the validation split needs validation rows (else its target
     would silently be the pool)."""
-    if needs_held_out(cfg.selector) and len(dm.val_indices) == 0:
+    selector = selector_settings(cfg.selector)
+    if selector.needs_held_out and len(dm.val_indices) == 0:
         raise UserError(
-            f"selector={cfg.selector.name} matches the validation split, which is empty here; "
+            f"selector={selector.label} matches the validation split, which is empty here; "
             "set dataset.val_size > 0"
         )
 
@@ -153,7 +151,7 @@ def choose_subset(
     generator = torch.Generator().manual_seed(seed)
     node = cfg.selector
     fn = build_selector(node)
-    if models and needs_model(cfg):
+    if models and selector_settings(node).needs_model:
         device = next(models[0].parameters()).device
         rows = pool_size * len(models) + len(dm.val_indices)
         with console.progress("selecting: rows scored", rows) as step:
@@ -236,7 +234,8 @@ def subset_meta(cfg: DictConfig, dm: DataModule) -> dict[str, Any]:
 
 def select_subset(cfg: DictConfig, dm: DataModule) -> Selected:
     """Stage 2 as select.py and train.py run it: the ranking model(s), then the subset."""
-    ranking = ranking_models(cfg, dm) if needs_model(cfg) else Ranking([])
+    needs_model = selector_settings(cfg.selector).needs_model
+    ranking = ranking_models(cfg, dm) if needs_model else Ranking([])
     start = time.perf_counter()
     diagnostics: dict[str, int] = {}
     profile: dict[str, float] = {}
@@ -273,7 +272,7 @@ def selection_stages(selected: Selected) -> dict[str, dict[str, Any]]:
 def run(cfg: DictConfig) -> dict[str, Any]:
     """`select.py`: subset.npz, merge_report.json (a soup made here) and summary.json."""
     validate(cfg)
-    if cfg.selector.name == "full":
+    if selector_settings(cfg.selector).is_full:
         raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
     out = run_dir(cfg)
     dm = build_datamodule(cfg)

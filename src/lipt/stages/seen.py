@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lipt.artifacts import atomic_write_bytes
+from lipt.run.artifacts import atomic_write_bytes
 
 SEEN_DIR = "seen"
 

@@ -1,4 +1,4 @@
-"""A sweep's report rendered from its rows (lipt.report groups the runs): the tables
+"""A sweep's report rendered from its rows (lipt.report.sweep groups the runs): the tables
 (results.md, results.csv) and the figures, test accuracy against data used (the paper's figure
 2) and seconds per stage (its table 1). matplotlib is imported when a figure is drawn."""
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from lipt.errors import UserError
-from lipt.report_paired import Baseline
+from lipt.report.paired import Baseline
+from lipt.run.errors import UserError
 
 # A sweep's stages, in pipeline order; a row of the report: a group's figures.
 STAGES = ("pretrain", "select", "train")
@@ -121,7 +121,7 @@ def _signed(mean: float | None, std: float | None) -> str:
 
 
 def paired_markdown(rows: Sequence[Row], keys: Sequence[str], baseline: Baseline) -> str:
-    """The paired table (lipt.report_paired.paired_rows): per group, the seeds paired with the
+    """The paired table (lipt.report.paired.paired_rows): per group, the seeds paired with the
     baseline, the mean ± std of the differences and each seed's difference, in points."""
     others = [key for key in keys if key != baseline.key]
     headers = [*keys, "pairs", f"vs {baseline} (points)", "per seed"]

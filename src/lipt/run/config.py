@@ -7,22 +7,21 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from lipt.checks import check_number, check_optim, get_key
-from lipt.errors import UserError
 from lipt.jigsaw.checks import validate_jigsaw
+from lipt.run.checks import check_number, check_optim, get_key
+from lipt.run.errors import UserError
+from lipt.run.selector import SelectorSettings, selector_settings
 
 
-def needs_held_out(selector: DictConfig | None) -> bool:
-    """Whether the selector's target is the validation split (GLISTER; GradMatch target=val)."""
-    if selector is None:
-        return False
-    name = selector.get("name")
-    return name == "glister" or (name == "gradmatch" and selector.get("target") == "val")
+def _selector(cfg: DictConfig) -> SelectorSettings | None:
+    """The chosen selector's settings; None for a stage without a `selector` group."""
+    node = cfg.get("selector")
+    return None if node is None else selector_settings(node)
 
 
 # The `dynamic` group's methods (lipt.dynamic.plan), by _target_; and pretrain=none's.
 INFOBATCH, LIPT_BUDGET = "lipt.dynamic.InfoBatch", "lipt.dynamic.LiptBudget"
-NO_PRETRAINING = "lipt.pretrain.NoPretraining"
+NO_PRETRAINING = "lipt.stages.pretrain.NoPretraining"
 
 
 def _share(cfg: DictConfig, key: str, zero_ok: bool, one_ok: bool, hint: str) -> None:
@@ -60,15 +59,15 @@ def validate_dynamic(cfg: DictConfig) -> None:
                 "dynamic=lipt scores epoch 0 with the jigsaw ensemble, but pretrain=none trains "
                 "none; use pretrain=jigsaw (the default) or dynamic=infobatch"
             )
-    selector = cfg.get("selector")
-    if selector is not None and selector.get("name") != "full":
+    selector = _selector(cfg)
+    if selector is not None and not selector.is_full:
         raise UserError(
-            f"dynamic={name} prunes the whole pool every epoch, so selector={selector.name} "
+            f"dynamic={name} prunes the whole pool every epoch, so selector={selector.label} "
             "cannot choose a subset too; use selector=full (or dynamic=none)"
         )
     if cfg.get("subset_path") is not None:
         raise UserError(f"dynamic={name} prunes the whole pool; drop subset_path")
-    if selector is not None and selector.get("match_subset_steps", False):
+    if selector is not None and selector.match_subset_steps:
         raise UserError(
             f"dynamic={name} sets its own cost; drop selector.match_subset_steps "
             "(approach=full_steps)"
@@ -86,7 +85,7 @@ def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
 def validate(cfg: DictConfig, deep: bool = True) -> None:
     """Raise UserError naming the key and the fix for the first problem found: the cheap checks
     here, then (`deep`) those that build the Trainer, the loggers and the selector and look at
-    the data files (lipt.preflight)."""
+    the data files (lipt.run.preflight)."""
     fraction = get_key(cfg, "fraction")
     if (
         not isinstance(fraction, (int, float))
@@ -125,18 +124,22 @@ def validate(cfg: DictConfig, deep: bool = True) -> None:
         check_number(cfg, "pretrain.epochs", int, 1, 10**6, "use a positive number of epochs")
     if pretrain is not None and "num_learners" in pretrain:  # pretrain=jigsaw
         validate_jigsaw(cfg)  # and the groups augment, prune, merge
-    selector = cfg.get("selector")
-    if needs_held_out(selector) and float(get_key(cfg, "dataset.val_size")) == 0:
+    selector = _selector(cfg)
+    if (
+        selector is not None
+        and selector.needs_held_out
+        and float(get_key(cfg, "dataset.val_size")) == 0
+    ):
         raise UserError(
-            f"selector={selector.name} matches the validation split, but dataset.val_size=0; "
+            f"selector={selector.label} matches the validation split, but dataset.val_size=0; "
             "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
         )
-    if cfg.get("stage") == "select" and selector is not None and selector.get("name") == "full":
+    if cfg.get("stage") == "select" and selector is not None and selector.is_full:
         raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
-    if selector is not None and "repeats" in selector:
+    if selector is not None and "repeats" in cfg.selector:
         check_number(cfg, "selector.repeats", int, 1, 1000, "use a positive integer")
     validate_dynamic(cfg)
     if deep:
-        from lipt.preflight import preflight  # imports torch, Lightning: after the cheap checks
+        from lipt.run.preflight import preflight  # imports torch, Lightning: after the cheap checks
 
         preflight(cfg)

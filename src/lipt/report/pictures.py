@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lipt.artifacts import atomic_write_bytes
-from lipt.console import shown
 from lipt.data import DataModule
-from lipt.report_render import new_figure
+from lipt.report.render import new_figure
+from lipt.run.artifacts import atomic_write_bytes
+from lipt.run.console import shown
 
 SUBSET_PICTURE = "subset.png"
 GRID_CLASSES = 10  # rows of the sample grid (the first classes, for data sets with many)
@@ -120,7 +120,7 @@ def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path)
 
 
 def log_sweep_report(config: Any, sweep: Path) -> Path | None:
-    """With `logger=wandb`, at the end of a sweep: write lipt.report's tables and plots to
+    """With `logger=wandb`, at the end of a sweep: write lipt.report.sweep's tables and plots to
     <sweep>/report and log them (results table, accuracy against data used, seconds per stage)
     in a wandb run named "report" in the sweep's group. Returns the report folder (None: no
     wandb logger in this sweep)."""
@@ -131,7 +131,7 @@ def log_sweep_report(config: Any, sweep: Path) -> Path | None:
         return None
     import wandb
 
-    from lipt.report import parse_args, write_report
+    from lipt.report.sweep import parse_args, write_report
 
     out = sweep / "report"
     write_report(parse_args([str(sweep), "--out", str(out)]))
@@ -140,7 +140,7 @@ def log_sweep_report(config: Any, sweep: Path) -> Path | None:
     columns: list[str | int] = list(rows[0])
     run = wandb.init(
         project=node.get("project", "lipt"),
-        group=shown(sweep),  # as lipt.build.sweep_name names the sweep's runs
+        group=shown(sweep),  # as lipt.run.build.sweep_name names the sweep's runs
         name="report",
         dir=str(sweep),
         mode="offline" if node.get("offline", True) else "online",

@@ -1,6 +1,6 @@
 """Stage 3 and the whole pipeline (`train.py`): pre-train, select, train on the subset, test.
 
-Read top to bottom as a run goes: where to resume from, the subset (selected by lipt.select's
+Read top to bottom as a run goes: where to resume from, the subset (selected by lipt.stages.select's
 own `select_subset`, or loaded), main training, and summary.json built from the stages' results.
 
 Under DDP, Lightning re-runs the entry script in every extra rank with the same run directory:
@@ -23,9 +23,13 @@ from lightning.pytorch.loggers import WandbLogger
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from lipt import console
-from lipt.artifacts import check_subset, load_subset, write_json
-from lipt.build import (
+from lipt.data import DataModule
+from lipt.dynamic.stage import DynamicSetup, describe, dynamic_enabled, dynamic_pruning
+from lipt.jigsaw.checkpoints import LEARNERS_DIR
+from lipt.report.pictures import log_to_wandb
+from lipt.run import console
+from lipt.run.artifacts import check_subset, load_subset, write_json
+from lipt.run.build import (
     build_classifier,
     build_datamodule,
     build_loggers,
@@ -35,28 +39,24 @@ from lipt.build import (
     run_dir,
     sweep_dir_of_job,
 )
-from lipt.config import validate
-from lipt.data import DataModule
-from lipt.dynamic.stage import DynamicSetup, describe, dynamic_enabled, dynamic_pruning
-from lipt.errors import UserError
-from lipt.jigsaw.checkpoints import LEARNERS_DIR
-from lipt.pictures import log_to_wandb
-from lipt.reselect import Reselect, latest_subset
-from lipt.results import Pretrained, Selected, Trained
-from lipt.seeding import reselect_seed
-from lipt.seen import SeenSamples
-from lipt.select import (
+from lipt.run.config import validate
+from lipt.run.errors import UserError
+from lipt.run.seeding import reselect_seed
+from lipt.run.selector import selector_settings
+from lipt.stages.reselect import Reselect, latest_subset
+from lipt.stages.results import Pretrained, Selected, Trained
+from lipt.stages.seen import SeenSamples
+from lipt.stages.select import (
     STAGES_FILE,
     SUBSET_FILE,
     choose_subset,
-    needs_model,
     ranking_models,
     select_subset,
     subset_meta,
     subset_steps,
     write_selection,
 )
-from lipt.summary import subset_class_counts, summary_payload
+from lipt.stages.summary import subset_class_counts, summary_payload
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,8 @@ def obtain_subset(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None
     restarted run already chose, or selected now exactly as select.py selects."""
     if cfg.subset_path:
         return TrainingSet(load_checked_subset(cfg, dm, Path(str(cfg.subset_path))))
-    if cfg.selector.name == "full":
+    selector = selector_settings(cfg.selector)
+    if selector.is_full:
         return TrainingSet(None)
     saved = out / SUBSET_FILE
     if resume is not None and saved.is_file():
@@ -127,7 +128,7 @@ def obtain_subset(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None
         subset = load_checked_subset(cfg, dm, saved)
         log.info("resuming: the subset in %s is kept (not selected again)", saved)
         earlier = earlier_stages(out)
-        if cfg.init_from != "pretrained" or not needs_model(cfg) or is_ddp_child():
+        if cfg.init_from != "pretrained" or not selector.needs_model or is_ddp_child():
             return TrainingSet(subset, earlier_stages=earlier)
         ranking = ranking_models(cfg, dm)
         return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
@@ -188,7 +189,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             )
         model = pretrained.model
     # Dynamic pruning's weights restore a full epoch's loss sum: mean over the batch, and a
-    # cosine over epochs, whose lengths vary (lipt.module.Classifier).
+    # cosine over epochs, whose lengths vary (lipt.models.classifier.Classifier).
     dynamic_optim = {"loss_norm": "batch", "cosine_over": "epochs"} if dynamic is not None else {}
     module = build_classifier(cfg, model, **dynamic_optim)
     callbacks: list[L.Callback] = [
@@ -220,7 +221,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if dynamic is not None:
         callbacks.append(dynamic.callback)
         extra["reload_dataloaders_every_n_epochs"] = 1  # each epoch's loader asks for its plan
-    if cfg.selector.name == "full" and cfg.selector.get("match_subset_steps", False):
+    selector = selector_settings(cfg.selector)
+    if selector.is_full and selector.match_subset_steps:
         extra["max_steps"] = subset_steps(cfg, len(dm.pool_indices))  # approach=full_steps
     trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=callbacks, **extra)
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.

@@ -15,14 +15,14 @@ import torch
 from torch import Tensor, nn
 
 from lipt.jigsaw.parts import Merge, NoAugment, Pruning, RandAugment
-from lipt.module import Classifier
+from lipt.models.classifier import Classifier
 from lipt.selection.types import LearnerHeads
 
 
 @dataclass(frozen=True)
 class PretrainContext:
     """What a pre-training strategy needs of the run, built from the config by the stage
-    (lipt.build.build_pretrain_context), so the code below the stage reads no DictConfig."""
+    (lipt.run.build.build_pretrain_context), so the code below the stage reads no DictConfig."""
 
     data_name: str
     num_classes: int

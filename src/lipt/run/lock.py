@@ -10,7 +10,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from lipt.errors import UserError
+from lipt.run.errors import UserError
 
 
 class RunDirLockedError(UserError):

@@ -17,13 +17,19 @@ import lightning as L
 from omegaconf import DictConfig
 from torch import nn
 
-from lipt import console
-from lipt.build import build_datamodule, build_model, build_part, build_pretrain_context, run_dir
-from lipt.config import validate
 from lipt.data import DataModule
 from lipt.jigsaw.stage import JigsawPretraining, run_learner_job
-from lipt.pretrain_outputs import write_pretrain_outputs
-from lipt.results import PretrainContext, Pretrained
+from lipt.run import console
+from lipt.run.build import (
+    build_datamodule,
+    build_model,
+    build_part,
+    build_pretrain_context,
+    run_dir,
+)
+from lipt.run.config import validate
+from lipt.stages.pretrain_outputs import write_pretrain_outputs
+from lipt.stages.results import PretrainContext, Pretrained
 
 
 class Strategy(Protocol):

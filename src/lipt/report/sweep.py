@@ -1,4 +1,5 @@
-"""Tables and figures for a sweep: `python -m lipt.report SWEEP_DIR` (or `make report SWEEP=...`).
+"""Tables and figures for a sweep: `python -m lipt.report.sweep SWEEP_DIR` (or
+`make report SWEEP=...`).
 
 Reads every run's `summary.json` under SWEEP_DIR (recursively; the format is in docs/DESIGN.md,
 "Artifacts"), groups the runs by the config keys that vary across the sweep, averaging over
@@ -6,7 +7,7 @@ seeds, and writes to SWEEP_DIR/report/ (or --out):
 
 - `results.md`, `results.csv`: one row per group, sorted by the group keys; `results.md` then
   pairs each group with the baseline (`--baseline`, default the random subset) seed by seed,
-  also written to `paired.csv` (lipt.report_paired);
+  also written to `paired.csv` (lipt.report.paired);
 - `accuracy_vs_data.png`: test accuracy against data used, one line per approach (the paper's
   figure 2);
 - `stage_times.png`: mean seconds of pre-training, selection and training, stacked, per group
@@ -47,9 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from lipt.errors import UserError, fail
-from lipt.report_paired import paired_rows, parse_baseline
-from lipt.report_render import (
+from lipt.report.paired import paired_rows, parse_baseline
+from lipt.report.render import (
     STAGES,
     Row,
     paired_csv,
@@ -59,6 +59,7 @@ from lipt.report_render import (
     to_csv,
     to_markdown,
 )
+from lipt.run.errors import UserError, fail
 
 # Stages whose unique_samples count towards "data used" (selection reads data but trains on none).
 DATA_STAGES = ("pretrain", "train")
@@ -288,7 +289,7 @@ def aggregate(runs: Sequence[Run], keys: Sequence[str]) -> list[Row]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m lipt.report",
+        prog="python -m lipt.report.sweep",
         description="Tables (results.md, results.csv) and figures (accuracy_vs_data.png, "
         "stage_times.png) for a sweep: every summary.json under SWEEP_DIR, grouped by the "
         "config keys that vary, averaged over seeds.",

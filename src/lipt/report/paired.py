@@ -1,5 +1,5 @@
 """Paired differences against a baseline for a sweep's report: each group's test accuracy minus
-the baseline's, seed by seed (`python -m lipt.report SWEEP --baseline approach=random`).
+the baseline's, seed by seed (`python -m lipt.report.sweep SWEEP --baseline approach=random`).
 
 A sweep's seeds share everything but the choice under test (the same split, initial model and
 batch order for a given seed), so a seed's difference to the baseline is less noisy than the
@@ -17,7 +17,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lipt.errors import UserError
+from lipt.run.errors import UserError
 
 # The keys a default baseline is looked for in, in order, and its value there.
 DEFAULT_KEYS = ("approach", "selector.name")

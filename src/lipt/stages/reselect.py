@@ -19,8 +19,8 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from lipt.artifacts import atomic_write_bytes, save_subset
 from lipt.data import DataModule
+from lipt.run.artifacts import atomic_write_bytes, save_subset
 
 # (model, epoch, profile to fill) -> indices, weights; the profile stays empty when the selector
 # ranks nothing (random)

@@ -1,5 +1,5 @@
 """Checks of single config keys, each raising a one-line UserError that names the key and the
-fix: lipt.config.validate and lipt.jigsaw.checks build on them. No torch, no Lightning."""
+fix: lipt.run.config.validate and lipt.jigsaw.checks build on them. No torch, no Lightning."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lipt.errors import UserError
+from lipt.run.errors import UserError
 
 
 def get_key(cfg: DictConfig, key: str) -> Any:
@@ -34,7 +34,8 @@ def check_positive(cfg: DictConfig, key: str, high: float, hint: str) -> None:
 
 
 def check_optim(cfg: DictConfig, prefix: str) -> None:
-    """SGD settings under `prefix` (optim, pretrain.optim), as lipt.module.Classifier uses them."""
+    """SGD settings under `prefix` (optim, pretrain.optim), as
+    lipt.models.classifier.Classifier uses them."""
     check_positive(cfg, f"{prefix}.lr", 1e3, "use a positive learning rate, e.g. 0.1")
     check_number(cfg, f"{prefix}.momentum", float, 0, 0.999999, "use a momentum in [0, 1)")
     check_number(cfg, f"{prefix}.weight_decay", float, 0, 1e3, "use a weight decay >= 0")

@@ -13,18 +13,18 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from lipt import console
-from lipt.artifacts import AtomicCheckpointIO
-from lipt.console import shown
 from lipt.data import DataModule
+from lipt.models.classifier import Classifier
 from lipt.models.options import apply_speed_options
-from lipt.module import Classifier
-from lipt.results import PretrainContext
-from lipt.run_lock import lock_run_dir
+from lipt.run import console
+from lipt.run.artifacts import AtomicCheckpointIO
+from lipt.run.console import shown
+from lipt.run.lock import lock_run_dir
+from lipt.stages.results import PretrainContext
 
 
 def run_dir(cfg: DictConfig) -> Path:
-    """The run folder, created and locked for this process (lipt.run_lock): a second run
+    """The run folder, created and locked for this process (lipt.run.lock): a second run
     pointed at it is refused. Extra DDP ranks share their rank 0's folder and lock."""
     path = Path(str(cfg.paths.output_dir))
     path.mkdir(parents=True, exist_ok=True)
@@ -94,7 +94,7 @@ def build_selector(node: DictConfig) -> Any:
 
 
 def build_pretrain_context(cfg: DictConfig, dm: DataModule) -> PretrainContext:
-    """What a pre-training strategy needs of this run (lipt.results.PretrainContext), the
+    """What a pre-training strategy needs of this run (lipt.stages.results.PretrainContext), the
     groups augment, prune and merge instantiated."""
     model = OmegaConf.to_container(cfg.model, resolve=True)
     assert isinstance(model, dict)

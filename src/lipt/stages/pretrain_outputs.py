@@ -8,10 +8,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lipt.artifacts import save_checkpoint, write_json
 from lipt.data import DataModule
-from lipt.results import PretrainContext, Pretrained, pretrain_payload
-from lipt.summary import summary_payload
+from lipt.run.artifacts import save_checkpoint, write_json
+from lipt.stages.results import PretrainContext, Pretrained, pretrain_payload
+from lipt.stages.summary import summary_payload
 
 
 def write_pretrain_outputs(

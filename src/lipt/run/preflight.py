@@ -1,5 +1,5 @@
 """The checks of a composed config that need the libraries: the Trainer, the loggers, the
-pre-training parts, the selector and the data files. `lipt.config.validate` runs them after its
+pre-training parts, the selector and the data files. `lipt.run.config.validate` runs them after its
 cheap checks, before any stage starts, so a setting read only by main training fails before
 minutes of pre-training.
 
@@ -22,8 +22,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lipt import console
-from lipt.errors import UserError
+from lipt.run import console
+from lipt.run.errors import UserError
+from lipt.run.selector import selector_settings
 
 # Rows, classes and features of the tiny pool the selector is tried on.
 DRY_RUN_ROWS, DRY_RUN_FEATURES = 64, 8
@@ -81,7 +82,7 @@ def check_loggers(cfg: DictConfig) -> None:
             raise UserError(f"logger.{name} settings are invalid: {e}") from e
 
 
-# The groups built with lipt.build.build_part before or during pre-training, and main
+# The groups built with lipt.run.build.build_part before or during pre-training, and main
 # training's dynamic pruning.
 PARTS = ("pretrain", "augment", "prune", "merge", "dynamic")
 
@@ -89,7 +90,7 @@ PARTS = ("pretrain", "augment", "prune", "merge", "dynamic")
 def check_parts(cfg: DictConfig) -> None:
     """Build each part once: a key its class does not take (an experiment's `pretrain.epochs`
     reaching pretrain=jigsaw) or a value it refuses fails now, not when its stage starts."""
-    from lipt.build import build_part
+    from lipt.run.build import build_part
 
     for group in PARTS:
         node = cfg.get(group)
@@ -109,11 +110,11 @@ def check_selector(cfg: DictConfig) -> None:
     bad value (an unknown `greedy` mode, a negative `eta`) fails now, not after pre-training."""
     import torch
 
-    from lipt.build import build_selector
+    from lipt.run.build import build_selector
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     node = cfg.get("selector")
-    if node is None or node.get("name") == "full":
+    if node is None or selector_settings(node).is_full:
         return
     name = node.get("name")
     for key, kind in (("balance", bool), ("needs_model", bool)):

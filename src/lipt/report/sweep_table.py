@@ -9,17 +9,17 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from lipt import console
-from lipt.console import shown
 from lipt.jigsaw.soup_callback import learner_sweep
-from lipt.pictures import log_sweep_report
-from lipt.report import aggregate, load_summaries, varying_keys
-from lipt.report_render import MARKDOWN_COLUMNS
+from lipt.report.pictures import log_sweep_report
+from lipt.report.render import MARKDOWN_COLUMNS
+from lipt.report.sweep import aggregate, load_summaries, varying_keys
+from lipt.run import console
+from lipt.run.console import shown
 
 
 class SweepTable(Callback):
-    """At the end of a multirun: a short table of the sweep's summaries (lipt.report's grouping:
-    one row per swept setting, mean over seeds) and where the sweep folder is."""
+    """At the end of a multirun: a short table of the sweep's summaries (lipt.report.sweep's
+    grouping: one row per swept setting, mean over seeds) and where the sweep folder is."""
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         console.jobs_ended()

@@ -15,13 +15,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lipt.errors import UserError, fail, one_line
+from lipt.run.errors import UserError, fail, one_line
 
 
 def config_dir() -> Path:
     """configs/ of the repository (lipt is installed editable), or $LIPT_CONFIG_DIR."""
     env = os.environ.get("LIPT_CONFIG_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "configs"
+    path = Path(env) if env else Path(__file__).resolve().parents[3] / "configs"
     if not (path / "train.yaml").is_file():
         fail(f"no lipt configs at {path}; set LIPT_CONFIG_DIR to the repository's configs/")
     return path
@@ -77,11 +77,11 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from lipt.config import validate
+    from lipt.run.config import validate
 
     overrides = [a for a in args if not a.startswith("hydra.") and not a.startswith("hydra/")]
     try:
-        from lipt.run_lock import check_unlocked  # before Hydra writes .hydra/ into it
+        from lipt.run.lock import check_unlocked  # before Hydra writes .hydra/ into it
 
         ddp_child = os.environ.get("LOCAL_RANK", "0") != "0"  # shares its rank 0's folder
         for arg in args:
@@ -116,8 +116,9 @@ def _hint(e: BaseException) -> str:
 
 def launch(config_name: str, stage_module: str) -> None:
     """Check the overrides, then hand over to Hydra, which calls the stage's `run(cfg)`
-    (`stage_module`: lipt.train, lipt.pretrain or lipt.select). The stage, and with it
-    Lightning, is imported only once the overrides pass: a mistake is answered in a second."""
+    (`stage_module`: lipt.stages.train, lipt.stages.pretrain or lipt.stages.select). The stage,
+    and with it Lightning, is imported only once the overrides pass: a mistake is answered in a
+    second."""
     import importlib
 
     import hydra
@@ -135,14 +136,14 @@ def launch(config_name: str, stage_module: str) -> None:
         # First, as when the stage was imported before Hydra started: Lightning sets up its own
         # loggers on import, before console.setup routes them.
         stage: Callable[[DictConfig], Any] = importlib.import_module(stage_module).run
-        from lipt import console
+        from lipt.run import console
 
         keep_caches_in(Path(str(cfg.paths.output_dir)))
         console.setup(multirun_job=is_multirun())
         try:
             summary = stage(cfg)
         except UserError as e:
-            from lipt.run_lock import RunDirLockedError
+            from lipt.run.lock import RunDirLockedError
 
             if not isinstance(e, RunDirLockedError):  # a locked folder is another run's: keep it
                 remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))
@@ -214,14 +215,14 @@ def remove_if_only_bookkeeping(run_dir: Path) -> None:
 
 def train_main() -> None:
     """`python train.py` / `lipt-train`: the whole pipeline."""
-    launch("train", "lipt.train")
+    launch("train", "lipt.stages.train")
 
 
 def pretrain_main() -> None:
     """`python pretrain.py` / `lipt-pretrain`: stage 1 alone."""
-    launch("pretrain", "lipt.pretrain")
+    launch("pretrain", "lipt.stages.pretrain")
 
 
 def select_main() -> None:
     """`python select.py` / `lipt-select`: stage 2 alone."""
-    launch("select", "lipt.select")
+    launch("select", "lipt.stages.select")

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from lipt.seeding import global_rng_states, set_global_rng_states
+from lipt.run.seeding import global_rng_states, set_global_rng_states
 
 
 class Classifier(L.LightningModule):

@@ -1,0 +1,34 @@
+"""What the run needs to know of the chosen selector, read from the `selector` node here alone.
+
+Elsewhere `selector.name` is only a label (messages, subset files, reports): the checks and the
+stages ask a `SelectorSettings` instead. No torch, no Lightning: `lipt.run.config` uses it
+before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+
+@dataclass(frozen=True)
+class SelectorSettings:
+    label: str  # selector.name, for messages
+    is_full: bool  # selector=full: no selection, main training takes the whole pool
+    needs_model: bool  # the selector ranks the pool with a (pre-)trained model
+    needs_held_out: bool  # it matches the validation split (GLISTER; GradMatch target=val)
+    match_subset_steps: bool  # the full-data run takes the subset run's steps (full_steps)
+
+
+def selector_settings(node: DictConfig) -> SelectorSettings:
+    """The settings of a `selector` config node."""
+    name = node.get("name")
+    is_full = name == "full"
+    return SelectorSettings(
+        label=str(name),
+        is_full=is_full,
+        needs_model=not is_full and bool(node.get("needs_model", True)),
+        needs_held_out=name == "glister" or (name == "gradmatch" and node.get("target") == "val"),
+        match_subset_steps=bool(node.get("match_subset_steps", False)),
+    )
