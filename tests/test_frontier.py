@@ -356,3 +356,23 @@ def test_small_frontier_end_to_end(tmp_path: Path) -> None:
     third = run_entry("benchmarks/frontier.py", [*args, "--report-only"], timeout=120)
     assert third.returncode == 0, third.stderr[-3000:]
     assert fr.table_rows(points, 2)[2] in (out / "frontier.md").read_text()
+
+
+def test_the_timing_caveat_flags_loaded_runs_but_not_pinned_ones() -> None:
+    """A run pinned to one core with one thread pays a one-core rate whatever the other core
+    does; the system-wide load average flags only the runs that were not pinned."""
+    two_cores = {"cores": 2, "torch_threads": 2, "cores_allowed": 2}
+    pinned = {"cores": 2, "torch_threads": 1, "cores_allowed": 1}
+    loaded = [3.1, 2.9]
+    results = [{**r, "host": pinned, "load_average": loaded} for r in reference(seconds=600.0)] + [
+        {**result("full", 0.1, 0, 0.82, 60.0), "host": pinned, "load_average": loaded},
+        {**result("full", 0.2, 0, 0.85, 130.0), "host": two_cores, "load_average": loaded},
+        {**result("full", 0.3, 0, 0.87, 190.0), "host": two_cores, "load_average": [1.0, 1.2]},
+    ]
+    assert fr.is_pinned(results[0]) and not fr.is_pinned(results[-1])
+    hardware = {"cpu": "cpu", "cores": 2, "accelerator": "no GPU", "torch": "2"}
+    meta = {"command": "x", "commit": "c", "hardware": hardware, "ref_epochs": 12}
+    text = fr.markdown(meta, fr.aggregate(results), results, [])
+    caveat = next(line for line in text.splitlines() if line.startswith("Timing caveat"))
+    assert caveat.endswith(": full_b0.2_s0."), caveat  # the loaded run that was not pinned
+    assert "4 of 6 runs ran pinned to one core" in text
