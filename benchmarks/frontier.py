@@ -332,9 +332,11 @@ def train_one(run: Run, ref_epochs: int, run_dir: Path) -> dict[str, Any]:
         shutil.rmtree(run_dir)  # an earlier attempt that did not finish: start clean
     cfg = compose(run.overrides, run_dir)
     load_before = os.getloadavg()[0]
+    ticks_before = core_ticks()
     start = time.perf_counter()
     summary = train_run(cfg)
     call_seconds = time.perf_counter() - start
+    other_busy = other_cores_busy(ticks_before, core_ticks())
     return {
         **asdict(run),
         "overrides": list(run.overrides),
@@ -346,6 +348,9 @@ def train_one(run: Run, ref_epochs: int, run_dir: Path) -> dict[str, Any]:
         # 1-minute load averages at the start and the end: above the core count, other work
         # shared the machine and the seconds are inflated
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        # share of the time the cores this run may not use were busy: a pinned run's seconds
+        # grow when the other core works beside it (shared cache and memory), ~40% measured
+        "other_cores_busy": other_busy,
         "run_dir": str(run_dir),
         "host": host(),  # results spread over sessions may come from different machines
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -537,8 +542,16 @@ def markdown(
         lines += [
             "",
             f"{len(pinned)} of {len(results)} runs ran pinned to one core with one torch thread "
-            "(`OMP_NUM_THREADS=1 taskset -c 1`); the machine's load average cannot tell whether "
-            "their core was shared, so it does not flag them.",
+            "(`OMP_NUM_THREADS=1 taskset -c 1`); each records how busy the other cores were "
+            "during it.",
+        ]
+    beside = [r["name"] for r in results if is_pinned(r) and is_busy_beside(r)]
+    if beside:
+        lines += [
+            "",
+            f"Timing caveat: {len(beside)} of {len(results)} pinned runs had the other cores busy "
+            f"more than {BUSY_SHARE:.0%} of their time (shared cache and memory inflate a pinned "
+            f"run's seconds, by up to ~40% measured here): {', '.join(beside)}.",
         ]
     busy = [
         r["name"]
@@ -626,6 +639,43 @@ def plot(points: Sequence[Point], ref_epochs: int, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# A pinned run whose other cores were busy more than this share of its time is flagged.
+BUSY_SHARE = 0.25
+
+
+def core_ticks() -> dict[int, tuple[int, int]]:
+    """(busy, total) jiffies per core from /proc/stat; empty where there is none."""
+    stat = Path("/proc/stat")
+    if not stat.is_file():
+        return {}
+    ticks = {}
+    for line in stat.read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            values = [int(v) for v in fields[:8]]
+            idle = values[3] + values[4]  # idle + iowait
+            ticks[int(name[3:])] = (sum(values) - idle, sum(values))
+    return ticks
+
+
+def other_cores_busy(
+    before: Mapping[int, tuple[int, int]], after: Mapping[int, tuple[int, int]]
+) -> float | None:
+    """Busy share of the cores outside this process's affinity between two `core_ticks`."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(after)
+    others = [c for c in after if c not in allowed and c in before]
+    if not others:
+        return None
+    busy = sum(after[c][0] - before[c][0] for c in others)
+    total = sum(after[c][1] - before[c][1] for c in others)
+    return round(busy / total, 3) if total > 0 else None
+
+
+def is_busy_beside(result: Mapping[str, Any]) -> bool:
+    """Whether a pinned run's other cores worked beside it (its seconds are inflated)."""
+    return (result.get("other_cores_busy") or 0.0) > BUSY_SHARE
 
 
 def is_pinned(result: Mapping[str, Any]) -> bool:

@@ -376,3 +376,29 @@ def test_the_timing_caveat_flags_loaded_runs_but_not_pinned_ones() -> None:
     caveat = next(line for line in text.splitlines() if line.startswith("Timing caveat"))
     assert caveat.endswith(": full_b0.2_s0."), caveat  # the loaded run that was not pinned
     assert "4 of 6 runs ran pinned to one core" in text
+
+
+def test_pinned_runs_with_busy_other_cores_are_flagged() -> None:
+    """A pinned run still shares cache and memory: the other cores' busy share during it,
+    from /proc/stat, flags it; a quiet pinned run is not flagged."""
+    pinned = {"cores": 2, "torch_threads": 1, "cores_allowed": 1}
+    results = [{**r, "host": pinned, "other_cores_busy": 0.02} for r in reference(seconds=600.0)]
+    results += [
+        {**result("full", 0.1, 0, 0.82, 60.0), "host": pinned, "other_cores_busy": 0.9},
+        {**result("full", 0.2, 0, 0.85, 130.0), "host": pinned, "other_cores_busy": 0.1},
+    ]
+    hardware = {"cpu": "cpu", "cores": 2, "accelerator": "no GPU", "torch": "2"}
+    meta = {"command": "x", "commit": "c", "hardware": hardware, "ref_epochs": 12}
+    text = fr.markdown(meta, fr.aggregate(results), results, [])
+    caveats = [line for line in text.splitlines() if line.startswith("Timing caveat")]
+    assert caveats == [
+        "Timing caveat: 1 of 5 pinned runs had the other cores busy more than 25% of their time "
+        "(shared cache and memory inflate a pinned run's seconds, by up to ~40% measured here): "
+        "full_b0.1_s0."
+    ], caveats
+    # the share itself: busy ticks over all ticks of the cores outside the affinity set
+    before = {c: (0, 0) for c in range(64)}
+    after = {c: (50, 100) for c in range(64)}
+    allowed = set(__import__("os").sched_getaffinity(0))
+    share = fr.other_cores_busy(before, after)
+    assert share == (0.5 if len(allowed) < 64 else None)
