@@ -73,10 +73,14 @@ class DataModule(L.LightningDataModule):
         flip: bool = True,
         resident: bool = True,
         device: str | None = None,
+        pool_size: int | None = None,
     ) -> None:
         """`resident`: serve in-memory data sets from the training device (see the module
         docstring). `device`: where resident batches live when no trainer is attached (None:
-        CUDA when available, else the CPU)."""
+        CUDA when available, else the CPU). `pool_size`: keep a seeded random part of that many
+        items of the pool (smoke runs, `debug=fdr`; None: the whole pool)."""
+        if pool_size is not None and pool_size < 1:
+            raise ValueError(f"pool_size must be a positive count or None, not {pool_size}")
         super().__init__()
         self.load = load
         self.num_classes, self.channels, self.image_size = num_classes, channels, image_size
@@ -86,6 +90,7 @@ class DataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.crop_padding, self.flip = crop_padding, flip
         self.resident, self.device = resident, device
+        self.pool_size = pool_size
         self.splits: Splits | None = None
         self._resident_train: ResidentImages | None = None
         self._resident_test: ResidentImages | None = None
@@ -119,7 +124,11 @@ class DataModule(L.LightningDataModule):
         # The split depends on split_seed alone, so runs with different seeds share one pool.
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.split_seed))
         self.val_indices = perm[:n_val].sort().values
-        self.pool_indices = perm[n_val:].sort().values
+        pool = perm[n_val:]
+        if self.pool_size is not None and self.pool_size < len(pool):
+            keep = torch.randperm(len(pool), generator=torch.Generator().manual_seed(self.split_seed))
+            pool = pool[keep[: self.pool_size]]
+        self.pool_indices = pool.sort().values
         self.splits = splits
         if isinstance(splits.train, TensorImages) and isinstance(splits.test, TensorImages):
             self._resident_train = ResidentImages(splits.train)

@@ -40,7 +40,7 @@ def recipe(
         "batches_per_learner": int(settings.batches_per_learner),
         "local_epochs": int(settings.local_epochs),
         "batch_size": dm.batch_size,
-        "optim": settings.learner_optim(),
+        "optim": {**ctx.optimizer, **settings.learner_optim()},
         "augment": dataclasses.asdict(ctx.augment),
         "prune": {"method": type(ctx.prune).__name__, **dataclasses.asdict(ctx.prune)},
     }

@@ -2,29 +2,40 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics.classification import MulticlassAccuracy
 
+from lipt.models.schedules import Clock, cosine
 from lipt.run.seeding import global_rng_states, set_global_rng_states
+
+# The paper's optimiser (appendix A), configs/optimizer/sgd.yaml's settings.
+PAPER_SGD = functools.partial(
+    torch.optim.SGD, lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4
+)
 
 
 class Classifier(L.LightningModule):
     """Cross-entropy classifier with per-sample loss weights.
 
     The weighted loss is normalised by the batch's weight sum (as CORDS does), so selectors whose
-    weights sum to the pool size do not silently multiply the learning rate. Optimiser defaults
-    follow the paper's appendix A: SGD lr 0.1, momentum 0.9, nesterov, weight decay 5e-4, cosine.
+    weights sum to the pool size do not silently multiply the learning rate. The optimiser and
+    its schedule are the groups `optimizer` and `scheduler` (lipt.models.schedules); by default
+    the paper's appendix A: SGD lr 0.1, momentum 0.9, nesterov, weight decay 5e-4, cosine.
 
     Dynamic pruning (lipt.dynamic) asks for two changes: `loss_norm="batch"` divides the weighted
     loss by the batch size instead (InfoBatch's mean: its weights restore a full epoch's loss
-    sum, which a weight-sum normalisation would undo), and `cosine_over="epochs"` anneals the
+    sum, which a weight-sum normalisation would undo), and `schedule_over="epochs"` anneals the
     learning rate over (fractional) epochs instead of steps, so epochs of different lengths
     each take their share of the schedule and the last step still ends at zero.
     """
@@ -33,23 +44,22 @@ class Classifier(L.LightningModule):
         self,
         model: nn.Module,
         num_classes: int,
-        lr: float = 0.1,
-        momentum: float = 0.9,
-        nesterov: bool = True,
-        weight_decay: float = 5e-4,
-        scheduler: str = "cosine",
+        optimizer: Callable[..., Optimizer] | None = None,
+        scheduler: Callable[..., Any] | None = None,
         loss_norm: str = "weights",
-        cosine_over: str = "steps",
+        schedule_over: str = "steps",
     ) -> None:
         super().__init__()
-        if scheduler not in ("cosine", "constant"):
-            raise ValueError(f"scheduler must be 'cosine' or 'constant', not {scheduler!r}")
         if loss_norm not in ("weights", "batch"):
             raise ValueError(f"loss_norm must be 'weights' or 'batch', not {loss_norm!r}")
-        if cosine_over not in ("steps", "epochs"):
-            raise ValueError(f"cosine_over must be 'steps' or 'epochs', not {cosine_over!r}")
-        self.save_hyperparameters(ignore=["model"])
-        self.loss_norm, self.cosine_over = loss_norm, cosine_over
+        if schedule_over not in ("steps", "epochs"):
+            raise ValueError(f"schedule_over must be 'steps' or 'epochs', not {schedule_over!r}")
+        self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"])
+        # (parameters) -> optimiser, and (optimiser, clock) -> schedule: the groups `optimizer`
+        # and `scheduler` (lipt.run.build.build_classifier); the paper's SGD and cosine unless set.
+        self.make_optimizer = optimizer or PAPER_SGD
+        self.make_scheduler = scheduler or cosine
+        self.loss_norm, self.schedule_over = loss_norm, schedule_over
         self.model = model
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -62,7 +72,7 @@ class Classifier(L.LightningModule):
         self.fit_started: float | None = None
         # The last training batch's per-sample losses, detached: what dynamic pruning scores by.
         self.last_losses: Tensor | None = None
-        # Batches done in the current epoch, and its batch count (cosine_over="epochs").
+        # Batches done in the current epoch, and its batch count (schedule_over="epochs").
         self.epoch_batches_done, self.epoch_batches = 0, 1
 
     def forward(self, x: Tensor) -> Tensor:
@@ -97,31 +107,27 @@ class Classifier(L.LightningModule):
         self.log("test/acc", self.test_acc)
 
     def configure_optimizers(self) -> Any:
-        hp: Any = self.hparams
-        optimizer = torch.optim.SGD(
-            self.parameters(),
-            lr=hp.lr,
-            momentum=hp.momentum,
-            nesterov=hp.nesterov and hp.momentum > 0,
-            weight_decay=hp.weight_decay,
+        optimizer = self.make_optimizer(self.parameters())
+        target = getattr(self.make_scheduler, "func", self.make_scheduler)
+        if isinstance(target, type) and issubclass(target, LRScheduler):
+            # A torch scheduler class configured as it is: stepped once per epoch.
+            schedule = self.make_scheduler(optimizer)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule}}
+        clock = Clock(
+            total_steps=lambda: max(1, int(self.trainer.estimated_stepping_batches)),
+            progress=self.epochs_done_share if self.schedule_over == "epochs" else None,
         )
-        if hp.scheduler == "constant":
+        schedule = self.make_scheduler(optimizer, clock)
+        if schedule is None:
             return optimizer
-        schedule: torch.optim.lr_scheduler.LRScheduler
-        if self.cosine_over == "epochs":
-            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, self.epoch_cosine)
-        else:
-            # Per-step cosine so that short runs (one epoch, a few jigsaw steps) still anneal.
-            total_steps = max(1, int(self.trainer.estimated_stepping_batches))
-            schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
-    def epoch_cosine(self, _step: int) -> float:
-        """The learning rate factor after the current batch: cosine over the epochs done,
-        counting the current one's share of batches done (LambdaLR calls it after each step)."""
+    def epochs_done_share(self) -> float:
+        """The share of max_epochs done after the current batch, counting the current epoch's
+        share of batches done (a schedule over epochs asks it after each step)."""
         epochs = max(1, int(self.trainer.max_epochs or 1))
         done = self.trainer.current_epoch + self.epoch_batches_done / max(1, self.epoch_batches)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, done / epochs)))
+        return min(1.0, done / epochs)
 
     def on_fit_start(self) -> None:
         self.fit_started = time.perf_counter()

@@ -16,6 +16,7 @@ from torch import nn
 from lipt.data import DataModule
 from lipt.models.classifier import Classifier
 from lipt.models.options import apply_speed_options
+from lipt.models.schedules import LEARNER_SCHEDULES
 from lipt.run import console
 from lipt.run.artifacts import AtomicCheckpointIO
 from lipt.run.console import shown
@@ -55,6 +56,7 @@ def build_datamodule(cfg: DictConfig) -> DataModule:
         flip=d.flip,
         eval_batch_size=d.get("eval_batch_size", 256),
         resident=d.get("resident", False),
+        pool_size=d.get("pool_size"),
     )
     dm.setup()
     return dm
@@ -111,6 +113,7 @@ def build_pretrain_context(cfg: DictConfig, dm: DataModule) -> PretrainContext:
         run_dir=lambda: run_dir(cfg),
         # Late-bound (looked up when called), so a test can wrap build_classifier.
         classifier=lambda model, **optim: build_classifier(cfg, model, **optim),
+        optimizer=optimizer_settings(cfg),
         trainer=lambda **overrides: quiet_trainer(cfg, **overrides),
         augment=build_part(cfg.augment),
         prune=build_part(cfg.prune),
@@ -126,9 +129,53 @@ def scoring_device(cfg: DictConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def build_classifier(cfg: DictConfig, model: nn.Module, **optim: Any) -> Classifier:
-    settings = {**OmegaConf.to_container(cfg.optim, resolve=True), **optim}  # type: ignore[dict-item]
-    return Classifier(model, num_classes=cfg.dataset.num_classes, **settings)
+def optimizer_settings(cfg: DictConfig, **overrides: Any) -> dict[str, Any]:
+    """The `optimizer` group's node, resolved, with the `overrides` that are not None (a jigsaw
+    learner's lr and weight decay, pretrain.optim)."""
+    node = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    assert isinstance(node, dict)
+    return {**{str(k): v for k, v in node.items()}, **{k: v for k, v in overrides.items() if v is not None}}
+
+
+def build_classifier(
+    cfg: DictConfig,
+    model: nn.Module,
+    lr: float | None = None,
+    weight_decay: float | None = None,
+    scheduler: str | None = None,
+    **options: Any,
+) -> Classifier:
+    """The Lightning module with the groups `optimizer` and `scheduler` (functools.partials).
+    A jigsaw learner passes its own `lr`, `weight_decay` and schedule name (pretrain.optim);
+    `options` are the Classifier's (dynamic pruning's loss_norm and schedule_over)."""
+    optimizer = instantiate(optimizer_settings(cfg, lr=lr, weight_decay=weight_decay), _convert_="all")
+    schedule = build_part(cfg.scheduler) if scheduler is None else LEARNER_SCHEDULES[scheduler]
+    return Classifier(
+        model,
+        num_classes=cfg.dataset.num_classes,
+        optimizer=optimizer,
+        scheduler=schedule,
+        **options,
+    )
+
+
+def build_callbacks(cfg: DictConfig, loggers: Sequence[Any], bars: bool) -> list[L.Callback]:
+    """Main training's `callbacks` group, beside lipt's own (the rolling last.ckpt, re-selection,
+    dynamic pruning). Left out where the run lacks what they need: a progress bar when bars are
+    off (piped output, CI, a multirun job), a learning-rate monitor without a logger."""
+    from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
+
+    callbacks = []
+    for node in (cfg.get("callbacks") or {}).values():
+        if node is None or "_target_" not in node:
+            continue
+        callback = build_part(node)
+        if isinstance(callback, ProgressBar) and not bars:
+            continue
+        if isinstance(callback, LearningRateMonitor) and not loggers:
+            continue
+        callbacks.append(callback)
+    return callbacks
 
 
 def build_loggers(cfg: DictConfig) -> list:
@@ -188,6 +235,13 @@ def build_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:
     if kwargs.get("enable_progress_bar", cfg.trainer.get("enable_progress_bar")) is None:
         kwargs["enable_progress_bar"] = console.bars_enabled()  # null: a bar on a terminal only
     return instantiate(cfg.trainer, **kwargs)
+
+
+def progress_bars(cfg: DictConfig) -> bool:
+    """Whether main training's trainer draws a progress bar (trainer.enable_progress_bar, null:
+    on a terminal only)."""
+    setting = cfg.trainer.get("enable_progress_bar")
+    return console.bars_enabled() if setting is None else bool(setting)
 
 
 def quiet_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:

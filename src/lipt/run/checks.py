@@ -34,13 +34,19 @@ def check_positive(cfg: DictConfig, key: str, high: float, hint: str) -> None:
 
 
 def check_optim(cfg: DictConfig, prefix: str) -> None:
-    """SGD settings under `prefix` (optim, pretrain.optim), as
-    lipt.models.classifier.Classifier uses them."""
+    """Optimiser settings under `prefix`: the `optimizer` group, or a jigsaw learner's
+    pretrain.optim; each key is checked where the node has it (preflight builds the optimiser)."""
+    node = get_key(cfg, prefix)
     check_positive(cfg, f"{prefix}.lr", 1e3, "use a positive learning rate, e.g. 0.1")
-    check_number(cfg, f"{prefix}.momentum", float, 0, 0.999999, "use a momentum in [0, 1)")
-    check_number(cfg, f"{prefix}.weight_decay", float, 0, 1e3, "use a weight decay >= 0")
-    if not isinstance(get_key(cfg, f"{prefix}.nesterov"), bool):
+    if "momentum" in node:
+        check_number(cfg, f"{prefix}.momentum", float, 0, 0.999999, "use a momentum in [0, 1)")
+    if "weight_decay" in node:
+        check_number(cfg, f"{prefix}.weight_decay", float, 0, 1e3, "use a weight decay >= 0")
+    if "nesterov" in node and not isinstance(get_key(cfg, f"{prefix}.nesterov"), bool):
         raise UserError(f"{prefix}.nesterov is invalid: use true or false")
-    scheduler = get_key(cfg, f"{prefix}.scheduler")
-    if scheduler not in ("cosine", "constant"):
-        raise UserError(f"{prefix}.scheduler={scheduler!r} is invalid: use cosine or constant")
+    if "scheduler" in node:  # a learner's schedule (main training's is the group `scheduler`)
+        scheduler = get_key(cfg, f"{prefix}.scheduler")
+        if scheduler not in ("cosine", "constant"):
+            raise UserError(
+                f"{prefix}.scheduler={scheduler!r} is invalid: use cosine or constant"
+            )

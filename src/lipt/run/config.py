@@ -97,10 +97,12 @@ def validate(cfg: DictConfig, deep: bool = True) -> None:
     check_number(cfg, "reselect_every", int, 0, 10**9, "use 0 (select once) or a positive integer")
     check_number(cfg, "batch_size", int, 1, 10**7, "use a positive integer")
     check_number(cfg, "trainer.max_epochs", int, 1, 10**7, "use a positive integer")
-    check_optim(cfg, "optim")
+    check_optim(cfg, "optimizer")
     if cfg.get("init_from") not in ("init", "pretrained"):
         raise UserError(f"init_from={cfg.get('init_from')!r} is invalid: use init or pretrained")
     check_number(cfg, "dataset.val_size", float, 0, 10**9, "use a count or a fraction of the data")
+    if get_key(cfg, "dataset.pool_size") is not None:
+        check_number(cfg, "dataset.pool_size", int, 1, 10**9, "use null (all) or a positive count")
     data_dir = get_key(cfg, "dataset.data_dir")
     if data_dir is not None:
         _readable_path(

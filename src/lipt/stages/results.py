@@ -38,6 +38,9 @@ class PretrainContext:
     augment: NoAugment | RandAugment
     prune: Pruning
     merge: Merge
+    # The `optimizer` node, resolved: each learner's optimiser is it at pretrain.optim's lr and
+    # weight decay, and its checkpoint records both.
+    optimizer: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

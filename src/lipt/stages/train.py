@@ -30,12 +30,14 @@ from lipt.report.pictures import log_to_wandb
 from lipt.run import console
 from lipt.run.artifacts import check_subset, load_subset, write_json
 from lipt.run.build import (
+    build_callbacks,
     build_classifier,
     build_datamodule,
     build_loggers,
     build_model,
     build_trainer,
     is_ddp_child,
+    progress_bars,
     run_dir,
     sweep_dir_of_job,
 )
@@ -189,8 +191,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             )
         model = pretrained.model
     # Dynamic pruning's weights restore a full epoch's loss sum: mean over the batch, and a
-    # cosine over epochs, whose lengths vary (lipt.models.classifier.Classifier).
-    dynamic_optim = {"loss_norm": "batch", "cosine_over": "epochs"} if dynamic is not None else {}
+    # schedule over epochs, whose lengths vary (lipt.models.classifier.Classifier).
+    dynamic_optim = {"loss_norm": "batch", "schedule_over": "epochs"} if dynamic is not None else {}
     module = build_classifier(cfg, model, **dynamic_optim)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
@@ -224,7 +226,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     selector = selector_settings(cfg.selector)
     if selector.is_full and selector.match_subset_steps:
         extra["max_steps"] = subset_steps(cfg, len(dm.pool_indices))  # approach=full_steps
-    trainer = build_trainer(cfg, logger=build_loggers(cfg), callbacks=callbacks, **extra)
+    loggers = build_loggers(cfg)
+    callbacks += build_callbacks(cfg, loggers, progress_bars(cfg))  # the `callbacks` group
+    trainer = build_trainer(cfg, logger=loggers, callbacks=callbacks, **extra)
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     train_size = len(dm.pool_indices) if subset is None else len(subset[0])

@@ -1,0 +1,99 @@
+"""Learning-rate schedules of the `scheduler` group, stepped after every optimiser step.
+
+A schedule is called as `schedule(optimizer, clock)` and returns a torch scheduler (None: the
+learning rate stays as the optimiser has it). The `Clock` says what a schedule may ask of the
+run: its number of optimiser steps (Lightning's estimate, asked only by schedules that need it),
+and, under dynamic pruning (lipt.dynamic), whose epochs differ in length, the share of training
+done, counted in (fractional) epochs. A plain `torch.optim.lr_scheduler` class in the group (a
+partial that takes the optimiser alone) is stepped once per epoch instead
+(lipt.models.classifier.Classifier.configure_optimizers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LRScheduler, OneCycleLR
+
+
+@dataclass(frozen=True)
+class Clock:
+    """What a schedule may ask of the fit it runs over."""
+
+    total_steps: Callable[[], int]  # optimiser steps of the whole fit
+    # The share of training done in [0, 1], after the current batch; set when epochs differ in
+    # length (dynamic pruning), so a schedule runs over epochs instead of steps.
+    progress: Callable[[], float] | None = None
+
+
+Schedule = Callable[[Optimizer, Clock], LRScheduler | None]
+
+
+def cosine(optimizer: Optimizer, clock: Clock) -> LRScheduler:
+    """Cosine annealing to zero over the fit: per step (so short runs, one epoch or a jigsaw
+    learner's few steps, still anneal), or over the share of epochs done (`clock.progress`)."""
+    progress = clock.progress
+    if progress is not None:
+        return LambdaLR(optimizer, lambda _step: 0.5 * (1.0 + math.cos(math.pi * progress())))
+    return CosineAnnealingLR(optimizer, T_max=max(1, int(clock.total_steps())))
+
+
+def constant(optimizer: Optimizer, clock: Clock) -> None:
+    """No schedule: the optimiser's learning rate throughout."""
+    return None
+
+
+def one_cycle(
+    optimizer: Optimizer,
+    clock: Clock,
+    pct_start: float = 0.3,
+    div_factor: float = 25.0,
+    final_div_factor: float = 1e4,
+    anneal_strategy: str = "cos",
+    cycle_momentum: bool = True,
+) -> LRScheduler:
+    """The 1cycle policy (Smith and Topin, 2017) peaking at the optimiser's learning rate:
+    torch's OneCycleLR over the fit's steps. Over epochs of varying length (`clock.progress`)
+    the same learning-rate curve runs over the share of training done, and momentum is not
+    cycled."""
+    if not 0 <= pct_start <= 1:
+        raise ValueError(f"pct_start must be in [0, 1], not {pct_start}")
+    if anneal_strategy not in ("cos", "linear"):
+        raise ValueError(f"anneal_strategy must be 'cos' or 'linear', not {anneal_strategy!r}")
+    if div_factor <= 0 or final_div_factor <= 0:
+        raise ValueError("div_factor and final_div_factor must be positive")
+    progress = clock.progress
+    if progress is None:
+        return OneCycleLR(
+            optimizer,
+            max_lr=[group["lr"] for group in optimizer.param_groups],
+            total_steps=max(1, int(clock.total_steps())),
+            pct_start=pct_start,
+            anneal_strategy=anneal_strategy,
+            cycle_momentum=cycle_momentum,
+            div_factor=div_factor,
+            final_div_factor=final_div_factor,
+        )
+    start, end = 1.0 / div_factor, 1.0 / (div_factor * final_div_factor)
+
+    def factor(_step: int) -> float:
+        done = min(1.0, max(0.0, progress()))
+        if done < pct_start:
+            return _anneal(start, 1.0, done / pct_start, anneal_strategy)
+        rest = 1.0 - pct_start
+        return _anneal(1.0, end, (done - pct_start) / rest if rest > 0 else 1.0, anneal_strategy)
+
+    return LambdaLR(optimizer, factor)
+
+
+def _anneal(begin: float, finish: float, share: float, strategy: str) -> float:
+    if strategy == "linear":
+        return begin + (finish - begin) * share
+    return finish + (begin - finish) * 0.5 * (1.0 + math.cos(math.pi * share))
+
+
+# The schedules a jigsaw learner names in `pretrain.optim.scheduler`.
+LEARNER_SCHEDULES: dict[str, Schedule] = {"cosine": cosine, "constant": constant}
