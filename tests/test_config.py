@@ -25,8 +25,15 @@ ACCEPTED = [
     [],  # the defaults: Fashion-MNIST from the system folder, glister, jigsaw, csv
     ["fraction=1"],
     ["fraction=0.001"],
-    ["optim.lr=1e-4", "optim.momentum=0", "optim.nesterov=false", "optim.weight_decay=0"],
-    ["optim.scheduler=constant"],
+    ["optimizer.lr=1e-4", "optimizer.momentum=0", "optimizer.nesterov=false"],
+    ["optimizer.weight_decay=0", "scheduler=constant"],
+    ["optimizer=adamw", "scheduler=onecycle", "scheduler.anneal_strategy=linear"],
+    ["trainer=cpu"],
+    ["trainer=ddp", "trainer.accelerator=cpu"],
+    ["callbacks=none"],
+    ["logger=tensorboard"],
+    ["debug=fdr"],
+    ["dataset.pool_size=100"],
     ["trainer.devices=2", "trainer.strategy=ddp", "trainer.accelerator=cpu"],
     ["trainer.precision=64-true", "trainer.deterministic=true"],
     ["logger=wandb"],
@@ -46,13 +53,21 @@ ACCEPTED = [
 
 REFUSED = [
     # (overrides, words the message must hold)
-    (["optim.lr=0"], ["optim.lr", "positive"]),
-    (["optim.lr=-0.1"], ["optim.lr"]),
-    (["optim.momentum=1"], ["optim.momentum"]),
-    (["optim.weight_decay=-1e-4"], ["optim.weight_decay"]),
-    (["optim.nesterov=maybe"], ["optim.nesterov"]),
-    (["optim.scheduler=step"], ["optim.scheduler", "cosine"]),
+    (["optimizer.lr=0"], ["optimizer.lr", "positive"]),
+    (["optimizer.lr=-0.1"], ["optimizer.lr"]),
+    (["optimizer.momentum=1"], ["optimizer.momentum"]),
+    (["optimizer.weight_decay=-1e-4"], ["optimizer.weight_decay"]),
+    (["optimizer.nesterov=maybe"], ["optimizer.nesterov"]),
+    (["optimizer.momentum=0"], ["optimizer settings are invalid", "Nesterov", "optimizer.*"]),
+    (["optimizer=adamw", "optimizer.betas=[0.9,1.5]"], ["optimizer settings", "beta"]),
+    (["+optimizer.bogus=1"], ["optimizer settings are invalid", "bogus"]),
+    (["scheduler=onecycle", "scheduler.pct_start=2"], ["scheduler settings", "pct_start"]),
+    (["scheduler=onecycle", "scheduler.anneal_strategy=step"], ["scheduler", "anneal_strategy"]),
     (["pretrain.optim.lr=0"], ["pretrain.optim.lr"]),
+    (["pretrain.optim.scheduler=step"], ["pretrain.optim.scheduler", "cosine"]),
+    (["+callbacks.early_stopping.bogus=1"], ["callbacks.early_stopping", "bogus"]),
+    (["dataset.val_size=0"], ["callbacks.model_checkpoint", "val/acc", "callbacks=none"]),
+    (["dataset.pool_size=0"], ["dataset.pool_size"]),
     (["pretrain.min_learners=0"], ["pretrain.min_learners"]),
     (["pretrain.min_learners=11"], ["pretrain.min_learners", "1..10"]),
     (["trainer.precision=banana"], ["trainer", "banana"]),
@@ -149,8 +164,8 @@ def test_missing_fashion_mnist_is_refused_unless_it_can_be_downloaded(
 
 def test_every_stage_config_is_checked_the_same(make_cfg):
     for name in ("train", "select", "pretrain"):
-        with pytest.raises(UserError, match=r"optim\.lr"):
-            validate(make_cfg(["optim.lr=0"], config_name=name))
+        with pytest.raises(UserError, match=r"optimizer\.lr"):
+            validate(make_cfg(["optimizer.lr=0"], config_name=name))
         with pytest.raises(UserError, match="trainer"):
             validate(make_cfg(["trainer.precision=banana"], config_name=name))
 

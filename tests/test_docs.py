@@ -63,7 +63,7 @@ def test_the_docs_show_commands_of_every_kind_the_checker_knows():
         "python select.py ckpt_path=outputs/nowhere/pretrain.ckpt",  # no earlier command wrote it
         "python train.py --no-such-flag",
         "make no_such_target",
-        "make run ARGS='optim.lr=0'",
+        "make run ARGS='optimizer.lr=0'",
         "python benchmarks/selector_quality.py --no-such-flag",
         "python benchmarks/no_such_benchmark.py",
         "python -m lipt.run.config_doc --no-such-flag",

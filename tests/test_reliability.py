@@ -76,10 +76,15 @@ CASES = [
     ("select.py", ["ckpt_path=/no/such.ckpt"], ["ckpt_path", "pretrain.ckpt"]),
     ("select.py", ["selector=full"], ["selector"]),
     # Settings only main training reads: refused before pre-training starts.
-    ("train.py", ["optim.lr=0"], ["optim.lr", "positive"]),
-    ("train.py", ["optim.momentum=1"], ["optim.momentum"]),
-    ("train.py", ["optim.scheduler=step"], ["optim.scheduler"]),
-    ("train.py", ["-m", "optim.lr=0.1,0"], ["optim.lr"]),
+    ("train.py", ["optimizer.lr=0"], ["optimizer.lr", "positive"]),
+    ("train.py", ["optimizer.momentum=1"], ["optimizer.momentum"]),
+    ("train.py", ["scheduler=step"], ["scheduler"]),
+    ("train.py", ["-m", "optimizer.lr=0.1,0"], ["optimizer.lr"]),
+    # Keys that moved: one line naming the new one.
+    ("train.py", ["optim.lr=0.05"], ["optim.lr is now optimizer.lr; pass optimizer.lr=0.05"]),
+    ("train.py", ["optim.scheduler=constant"], ["the group scheduler; pass scheduler=constant"]),
+    ("train.py", ["-m", "optim.lr=0.1,0.2"], ["pass optimizer.lr=0.1,0.2"]),
+    ("pretrain.py", ["pretrain.optim.momentum=0.5"], ["now optimizer.momentum"]),
     ("pretrain.py", ["pretrain.optim.lr=0"], ["pretrain.optim.lr", "positive"]),
     ("pretrain.py", ["pretrain.min_learners=11"], ["pretrain.min_learners"]),
     # These build the Trainer, import the logger or run the selector: torch loads first.

@@ -44,7 +44,7 @@ def test_random_subset_run_writes_summary_and_subset(make_cfg, tmp_path):
 
 def test_full_selector_trains_on_the_whole_pool_and_learns(make_cfg, tmp_path):
     cfg = make_cfg(
-        [*FAST, "selector=full", "trainer.max_epochs=3", "optim.lr=0.05", "record_seen=true"]
+        [*FAST, "selector=full", "trainer.max_epochs=3", "optimizer.lr=0.05", "record_seen=true"]
     )
     summary = train_stage.run(cfg)
     assert summary["subset_size"] == 500 and summary["stages"]["train"]["samples"] == 1500

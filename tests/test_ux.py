@@ -314,9 +314,9 @@ def test_subset_picture_shows_subset_images_by_class(make_cfg, tmp_path):
 
     dm = build_datamodule(make_cfg(["dataset=synthetic"]))
     indices = dm.pool_indices[::5].sort().values  # 100 of the pool of 500
-    grid = sample_grid(dm, indices)
+    present, grid = sample_grid(dm, indices)
     labels = dm.train_source.labels
-    assert len(grid) == dm.num_classes
+    assert present == list(range(dm.num_classes)) and len(grid) == dm.num_classes
     for c, row in enumerate(grid):
         members = [int(i) for i in indices if int(labels[i]) == c]
         assert 0 < len(row) <= 8

@@ -126,8 +126,8 @@ class DataModule(L.LightningDataModule):
         self.val_indices = perm[:n_val].sort().values
         pool = perm[n_val:]
         if self.pool_size is not None and self.pool_size < len(pool):
-            keep = torch.randperm(len(pool), generator=torch.Generator().manual_seed(self.split_seed))
-            pool = pool[keep[: self.pool_size]]
+            g = torch.Generator().manual_seed(self.split_seed)
+            pool = pool[torch.randperm(len(pool), generator=g)[: self.pool_size]]
         self.pool_indices = pool.sort().values
         self.splits = splits
         if isinstance(splits.train, TensorImages) and isinstance(splits.test, TensorImages):
@@ -138,6 +138,14 @@ class DataModule(L.LightningDataModule):
     def data_name(self) -> str:
         assert self.splits is not None, "call setup() first"
         return self.splits.name
+
+    @property
+    def class_names(self) -> list[str]:
+        """The data set's class names in label order; the label itself for a class it does not
+        name (a data set without names, an ImageFolder tree of fewer folders than classes)."""
+        assert self.splits is not None, "call setup() first"
+        names = list(self.splits.classes or [])[: self.num_classes]
+        return names + [str(c) for c in range(len(names), self.num_classes)]
 
     @property
     def train_source(self) -> ImageSource:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lipt.data.class_names import FASHION_MNIST, cifar_names
 from lipt.run.errors import UserError
 
 FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -53,6 +54,7 @@ class Splits:
     train: ImageSource
     test: ImageSource
     name: str  # a stable identifier of the data (for refusing artifacts made for other data)
+    classes: list[str] | None = None  # the class names in label order (None: unnamed)
 
 
 # --- Fashion-MNIST / MNIST IDX files ----------------------------------------------------------
@@ -142,7 +144,7 @@ def load_fashion_mnist(data_dir: str | None, download: bool = True) -> Splits:
     for directory in candidates:
         train, test = _idx_split(directory, "train"), _idx_split(directory, "t10k")
         if train is not None and test is not None:
-            return Splits(train, test, "fashion_mnist")
+            return Splits(train, test, "fashion_mnist", list(FASHION_MNIST))
     fashion_mnist_files(data_dir, download)  # raises when there is nothing to download into
     assert data_dir  # (fashion_mnist_files raised without one)
     target = Path(data_dir).expanduser()
@@ -210,6 +212,7 @@ def load_cifar(data_dir: str, num_classes: int) -> Splits:
         _read_cifar_batches(train_files, key),
         _read_cifar_batches(test_files, key),
         f"cifar{num_classes}",
+        cifar_names(train_files[0].parent, num_classes),
     )
 
 
@@ -273,6 +276,7 @@ def load_image_folder(data_dir: str, resize: int, size: int) -> Splits:
         FolderImages(train_dir, classes, resize, size),
         FolderImages(val_dir, classes, resize, size),
         f"imagefolder:{root.name}:{len(classes)}",
+        classes,
     )
 
 

@@ -13,10 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics.classification import MulticlassAccuracy
 
-from lipt.models.schedules import Clock, cosine
+from lipt.models.schedules import Clock, cosine, is_torch_scheduler
 from lipt.run.seeding import global_rng_states, set_global_rng_states
 
 # The paper's optimiser (appendix A), configs/optimizer/sgd.yaml's settings.
@@ -57,8 +56,8 @@ class Classifier(L.LightningModule):
         self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"])
         # (parameters) -> optimiser, and (optimiser, clock) -> schedule: the groups `optimizer`
         # and `scheduler` (lipt.run.build.build_classifier); the paper's SGD and cosine unless set.
-        self.make_optimizer = optimizer or PAPER_SGD
-        self.make_scheduler = scheduler or cosine
+        self.make_optimizer: Callable[..., Optimizer] = optimizer or PAPER_SGD
+        self.make_scheduler: Callable[..., Any] = scheduler or cosine
         self.loss_norm, self.schedule_over = loss_norm, schedule_over
         self.model = model
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -108,8 +107,7 @@ class Classifier(L.LightningModule):
 
     def configure_optimizers(self) -> Any:
         optimizer = self.make_optimizer(self.parameters())
-        target = getattr(self.make_scheduler, "func", self.make_scheduler)
-        if isinstance(target, type) and issubclass(target, LRScheduler):
+        if is_torch_scheduler(self.make_scheduler):
             # A torch scheduler class configured as it is: stepped once per epoch.
             schedule = self.make_scheduler(optimizer)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule}}

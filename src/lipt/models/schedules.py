@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LRScheduler, OneCycleLR
@@ -52,7 +53,7 @@ def one_cycle(
     pct_start: float = 0.3,
     div_factor: float = 25.0,
     final_div_factor: float = 1e4,
-    anneal_strategy: str = "cos",
+    anneal_strategy: Literal["cos", "linear"] = "cos",
     cycle_momentum: bool = True,
 ) -> LRScheduler:
     """The 1cycle policy (Smith and Topin, 2017) peaking at the optimiser's learning rate:
@@ -93,6 +94,13 @@ def _anneal(begin: float, finish: float, share: float, strategy: str) -> float:
     if strategy == "linear":
         return begin + (finish - begin) * share
     return finish + (begin - finish) * 0.5 * (1.0 + math.cos(math.pi * share))
+
+
+def is_torch_scheduler(make: Callable[..., object]) -> bool:
+    """Whether a `scheduler` option names a torch.optim.lr_scheduler class (a partial of it),
+    called with the optimiser alone and stepped once per epoch, rather than a Schedule."""
+    target = getattr(make, "func", make)
+    return isinstance(target, type) and issubclass(target, LRScheduler)
 
 
 # The schedules a jigsaw learner names in `pretrain.optim.scheduler`.

@@ -1,6 +1,7 @@
 """Pictures of a run: `subset.png` (the subset's classes beside the pool's, and sample images
-from the subset) and, with `logger=wandb`, the merge report, class histogram and pictures in the
-wandb run. Reads only; draws no random numbers (samples are evenly spaced, not drawn)."""
+from the subset, each class by its name where the data set has names) and, with
+`logger=wandb`, the merge report, class histogram and pictures in the wandb run. Reads only;
+draws no random numbers (samples are evenly spaced, not drawn)."""
 
 from __future__ import annotations
 
@@ -30,23 +31,33 @@ def class_counts(dm: DataModule, indices: Tensor) -> tuple[Tensor, Tensor]:
     return pool, subset
 
 
-def sample_grid(dm: DataModule, indices: Tensor) -> list[list[Tensor]]:
-    """Up to GRID_COLUMNS images [C, H, W] (uint8) per class, evenly spaced over the subset's
-    members of that class, for the first GRID_CLASSES classes present."""
+def sample_grid(dm: DataModule, indices: Tensor) -> tuple[list[int], list[list[Tensor]]]:
+    """The first GRID_CLASSES classes present in the subset, and for each up to GRID_COLUMNS
+    images [C, H, W] (uint8), evenly spaced over the subset's members of that class."""
     labels = dm.train_source.labels[indices]
+    classes = [int(c) for c in torch.unique(labels).tolist()[:GRID_CLASSES]]
     rows = []
-    for c in torch.unique(labels).tolist()[:GRID_CLASSES]:
+    for c in classes:
         members = indices[labels == c]
         take = torch.linspace(0, len(members) - 1, min(GRID_COLUMNS, len(members))).round().long()
         rows.append([dm.train_source.image(int(i)) for i in members[take]])
-    return rows
+    return classes, rows
 
 
 def write_subset_picture(dm: DataModule, indices: Tensor, path: Path) -> None:
     """subset.png: per-class shares of the pool and of the subset, side by side, and a grid of
-    sample images from the subset (one row per class)."""
+    sample images from the subset (one row per class), each class by its name."""
+    figure = subset_figure(dm, indices)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def subset_figure(dm: DataModule, indices: Tensor) -> Any:
+    """The figure of subset.png (a matplotlib Figure: its axes are the class bars and the grid)."""
     pool, subset = class_counts(dm, indices)
-    grid = sample_grid(dm, indices)
+    present, grid = sample_grid(dm, indices)
+    names = dm.class_names
     figure = new_figure(12, 5)
     left, right = figure.subplots(1, 2, width_ratios=[1, 1])
     classes = torch.arange(dm.num_classes).numpy()
@@ -55,6 +66,10 @@ def write_subset_picture(dm: DataModule, indices: Tensor, path: Path) -> None:
     left.bar(classes + width / 2, (100 * subset / subset.sum()).numpy(), width, label="subset")
     if dm.num_classes <= 20:
         left.set_xticks(classes)
+        long_names = max(len(n) for n in names) > 3
+        left.set_xticklabels(
+            names, rotation=40 if long_names else 0, ha="right" if long_names else "center"
+        )
     left.set_xlabel("class")
     left.set_ylabel("share of images (%)")
     left.set_title(f"classes: subset of {len(indices):,} beside the pool of {int(pool.sum()):,}")
@@ -66,11 +81,9 @@ def write_subset_picture(dm: DataModule, indices: Tensor, path: Path) -> None:
     right.imshow(mosaic[..., 0] if mosaic.shape[2] == 1 else mosaic, cmap="gray")
     right.set_title("sample images from the subset (one row per class)")
     right.set_yticks([(r + 0.5) * grid[0][0].shape[1] for r in range(len(grid))])
-    right.set_yticklabels([str(int(c)) for c in range(len(grid))])
+    right.set_yticklabels([names[c] for c in present])
     right.set_xticks([])
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    atomic_write_bytes(path, buffer.getvalue())
+    return figure
 
 
 def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path) -> None:
@@ -105,9 +118,9 @@ def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path)
         pool, subset = class_counts(dm, indices)
         names: list[str | int] = ["class", "pool share", "subset share", "subset count"]
         classes = wandb.Table(columns=names)
-        for c in range(dm.num_classes):
+        for c, name in enumerate(dm.class_names):
             classes.add_data(
-                c, float(pool[c] / pool.sum()), float(subset[c] / subset.sum()), int(subset[c])
+                name, float(pool[c] / pool.sum()), float(subset[c] / subset.sum()), int(subset[c])
             )
         payload["subset/classes"] = classes
         payload["subset/class_histogram"] = wandb.plot.bar(

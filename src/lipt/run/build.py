@@ -134,7 +134,8 @@ def optimizer_settings(cfg: DictConfig, **overrides: Any) -> dict[str, Any]:
     learner's lr and weight decay, pretrain.optim)."""
     node = OmegaConf.to_container(cfg.optimizer, resolve=True)
     assert isinstance(node, dict)
-    return {**{str(k): v for k, v in node.items()}, **{k: v for k, v in overrides.items() if v is not None}}
+    settings = {str(k): v for k, v in node.items()}
+    return {**settings, **{k: v for k, v in overrides.items() if v is not None}}
 
 
 def build_classifier(
@@ -148,7 +149,8 @@ def build_classifier(
     """The Lightning module with the groups `optimizer` and `scheduler` (functools.partials).
     A jigsaw learner passes its own `lr`, `weight_decay` and schedule name (pretrain.optim);
     `options` are the Classifier's (dynamic pruning's loss_norm and schedule_over)."""
-    optimizer = instantiate(optimizer_settings(cfg, lr=lr, weight_decay=weight_decay), _convert_="all")
+    settings = optimizer_settings(cfg, lr=lr, weight_decay=weight_decay)
+    optimizer = instantiate(settings, _convert_="all")
     schedule = build_part(cfg.scheduler) if scheduler is None else LEARNER_SCHEDULES[scheduler]
     return Classifier(
         model,

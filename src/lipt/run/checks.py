@@ -47,6 +47,4 @@ def check_optim(cfg: DictConfig, prefix: str) -> None:
     if "scheduler" in node:  # a learner's schedule (main training's is the group `scheduler`)
         scheduler = get_key(cfg, f"{prefix}.scheduler")
         if scheduler not in ("cosine", "constant"):
-            raise UserError(
-                f"{prefix}.scheduler={scheduler!r} is invalid: use cosine or constant"
-            )
+            raise UserError(f"{prefix}.scheduler={scheduler!r} is invalid: use cosine or constant")

@@ -38,7 +38,10 @@ def _candidate_overrides(args: list[str], declared: list[str]) -> list[list[str]
     by_key: dict[str, list[str]] = {}
     for o in OverridesParser.create().parse_overrides([*declared, *args]):
         key = o.get_key_element()
-        if o.is_sweep_override():
+        if o.is_interval_sweep():  # an Optuna search's interval(a, b): both of its ends
+            interval = o.value()
+            by_key[key] = [f"{key}={interval.start}", f"{key}={interval.end}"]  # type: ignore[union-attr]
+        elif o.is_sweep_override():
             by_key[key] = [f"{key}={value}" for value in o.sweep_string_iterator()]
         else:
             by_key[key] = [str(o.input_line)]
@@ -78,9 +81,11 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from lipt.run.config import validate
+    from lipt.run.groups import check_optimized_metric, check_renamed
 
     overrides = [a for a in args if not a.startswith("hydra.") and not a.startswith("hydra/")]
     try:
+        check_renamed(overrides)
         from lipt.run.lock import check_unlocked  # before Hydra writes .hydra/ into it
 
         ddp_child = os.environ.get("LOCAL_RANK", "0") != "0"  # shares its rank 0's folder
@@ -98,6 +103,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> None:
                 cfg = compose(config_name, overrides=candidate, return_hydra_config=False)
                 cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
                 validate(cfg, deep=False)
+                check_optimized_metric(cfg)
                 configs.append(cfg)
         for cfg in configs:  # then what builds the Trainer, selector, ... (imports torch)
             validate(cfg)
@@ -149,7 +155,9 @@ def launch(config_name: str, stage_module: str) -> None:
                 remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))
             fail(one_line(e))
         console.report_result(summary, Path(str(cfg.paths.output_dir)))
-        return summary
+        from lipt.run.groups import task_result
+
+        return task_result(cfg, summary)
 
     main()
 

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from lipt.run import console
 from lipt.run.errors import UserError
+from lipt.run.groups import check_callbacks, check_optimizer
 from lipt.run.selector import selector_settings
 
 # Rows, classes and features of the tiny pool the selector is tried on.
@@ -186,5 +187,7 @@ def preflight(cfg: DictConfig) -> None:
     check_loggers(cfg)
     if "trainer" in cfg:  # main training, and pretrain=full's warm-up and the learners
         check_trainer(cfg)
+    check_optimizer(cfg)
+    check_callbacks(cfg)
     check_parts(cfg)
     check_selector(cfg)

@@ -192,7 +192,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         model = pretrained.model
     # Dynamic pruning's weights restore a full epoch's loss sum: mean over the batch, and a
     # schedule over epochs, whose lengths vary (lipt.models.classifier.Classifier).
-    dynamic_optim = {"loss_norm": "batch", "schedule_over": "epochs"} if dynamic is not None else {}
+    dynamic_optim: dict[str, Any] = (
+        {"loss_norm": "batch", "schedule_over": "epochs"} if dynamic is not None else {}
+    )
     module = build_classifier(cfg, model, **dynamic_optim)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.

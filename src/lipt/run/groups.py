@@ -1,0 +1,134 @@
+"""What the groups `optimizer`, `scheduler`, `callbacks` and `hparams_search` need besides their
+YAML: the keys they replaced (an override of one is refused with one line naming the new key),
+the checks that build them before any stage starts (lipt.run.preflight), and the number a task
+returns to a sweeper that optimises it (`optimized_metric`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lipt.run.errors import UserError
+
+# Old key -> the key that holds its value now.
+RENAMED = {
+    "optim.lr": "optimizer.lr",
+    "optim.momentum": "optimizer.momentum",
+    "optim.nesterov": "optimizer.nesterov",
+    "optim.weight_decay": "optimizer.weight_decay",
+    # The jigsaw learners use main training's optimiser, at pretrain.optim's lr and weight decay.
+    "pretrain.optim.momentum": "optimizer.momentum",
+    "pretrain.optim.nesterov": "optimizer.nesterov",
+}
+# Old key -> the group that chooses it now.
+REGROUPED = {"optim.scheduler": "scheduler"}
+
+# summary.json's keys a sweeper may optimise (choose on the validation split, never the test).
+OPTIMIZABLE = ("val_accuracy", "test_accuracy")
+
+
+def check_renamed(overrides: Sequence[str]) -> None:
+    """Refuse an override of a key that moved, naming where it went."""
+    for arg in overrides:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key in RENAMED:
+            new = RENAMED[key]
+            raise UserError(f"{key} is now {new}; pass {new}={value}")
+        if key in REGROUPED:
+            group = REGROUPED[key]
+            raise UserError(f"{key} is now the group {group}; pass {group}={value}")
+        if key == "optim" or key.startswith("optim."):
+            raise UserError(
+                f"{key} is gone: the optimiser is the group optimizer (optimizer=adamw, "
+                "optimizer.lr=0.05) and its schedule the group scheduler (scheduler=onecycle)"
+            )
+
+
+def check_optimized_metric(cfg: DictConfig) -> None:
+    """`optimized_metric` names a number train.py's summary.json will hold."""
+    metric = cfg.get("optimized_metric")
+    if metric is None:
+        return
+    if metric not in OPTIMIZABLE:
+        raise UserError(
+            f"optimized_metric={metric!r} is invalid: use val_accuracy (or null for the summary)"
+        )
+    if cfg.get("stage", "train") != "train":
+        raise UserError(f"optimized_metric is train.py's; drop it for {cfg.stage}.py")
+    if metric == "val_accuracy" and float(cfg.dataset.val_size) == 0:
+        raise UserError(
+            "optimized_metric=val_accuracy needs a validation split, but dataset.val_size=0; "
+            "set dataset.val_size > 0"
+        )
+
+
+def task_result(cfg: DictConfig, summary: dict[str, Any]) -> Any:
+    """What the stage returns to Hydra: the summary, or, with `optimized_metric`, that number
+    of it (a float, as the Optuna sweeper asks)."""
+    metric = cfg.get("optimized_metric")
+    if metric is None:
+        return summary
+    value = summary.get(str(metric))
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise UserError(f"optimized_metric={metric}: this run's summary.json has no number there")
+    return float(value)
+
+
+def _cause(e: BaseException) -> str:
+    while e.__cause__ is not None:  # Hydra wraps the library's own error
+        e = e.__cause__
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def check_optimizer(cfg: DictConfig) -> None:
+    """Build the `optimizer` on one parameter and the `scheduler` on it, and step both once:
+    a value the optimiser or the schedule refuses fails now, not when training starts."""
+    import torch
+
+    from lipt.models.schedules import Clock, is_torch_scheduler
+    from lipt.run.build import build_part
+
+    try:
+        parameter = torch.nn.Parameter(torch.zeros(1))
+        optimizer = build_part(cfg.optimizer)([parameter])
+    except Exception as e:  # TypeError (a key it does not take), ValueError (a value it refuses)
+        raise UserError(f"optimizer settings are invalid: {_cause(e)}; fix optimizer.*") from e
+    try:
+        make = build_part(cfg.scheduler)
+        if is_torch_scheduler(make):
+            schedule = make(optimizer)
+        else:
+            schedule = make(optimizer, Clock(total_steps=lambda: 10))
+        parameter.grad = torch.zeros(1)
+        optimizer.step()
+        if schedule is not None:
+            schedule.step()
+    except Exception as e:
+        raise UserError(f"scheduler settings are invalid: {_cause(e)}; fix scheduler.*") from e
+
+
+def check_callbacks(cfg: DictConfig) -> None:
+    """Build each callback of the `callbacks` group; one that monitors a validation metric
+    needs a validation split."""
+    from lipt.run.build import build_part
+
+    for name, node in (cfg.get("callbacks") or {}).items():
+        if node is None or "_target_" not in node:
+            continue
+        try:
+            build_part(node)
+        except Exception as e:
+            raise UserError(
+                f"callbacks.{name} settings are invalid: {_cause(e)}; fix callbacks.{name}.*"
+            ) from e
+        monitor = node.get("monitor")
+        validation = isinstance(monitor, str) and monitor.startswith("val/")
+        if validation and float(cfg.dataset.val_size) == 0:
+            raise UserError(
+                f"callbacks.{name} monitors {monitor}, but dataset.val_size=0 logs no "
+                "validation metric; set dataset.val_size > 0 or pass callbacks=none"
+            )
