@@ -237,7 +237,7 @@ def render(config_dir: Path) -> str:
         "",
         "Every config group, option and key of `configs/`, with its default and the comment that",
         "explains it in the YAML. Override any key on the command line (`python train.py",
-        "fraction=0.05 optim.lr=0.05`), pick an option of a group with `group=option`",
+        "fraction=0.05 optimizer.lr=0.05`), pick an option of a group with `group=option`",
         "(`selector=glister`), add an experiment with `+experiment=<name>`. A value `${...}` is",
         "an interpolation: it follows the key it names. Generated from the YAML files by",
         "`python -m lipt.run.config_doc > docs/CONFIG.md`.",
@@ -267,10 +267,13 @@ def render(config_dir: Path) -> str:
         package = group.replace("/", ".")
         out += [f"## Group `{group}`", ""]
         default = chosen.get(group)
-        out += [
-            f"`{group}=<option>`; default: `{default}`." if default else f"`+{group}=<option>`.",
-            "",
-        ]
+        if default == "null":  # in the defaults list, none chosen unless asked
+            line = f"`{group}=<option>`; default: none."
+        elif default:
+            line = f"`{group}=<option>`; default: `{default}`."
+        else:
+            line = f"`+{group}=<option>`."
+        out += [line, ""]
         for path in sorted((config_dir / group).glob("*.yaml")):
             option = parse(path.read_text(), f"{group}/{path.name}", package)
             out += [f"### `{group}={path.stem}`", ""]
