@@ -66,7 +66,7 @@ REFUSED = [
     (["pretrain.optim.lr=0"], ["pretrain.optim.lr"]),
     (["pretrain.optim.scheduler=step"], ["pretrain.optim.scheduler", "cosine"]),
     (["+callbacks.early_stopping.bogus=1"], ["callbacks.early_stopping", "bogus"]),
-    (["dataset.val_size=0"], ["callbacks.model_checkpoint", "val/acc", "callbacks=none"]),
+    (["callbacks.early_stopping.monitor=val/accuracy"], ["early_stopping", "val/acc, val/loss"]),
     (["dataset.pool_size=0"], ["dataset.pool_size"]),
     (["pretrain.min_learners=0"], ["pretrain.min_learners"]),
     (["pretrain.min_learners=11"], ["pretrain.min_learners", "1..10"]),

@@ -263,6 +263,16 @@ def test_callbacks_that_need_a_bar_or_a_logger_are_left_out_without_them(make_cf
     assert build_callbacks(make_cfg([*FAST, "callbacks=none"]), ["a logger"], True) == []
     stopping = build_callbacks(make_cfg([*FAST, "trainer.max_epochs=7"]), [], False)[1]
     assert (stopping.monitor, stopping.patience) == ("val/acc", 7)
+    kinds = [type(c) for c in build_callbacks(cfg, ["a logger"], False, validation=False)]
+    assert kinds == [LearningRateMonitor]  # nothing to monitor without a validation split
+
+
+def test_callbacks_default_runs_without_a_validation_split_and_stops_mid_epoch(make_cfg):
+    """A run stopped by max_steps mid-epoch (approach=full_steps) or without validation rows
+    still runs with the default callbacks."""
+    overrides = ["selector=full", "dataset.val_size=0", "++trainer.max_steps=5"]
+    summary = train_stage.run(make_cfg([*FAST, *overrides]))
+    assert summary["stages"]["train"]["samples"] == 5 * 32 and summary["val_accuracy"] is None
 
 
 # --------------------------------------------------------------------------- logger, debug

@@ -18,6 +18,9 @@ from torchmetrics.classification import MulticlassAccuracy
 from lipt.models.schedules import Clock, cosine, is_torch_scheduler
 from lipt.run.seeding import global_rng_states, set_global_rng_states
 
+# What training_step, validation_step and test_step log (what a callback may monitor).
+LOGGED_METRICS = ("val/acc", "val/loss", "train/loss", "train/loss_step", "train/loss_epoch")
+
 # The paper's optimiser (appendix A), configs/optimizer/sgd.yaml's settings.
 PAPER_SGD = functools.partial(
     torch.optim.SGD, lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4

@@ -161,15 +161,20 @@ def build_classifier(
     )
 
 
-def build_callbacks(cfg: DictConfig, loggers: Sequence[Any], bars: bool) -> list[L.Callback]:
+def build_callbacks(
+    cfg: DictConfig, loggers: Sequence[Any], bars: bool, validation: bool = True
+) -> list[L.Callback]:
     """Main training's `callbacks` group, beside lipt's own (the rolling last.ckpt, re-selection,
     dynamic pruning). Left out where the run lacks what they need: a progress bar when bars are
-    off (piped output, CI, a multirun job), a learning-rate monitor without a logger."""
+    off (piped output, CI, a multirun job), a learning-rate monitor without a logger, one that
+    monitors a validation metric without a validation split."""
     from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 
     callbacks = []
     for node in (cfg.get("callbacks") or {}).values():
         if node is None or "_target_" not in node:
+            continue
+        if not validation and str(node.get("monitor", "")).startswith("val/"):
             continue
         callback = build_part(node)
         if isinstance(callback, ProgressBar) and not bars:

@@ -112,8 +112,9 @@ def check_optimizer(cfg: DictConfig) -> None:
 
 
 def check_callbacks(cfg: DictConfig) -> None:
-    """Build each callback of the `callbacks` group; one that monitors a validation metric
-    needs a validation split."""
+    """Build each callback of the `callbacks` group; what one monitors must be a metric the
+    Lightning module logs."""
+    from lipt.models.classifier import LOGGED_METRICS
     from lipt.run.build import build_part
 
     for name, node in (cfg.get("callbacks") or {}).items():
@@ -126,9 +127,8 @@ def check_callbacks(cfg: DictConfig) -> None:
                 f"callbacks.{name} settings are invalid: {_cause(e)}; fix callbacks.{name}.*"
             ) from e
         monitor = node.get("monitor")
-        validation = isinstance(monitor, str) and monitor.startswith("val/")
-        if validation and float(cfg.dataset.val_size) == 0:
+        if monitor is not None and monitor not in LOGGED_METRICS:
             raise UserError(
-                f"callbacks.{name} monitors {monitor}, but dataset.val_size=0 logs no "
-                "validation metric; set dataset.val_size > 0 or pass callbacks=none"
+                f"callbacks.{name}.monitor={monitor} is not a metric the model logs; use one "
+                f"of {', '.join(LOGGED_METRICS)}"
             )

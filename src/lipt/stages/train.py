@@ -229,7 +229,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     if selector.is_full and selector.match_subset_steps:
         extra["max_steps"] = subset_steps(cfg, len(dm.pool_indices))  # approach=full_steps
     loggers = build_loggers(cfg)
-    callbacks += build_callbacks(cfg, loggers, progress_bars(cfg))  # the `callbacks` group
+    # The `callbacks` group: those the run has what they need for.
+    callbacks += build_callbacks(cfg, loggers, progress_bars(cfg), len(dm.val_indices) > 0)
     trainer = build_trainer(cfg, logger=loggers, callbacks=callbacks, **extra)
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
