@@ -24,7 +24,7 @@ from lipt.run.build import (
     build_trainer,
 )
 from lipt.run.errors import UserError
-from lipt.run.groups import check_renamed, task_result
+from lipt.run.training_groups import check_renamed, task_result
 from lipt.stages import train as train_stage
 from tests.helpers import CONFIGS, FAST, run_entry
 

@@ -81,7 +81,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from lipt.run.config import validate
-    from lipt.run.groups import check_optimized_metric, check_renamed
+    from lipt.run.training_groups import check_optimized_metric, check_renamed
 
     overrides = [a for a in args if not a.startswith("hydra.") and not a.startswith("hydra/")]
     try:
@@ -155,7 +155,7 @@ def launch(config_name: str, stage_module: str) -> None:
                 remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))
             fail(one_line(e))
         console.report_result(summary, Path(str(cfg.paths.output_dir)))
-        from lipt.run.groups import task_result
+        from lipt.run.training_groups import task_result
 
         return task_result(cfg, summary)
 

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from lipt.run import console
 from lipt.run.errors import UserError
-from lipt.run.groups import check_callbacks, check_optimizer
+from lipt.run.training_groups import check_callbacks, check_optimizer
 from lipt.run.selector import selector_settings
 
 # Rows, classes and features of the tiny pool the selector is tried on.
