@@ -38,6 +38,7 @@ class PretrainContext:
     augment: NoAugment | RandAugment
     prune: Pruning
     merge: Merge
+    head: str = "classifier"  # the model's final nn.Linear, by name: the learners' heads
 
 
 @dataclass
