@@ -245,6 +245,16 @@ def test_jigsaw_pretrain_merges_learners_of_any_factory_into_a_soup(soup):
         assert torch.equal(value, again.model.state_dict()[key]), key
 
 
+def test_jigsaw_pretrain_runs_on_the_resident_path_too():
+    data = data_module(True, val_size=0.2, batch_size=32)
+    result = lipt.jigsaw_pretrain(
+        make_net, data, num_learners=2, batches_per_learner=2, local_epochs=2, head="head"
+    )
+    assert result.counts["learners_merged"] == 2
+    assert result.report["soup_accuracy"] > result.report["init_accuracy"]
+    assert result.learner_heads is not None and len(result.learner_heads) == 2
+
+
 def test_the_soup_ranks_the_pool_and_seeds_lipts_dynamic_pruning(soup):
     data, result = soup
     heads = result.learner_heads
@@ -311,6 +321,10 @@ def test_bad_arguments_are_refused_before_any_work(soup):
         lipt.select(Model(), data, 0.0)
     with pytest.raises(ValueError, match="unknown selector"):
         lipt.Reselection(1, data, 0.1, "nope")
+    module = Model()
+    with pytest.raises(ValueError, match=r"no submodule 'net\.fc'"):
+        trainer(2, [lipt.Reselection(1, data, 0.1, head="net.fc")]).fit(module, datamodule=data)
+    assert module.fed == {}
     with pytest.raises(ValueError, match="validation split"):
         lipt.jigsaw_pretrain(make_net, data_module(False), head="head")
     with pytest.raises(ValueError, match="no submodule"):

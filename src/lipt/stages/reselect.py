@@ -26,6 +26,7 @@ from lipt.data import SubsetData
 from lipt.run.artifacts import atomic_write_bytes, save_subset
 from lipt.run.seeding import reselect_seed
 from lipt.selection.api import Selector, budget_of, select, selector_of
+from lipt.selection.gradients import resolve_head
 
 # (the LightningModule being trained, epoch, profile to fill) -> indices, weights; the profile
 # stays empty when the selector ranks nothing (random)
@@ -133,7 +134,7 @@ class Reselection(Reselect):
 
     Raises:
         ValueError: at construction for a bad budget or selector, at the start of fit for a
-            trainer fitting other data.
+            trainer fitting other data or a `head` the module does not have.
     """
 
     def __init__(
@@ -167,6 +168,12 @@ class Reselection(Reselect):
             return subset.indices, subset.weights
 
         super().__init__(every, datamodule, choose, out_dir)
+        self.head = head
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit":
+            resolve_head(pl_module, self.head)  # a bad head fails now, not epochs later
 
 
 def latest_subset(out_dir: Path, completed_epochs: int) -> Path | None:
