@@ -332,6 +332,10 @@ def test_bad_arguments_are_refused_before_any_work(soup):
     with pytest.raises(ValueError, match=r"trainer\.fit.*datamodule"):
         other = data_module(False)
         trainer(1, [lipt.DynamicPruning(lipt.InfoBatch(), data)]).fit(Model(), datamodule=other)
+    with pytest.raises(ValueError, match=r"needs a lipt data module.*PoolDataModule"):
+        lipt.DynamicPruning(lipt.InfoBatch(), L.LightningDataModule())
+    with pytest.raises(ValueError, match="needs a lipt data module"):
+        lipt.Reselection(1, L.LightningDataModule(), 0.1)
     with pytest.raises(ValueError, match="resident=True needs a TensorDataset"):
         lipt.PoolDataModule(Points(), resident=True)
 

@@ -55,6 +55,17 @@ class LearnerData(Protocol):
     def eval_loader(self, positions: Tensor, batch_size: int | None = None) -> Iterable[Any]: ...
 
 
+def check_subset_data(data: Any, user: str) -> None:
+    """ValueError unless `data` is a lipt data module (`SubsetData`): `user` needs its pool."""
+    if not isinstance(getattr(data, "pool_indices", None), Tensor) or not all(
+        hasattr(data, name) for name in ("set_subset", "epoch_subset", "pool_dataloader")
+    ):
+        raise ValueError(
+            f"{user} needs a lipt data module, not a {type(data).__name__}: wrap your data set "
+            "in lipt.PoolDataModule(dataset, ...) and fit with that"
+        )
+
+
 def is_class_index(label: Any) -> bool:
     if isinstance(label, bool):
         return False

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from lipt.data import SubsetData
+from lipt.data.pool import check_subset_data
 from lipt.dynamic.plan import EpochPlan, PruningMethod, ensemble_losses
 from lipt.run.artifacts import atomic_write_bytes
 from lipt.run.seeding import generator
@@ -64,6 +65,7 @@ class DynamicPruning(L.Callback):
     ) -> None:
         if not hasattr(method, "plan") or not hasattr(method, "initial_scores"):
             raise ValueError(f"method must be InfoBatch(...) or LiptBudget(...), not {method!r}")
+        check_subset_data(datamodule, "DynamicPruning")
         self.method, self.dm, self.seed, self.audit_dir = method, datamodule, seed, audit_dir
         self.pool = datamodule.pool_indices  # [N] positions in the data set, ascending
         n = len(self.pool)

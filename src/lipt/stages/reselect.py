@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from lipt.data import SubsetData
+from lipt.data.pool import check_subset_data
 from lipt.run.artifacts import atomic_write_bytes, save_subset
 from lipt.run.seeding import reselect_seed
 from lipt.selection.api import Selector, budget_of, select, selector_of
@@ -54,6 +55,7 @@ class Reselect(L.Callback):
     ) -> None:
         if isinstance(every, bool) or every < 1:
             raise ValueError(f"reselect every must be >= 1, got {every}")
+        check_subset_data(datamodule, "re-selection")
         self.every, self.dm, self.choose = every, datamodule, choose
         self.out_dir, self.meta = out_dir, meta or {}
         self.reselections = 0
@@ -149,6 +151,7 @@ class Reselection(Reselect):
         balance: bool = False,
         out_dir: Path | None = None,
     ) -> None:
+        check_subset_data(datamodule, "re-selection")
         selector_of(selector)  # a bad selector or budget fails here, not epochs later
         budget_of(budget, len(datamodule.pool_indices))
 
