@@ -76,11 +76,11 @@ CASES = [
     ("select.py", ["ckpt_path=/no/such.ckpt"], ["ckpt_path", "pretrain.ckpt"]),
     ("select.py", ["selector=full"], ["selector"]),
     # Settings only main training reads: refused before pre-training starts.
-    ("train.py", ["optim.lr=0"], ["optim.lr", "positive"]),
+    ("train.py", ["optim.lr=0"], ["optim.lr", "(0, 1000]"]),
     ("train.py", ["optim.momentum=1"], ["optim.momentum"]),
     ("train.py", ["optim.scheduler=step"], ["optim.scheduler"]),
     ("train.py", ["-m", "optim.lr=0.1,0"], ["optim.lr"]),
-    ("pretrain.py", ["pretrain.optim.lr=0"], ["pretrain.optim.lr", "positive"]),
+    ("pretrain.py", ["pretrain.optim.lr=0"], ["pretrain.optim.lr", "(0, 1000]"]),
     ("pretrain.py", ["pretrain.min_learners=11"], ["pretrain.min_learners"]),
     # These build the Trainer, import the logger or run the selector: torch loads first.
     slow_case("trainer-precision", "train.py", ["trainer.precision=banana"], ["trainer", "banana"]),

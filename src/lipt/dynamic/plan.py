@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor
 
+from lipt.run.schema import BELOW_ONE, SHARE
 from lipt.selection.coverage import ensemble_difficulty
 from lipt.selection.types import LearnerHeads
 
@@ -185,9 +187,9 @@ class InfoBatch:
     follows the losses (prune `ratio` of the below-mean rows), it has no budget to meet."""
 
     name: str = "infobatch"
-    ratio: float = 0.5
-    delta: float = 0.875
-    budget: float | None = None
+    ratio: Annotated[float, BELOW_ONE] = 0.5
+    delta: Annotated[float, SHARE] = 0.875
+    budget: Annotated[float, SHARE] | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.ratio < 1.0:
@@ -216,9 +218,9 @@ class LiptBudget:
     ensemble (`ensemble_losses`), keep probability proportional to the score (`budget_plan`)."""
 
     name: str = "lipt"
-    budget: float = 0.5
-    delta: float = 0.875
-    floor: float = 0.25
+    budget: Annotated[float, SHARE] = 0.5
+    delta: Annotated[float, SHARE] = 0.875
+    floor: Annotated[float, SHARE] = 0.25
 
     def __post_init__(self) -> None:
         budget_schedule(1, self.budget, self.delta)  # checks budget and delta

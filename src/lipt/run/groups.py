@@ -1,0 +1,94 @@
+"""Each config group's node against its option's declaration: the parameters of the option's
+`_target_` (lipt.run.schema.parameters) and, for the groups with lipt keys beside them, the
+fields of lipt.run.settings. Imports the targets, so torch: lipt.run.config calls it in its
+deep checks only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hydra.utils import get_object
+from omegaconf import DictConfig
+
+from lipt.run.errors import UserError
+from lipt.run.schema import check_mapping, parameters
+from lipt.run.settings import Checked, ModelOptions, SelectorOptions, TrainerOptions
+
+# Parameters lipt passes itself when it calls a group's target, never set from the config.
+CALL_ARGUMENTS = {"selector": ("inputs", "budget", "generator")}
+# lipt's own keys beside the target's parameters, by group; they win over the target's own
+# annotation where lipt needs a narrower range (trainer.max_epochs).
+OPTIONS: dict[str, type[Checked]] = {
+    "model": ModelOptions,
+    "selector": SelectorOptions,
+    "trainer": TrainerOptions,
+}
+# Groups whose node holds one target per entry (logger: csv, wandb, ...).
+MULTI = ("logger",)
+NOT_SETTINGS = ("hydra", "dataset")  # Hydra's own; dataset.*: lipt.run.settings.DatasetSettings
+
+
+def declared_keys(group: str, node: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The keys an option of `group` may have, with their annotations, and whether undeclared
+    keys pass (its target takes **kwargs)."""
+    declared: dict[str, Any] = {}
+    open_keys = False
+    if "_target_" in node:
+        target = _target(group, str(node["_target_"]))
+        found, open_keys = parameters(target, skip=CALL_ARGUMENTS.get(group, ()))
+        declared = dict(found)  # parameters' answer is cached: not ours to change
+    if group in OPTIONS:
+        declared.update(OPTIONS[group].keys())
+    return declared, open_keys
+
+
+def _target(where: str, path: str) -> Any:
+    try:
+        return get_object(path)
+    except Exception as e:
+        group, _, name = where.partition(".")
+        if group in MULTI:
+            raise UserError(
+                f"{group}={name} cannot be used ({type(e).__name__}: {path}); install its "
+                "package or choose logger=csv"
+            ) from e
+        raise UserError(
+            f"{where}._target_={path} cannot be imported ({type(e).__name__}); give an "
+            "importable function or class"
+        ) from e
+
+
+def check_node(group: str, node: Mapping[str, Any]) -> None:
+    """One option's node: every key declared, every value of its declared type and range. The
+    message starts with the option, as `--help` lists it."""
+    declared, open_keys = declared_keys(group, node)
+    try:
+        check_mapping(group, node, declared, open_keys)
+    except UserError as e:
+        name = node.get("name")
+        raise UserError(f"{group}={name}: {e}" if isinstance(name, str) else str(e)) from e
+
+
+def check_node_target(where: str, node: Mapping[str, Any]) -> None:
+    declared, open_keys = parameters(_target(where, str(node["_target_"])))
+    check_mapping(where, node, declared, open_keys)
+
+
+def check_groups(cfg: DictConfig, values: Mapping[str, Any]) -> None:
+    """Every group node of the resolved config `values` (`cfg`: the same, unresolved)."""
+    for group, node in values.items():
+        if group in NOT_SETTINGS or not isinstance(node, Mapping) or group not in cfg:
+            continue
+        if group in MULTI:
+            for name, entry in node.items():
+                if isinstance(entry, Mapping) and "_target_" in entry:
+                    check_node_target(f"{group}.{name}", entry)
+            continue
+        if "_target_" in node or group in OPTIONS:
+            check_node(group, node)
+    if isinstance(values.get("dataset"), Mapping):
+        load = values["dataset"].get("load")
+        if isinstance(load, Mapping) and "_target_" in load:
+            check_node_target("dataset.load", load)
