@@ -11,7 +11,7 @@ with a cosine schedule) on a single device.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -32,6 +32,7 @@ from lipt.jigsaw.parts import (
 from lipt.models.classifier import Classifier
 from lipt.run import console
 from lipt.run.seeding import torch_threads
+from lipt.run.settings import SGDSettings
 from lipt.selection.gradients import resolve_head
 from lipt.stages.results import PretrainContext, Pretrained
 
@@ -186,7 +187,7 @@ def jigsaw_pretrain(
         num_learners=int(num_learners),
         batches_per_learner=int(batches_per_learner),
         local_epochs=int(local_epochs),
-        optim=dict(optim or {}),
+        optim=cast(SGDSettings, dict(optim)) if optim else None,
         min_learners=min_learners,
     )
     learner_shards(settings, data, seed)  # a pool too small fails here, before any learner

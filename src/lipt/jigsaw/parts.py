@@ -28,16 +28,18 @@ from lipt.jigsaw.soup import (
 )
 from lipt.run.errors import UserError
 from lipt.run.schema import COUNT, NON_NEGATIVE, SHARE, UNIT, Range
-from lipt.run.settings import SGDSettings
+from lipt.run.settings import Checked, SGDSettings
 
 # --------------------------------------------------------------------------- prune=
 
 
 @dataclass(frozen=True)
-class Pruning:
+class Pruning(Checked):
     """Prune a trained learner once, at its own density drawn from U[density_low, density_high]
     (paper, section 3.3). `prunes`: False for `prune=none` (dense learners, density 1);
     `needs_batch`: the method scores weights on the learner's first minibatch (SNIP)."""
+
+    PREFIX: ClassVar[str] = "prune"
 
     name: str = "none"
     density_low: Annotated[float, SHARE] = 1.0  # kept share of the weights
@@ -119,8 +121,10 @@ class SnipPruning(Pruning):
 
 
 @dataclass(frozen=True)
-class NoAugment:
+class NoAugment(Checked):
     """Only the mild random crop + flip."""
+
+    PREFIX: ClassVar[str] = "augment"
 
     name: str = "none"
 
@@ -129,8 +133,10 @@ class NoAugment:
 
 
 @dataclass(frozen=True)
-class RandAugment:
+class RandAugment(Checked):
     """RandAugment (Cubuk et al. 2020) on top of crop + flip, for the learners only."""
+
+    PREFIX: ClassVar[str] = "augment"
 
     name: str = "randaugment"
     num_ops: Annotated[int, Range(0, 14)] = 1  # RandAugment has 14 ops
@@ -150,10 +156,12 @@ class RandAugment:
 
 
 @dataclass(frozen=True)
-class Merge:
+class Merge(Checked):
     """A soup recipe and its held-out scoring: top-1 accuracy on `eval_size` images of the
     validation split (None: all of it), after re-estimating BatchNorm statistics on
     `bn_batches` minibatches of the learners' shards when `recompute_bn`."""
+
+    PREFIX: ClassVar[str] = "merge"
 
     name: str = ""
     eval_size: Annotated[int, Range(1, 10**9)] | None = 1000  # null: the whole split
@@ -226,9 +234,11 @@ class GreedyInterpMerge(Merge):
 
 
 @dataclass(frozen=True)
-class JigsawSettings:
+class JigsawSettings(Checked):
     """The knobs of `pretrain=jigsaw` (configs/pretrain/jigsaw.yaml says what each does): n
     learners, each on M minibatches for K passes with the `optim` SGD settings."""
+
+    PREFIX: ClassVar[str] = "pretrain"
 
     name: str = "jigsaw"
     num_learners: Annotated[int, Range(1, 10**7)] = 10  # n
