@@ -140,7 +140,7 @@ def test_missing_fashion_mnist_is_refused_unless_it_can_be_downloaded(
     make_cfg, tmp_path, monkeypatch
 ):
     monkeypatch.setattr("lipt.data.sources.FASHION_MNIST_SYSTEM_DIR", tmp_path / "none")
-    with pytest.raises(UserError, match="Fashion-MNIST not found"):
+    with pytest.raises(UserError, match=f"dataset.data_dir={tmp_path} holds no Fashion-MNIST"):
         validate(make_cfg(["dataset.download=false", f"dataset.data_dir={tmp_path}"]))
     with pytest.raises(UserError, match="Fashion-MNIST not found"):
         validate(make_cfg([]))  # no data_dir to download into

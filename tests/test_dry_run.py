@@ -10,12 +10,14 @@ import pytest
 from lipt.run.config import validate
 from lipt.run.errors import UserError
 from lipt.run.preflight import unwritable
-from tests.helpers import FAST, run_entry
+from tests.helpers import FAST, ROOT, run_entry
 
 
 def test_a_dry_run_checks_and_builds_then_exits_0_writing_nothing(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    out = run_entry("train.py", [*FAST, "dry_run=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    out = run_entry(
+        str(ROOT / "train.py"), [*FAST, "dry_run=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     assert "dry run: 1 job composed, checked and built" in out.stdout
     assert not run_dir.exists() and list(tmp_path.iterdir()) == []
@@ -25,12 +27,14 @@ def test_a_dry_run_of_a_sweep_composes_every_job_and_refuses_a_bad_combination(
     tmp_path: Path,
 ) -> None:
     args = [*FAST, "dry_run=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    out = run_entry("train.py", ["-m", *args, "seed=0,1,2", "fraction=0.1,0.2"], cwd=tmp_path)
+    out = run_entry(
+        str(ROOT / "train.py"), ["-m", *args, "seed=0,1,2", "fraction=0.1,0.2"], cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     assert "dry run: 6 jobs composed" in out.stdout
     # Each value is fine alone; one pairing is not (dynamic pruning chooses no subset).
     bad = ["-m", *args, "selector=random,full", "dynamic=none,infobatch"]
-    out = run_entry("train.py", bad, cwd=tmp_path)
+    out = run_entry(str(ROOT / "train.py"), bad, cwd=tmp_path)
     assert out.returncode == 2 and "selector=random cannot choose a subset" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
@@ -39,7 +43,7 @@ def test_a_dry_run_of_a_sweep_composes_every_job_and_refuses_a_bad_combination(
 @pytest.mark.parametrize("script", ["pretrain.py", "select.py"])
 def test_every_entry_script_has_a_dry_run(script: str, tmp_path: Path) -> None:
     args = [*FAST, "dry_run=true", "selector=random"]
-    out = run_entry(script, args, cwd=tmp_path)
+    out = run_entry(str(ROOT / script), args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "dry run: 1 job" in out.stdout and list(tmp_path.iterdir()) == []
 
@@ -76,7 +80,7 @@ def test_a_run_folder_that_cannot_be_written_is_refused_by_the_entry_script(
 ) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    out = run_entry("train.py", [*FAST, f"hydra.run.dir={blocker}/run"], cwd=tmp_path)
+    out = run_entry(str(ROOT / "train.py"), [*FAST, f"hydra.run.dir={blocker}/run"], cwd=tmp_path)
     assert out.returncode == 2 and f"hydra.run.dir={blocker}/run cannot be written" in out.stderr
 
 

@@ -6,10 +6,10 @@ deep checks only.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from hydra.utils import get_object
 from omegaconf import DictConfig
 
 from lipt.run.errors import UserError
@@ -44,9 +44,24 @@ def declared_keys(group: str, node: Mapping[str, Any]) -> tuple[dict[str, Any], 
     return declared, open_keys
 
 
+def locate(path: str) -> Any:
+    """The object a dotted `_target_` path names (the longest importable module, then
+    attributes), without Hydra's logging of a failure."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(f"no module named {parts[0]!r}")
+
+
 def _target(where: str, path: str) -> Any:
     try:
-        return get_object(path)
+        return locate(path)
     except Exception as e:
         group, _, name = where.partition(".")
         if group in MULTI:
