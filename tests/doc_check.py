@@ -11,6 +11,7 @@ shell line (backslash continuations joined, `# comments` dropped) is checked by 
   is made there, in a scratch folder, since only its existence is checked.
 - `python benchmarks/<name>.py ARGS` and `python -m lipt.<module> ARGS`: the script's own
   argparse parser reads ARGS (its `main` is stopped right after parsing: nothing runs).
+- `python examples/<name>.py`: runs for real, from the repository root (examples take seconds).
 - `make [VAR=value ...] TARGET ...`: every target exists in the Makefile; `make run ARGS="..."`
   also goes through precheck as `python train.py ...`.
 - anything else must match ALLOWED, so a new kind of command fails until someone decides how
@@ -222,6 +223,10 @@ def check_shell(command: str, session: Session) -> str | None:
         if not path.is_file():
             return f"no such script {argv[1]}"
         return parse_only(script_main(path), argv[1:])
+    if argv[1].startswith("examples/") and argv[1].endswith(".py"):
+        if not (ROOT / argv[1]).is_file():
+            return f"no such example {argv[1]}"
+        return run_python([argv[1], *argv[2:]])
     if argv[1] == "-m" and len(argv) > 2 and argv[2].startswith("lipt."):
         args = argv[3:]
         if len(args) >= 2 and args[-2] == ">":  # stdout to a file
@@ -239,14 +244,19 @@ def check_shell(command: str, session: Session) -> str | None:
     return f"not a kind of python command the doc checker knows: {' '.join(argv[:2])}"
 
 
-def check_python(code: str) -> str | None:
-    """Run a ```python block for real, from the repository root."""
+def run_python(args: list[str]) -> str | None:
+    """`python ARGS` for real, from the repository root: None if it exits 0."""
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     if done.returncode != 0:
         return f"exit {done.returncode}: {done.stderr.strip()[-500:]}"
     return None
+
+
+def check_python(code: str) -> str | None:
+    """Run a ```python block for real, from the repository root."""
+    return run_python(["-c", code])
 
 
 def check_doc(

@@ -53,14 +53,14 @@ ACCEPTED = [
 
 REFUSED = [
     # (overrides, words the message must hold)
-    (["optimizer.lr=0"], ["optimizer.lr", "positive"]),
+    (["optimizer.lr=0"], ["optimizer.lr", "(0, 1000]"]),
     (["optimizer.lr=-0.1"], ["optimizer.lr"]),
     (["optimizer.momentum=1"], ["optimizer.momentum"]),
     (["optimizer.weight_decay=-1e-4"], ["optimizer.weight_decay"]),
     (["optimizer.nesterov=maybe"], ["optimizer.nesterov"]),
     (["optimizer.momentum=0"], ["optimizer settings are invalid", "Nesterov", "optimizer.*"]),
     (["optimizer=adamw", "optimizer.betas=[0.9,1.5]"], ["optimizer settings", "beta"]),
-    (["+optimizer.bogus=1"], ["optimizer settings are invalid", "bogus"]),
+    (["+optimizer.bogus=1"], ["optimizer.bogus", "not a setting"]),
     (["scheduler=onecycle", "scheduler.pct_start=2"], ["scheduler settings", "pct_start"]),
     (["scheduler=onecycle", "scheduler.anneal_strategy=step"], ["scheduler", "anneal_strategy"]),
     (["pretrain.optim.lr=0"], ["pretrain.optim.lr"]),
@@ -78,14 +78,14 @@ REFUSED = [
     (["trainer.max_epochs=0"], ["trainer.max_epochs"]),
     (["+logger.csv.bogus=1"], ["logger.csv", "bogus"]),
     (["logger.csv._target_=no.such.Logger"], ["logger=csv", "install"]),
-    (["+pretrain.epochs=2"], ["pretrain=jigsaw settings are invalid", "epochs", "pretrain.*"]),
+    (["+pretrain.epochs=2"], ["pretrain=jigsaw", "pretrain.epochs", "not a setting"]),
     (["pretrain=none", "+pretrain.epochs=2"], ["pretrain=none", "epochs"]),
-    (["+merge.bogus=1"], ["merge=", "bogus", "merge.*"]),
-    (["+prune.bogus=1"], ["prune=", "bogus", "prune.*"]),
-    (["+augment.bogus=1"], ["augment=", "bogus", "augment.*"]),
+    (["+merge.bogus=1"], ["merge=", "merge.bogus", "not a setting"]),
+    (["+prune.bogus=1"], ["prune=", "prune.bogus", "not a setting"]),
+    (["+augment.bogus=1"], ["augment=", "augment.bogus", "not a setting"]),
     (["selector=glister", "selector.greedy=sometimes"], ["selector=glister", "greedy"]),
     (["selector=glister", "+selector.bogus=3"], ["selector=glister", "bogus"]),
-    (["selector=glister", "selector.eta=-0.1"], ["selector=glister", "eta must be > 0"]),
+    (["selector=glister", "selector.eta=-0.1"], ["selector=glister", "selector.eta", "> 0"]),
     (["selector.balance=maybe"], ["selector.balance"]),
     (["selector=gradmatch", "selector.target=test"], ["selector=gradmatch", "target"]),
     (["selector=ccs", "selector.hard_prune=1.5"], ["selector=ccs", "hard_prune"]),
@@ -155,7 +155,7 @@ def test_missing_fashion_mnist_is_refused_unless_it_can_be_downloaded(
     make_cfg, tmp_path, monkeypatch
 ):
     monkeypatch.setattr("lipt.data.sources.FASHION_MNIST_SYSTEM_DIR", tmp_path / "none")
-    with pytest.raises(UserError, match="Fashion-MNIST not found"):
+    with pytest.raises(UserError, match=f"dataset.data_dir={tmp_path} holds no Fashion-MNIST"):
         validate(make_cfg(["dataset.download=false", f"dataset.data_dir={tmp_path}"]))
     with pytest.raises(UserError, match="Fashion-MNIST not found"):
         validate(make_cfg([]))  # no data_dir to download into

@@ -32,9 +32,17 @@ def prechecked_by_test_experiments(command: str) -> bool:
     )
 
 
+def run_by_test_api(command: str) -> bool:
+    """The README's example: tests/test_api.py (test_the_readme_example_runs_as_written) runs
+    it as written and checks what it prints, so it is not run twice."""
+    return command == "python examples/own_model.py"
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_command_in_the_doc_runs(doc, tmp_path):
-    elsewhere = prechecked_by_test_experiments if doc.name == "RESULTS.md" else lambda _: False
+    elsewhere = {"RESULTS.md": prechecked_by_test_experiments, "README.md": run_by_test_api}.get(
+        doc.name, lambda _: False
+    )
     problems = check_doc(doc, tmp_path, elsewhere)
     assert not problems, "\n".join(problems)
 
@@ -48,6 +56,7 @@ def test_the_docs_show_commands_of_every_kind_the_checker_knows():
         "python pretrain.py",
         "python train.py -m",
         "python benchmarks/",
+        "python examples/",
         "make run",
         "make test",
     ):
@@ -66,6 +75,7 @@ def test_the_docs_show_commands_of_every_kind_the_checker_knows():
         "make run ARGS='optimizer.lr=0'",
         "python benchmarks/selector_quality.py --no-such-flag",
         "python benchmarks/no_such_benchmark.py",
+        "python examples/no_such_example.py",
         "python -m lipt.run.config_doc --no-such-flag",
         "python -m lipt.no_such_module",
         "rm -rf outputs",  # not on the allow-list

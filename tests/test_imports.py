@@ -108,7 +108,17 @@ def test_the_top_of_the_package_holds_packages_only():
 # only one another, never a stage, the build layer, the config checks or a report.
 BOTTOM = {
     f"lipt.run.{m}"
-    for m in ("errors", "seeding", "checks", "artifacts", "console", "lock", "selector")
+    for m in (
+        "errors",
+        "seeding",
+        "checks",
+        "artifacts",
+        "console",
+        "lock",
+        "selector",
+        "schema",
+        "settings",
+    )
 }
 PURE_PACKAGES = ("lipt.data", "lipt.models", "lipt.selection")
 PURE_MODULES = {"lipt.dynamic.plan"} | {

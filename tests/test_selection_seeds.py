@@ -10,8 +10,8 @@ import torch
 
 from lipt.run.build import build_datamodule, build_model
 from lipt.run.seeding import repeat_seed, reselect_seed
+from lipt.selection import api as selection_api
 from lipt.selection import split_budget
-from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
 from lipt.stages.select import choose_subset
 from tests.helpers import FAST
@@ -45,7 +45,7 @@ def no_scoring(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a random selector ran the model over the pool")
 
-    monkeypatch.setattr(select_stage, "model_outputs", refuse)
+    monkeypatch.setattr(selection_api, "model_outputs", refuse)
 
 
 def test_random_baselines_never_score_the_pool(make_cfg, no_scoring) -> None:

@@ -313,6 +313,13 @@ class DataModule(L.LightningDataModule):
             IndexedImages(self.splits.train, self.pool_indices, self.eval_transform()), False
         )
 
+    def eval_loader(self, positions: Tensor, batch_size: int | None = None) -> DataLoader:
+        """`positions` of the training split, un-augmented, in order, through a DataLoader on
+        either path (the jigsaw soup's held-out and BatchNorm data, SNIP's batch)."""
+        assert self.splits is not None, "call setup() first"
+        dataset = IndexedImages(self.splits.train, positions, self.eval_transform())
+        return self.loader(dataset, shuffle=False, batch_size=batch_size)
+
     def shard_dataloader(
         self, positions: Tensor, randaugment: dict | None
     ) -> DataLoader | ResidentBatches:

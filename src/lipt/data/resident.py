@@ -13,12 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from lipt.data.batch_transforms import RandAugmentSettings, augment_batch, normalize
 from lipt.data.sources import TensorImages
+
+
+class DeviceCopies(Protocol):
+    """Inputs and labels of one split, copied to a device on first use."""
+
+    def on(self, device: torch.device) -> tuple[Tensor, Tensor]: ...
 
 
 @dataclass
@@ -59,7 +66,7 @@ class ResidentBatches:
 
     def __init__(
         self,
-        images: ResidentImages,
+        images: DeviceCopies,
         positions: Tensor,
         batch_size: int,
         device: torch.device,
@@ -121,21 +128,26 @@ class ResidentBatches:
         rows = self.order(epoch)
         positions = self.positions[rows].to(self.device)
         weights = None if self.weights is None else self.weights[rows].to(self.device)
-        aug = self.augmentation
         # Augmentation parameters: their own stream per (seed, epoch, rank), drawn on the CPU.
         g = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 4099 + self.rank)
         for start in range(0, len(rows), self.batch_size):
             idx = positions[start : start + self.batch_size]
-            x, y = images[idx], labels[idx]
-            if aug is None:
-                yield normalize(x, self.mean, self.std), y, idx
+            x, y = self.prepare(images[idx], g), labels[idx]
+            if not self.training:
+                yield x, y, idx
                 continue
-            x = augment_batch(
-                x, g, self.mean, self.std, aug.crop_padding, aug.flip, aug.randaugment
-            )
             w = (
                 torch.ones(len(idx), device=self.device)
                 if weights is None
                 else weights[start : start + self.batch_size]
             )
             yield x, y, idx, w
+
+    def prepare(self, x: Tensor, generator: torch.Generator) -> Tensor:
+        """A batch as the model sees it: normalised, and augmented when training."""
+        aug = self.augmentation
+        if aug is None:
+            return normalize(x, self.mean, self.std)
+        return augment_batch(
+            x, generator, self.mean, self.std, aug.crop_padding, aug.flip, aug.randaugment
+        )

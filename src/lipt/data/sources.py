@@ -10,7 +10,7 @@ import gzip
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from torch import Tensor
 
 from lipt.data.class_names import FASHION_MNIST, cifar_names
 from lipt.run.errors import UserError
+from lipt.run.schema import COUNT, Range
 
 FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -119,29 +120,37 @@ FASHION_MNIST_STEMS = (
 )
 
 
+def _fashion_mnist_dirs(data_dir: str | None) -> list[Path]:
+    """Where to look: the folder the user named, and only it; the Debian package's folder when
+    they named none (an explicit setting is honoured or refused, never replaced)."""
+    return [Path(data_dir).expanduser()] if data_dir else [FASHION_MNIST_SYSTEM_DIR]
+
+
 def fashion_mnist_files(data_dir: str | None, download: bool = True) -> list[Path]:
     """The four IDX files `load_fashion_mnist` will read ([] when it will download them)."""
-    candidates = [Path(data_dir).expanduser()] if data_dir else []
-    candidates.append(FASHION_MNIST_SYSTEM_DIR)
-    for directory in candidates:
+    for directory in _fashion_mnist_dirs(data_dir):
         found = [_find_idx(directory, stem) for stem in FASHION_MNIST_STEMS]
         if all(path is not None for path in found):
             return [path for path in found if path is not None]
     if not download or not data_dir:
         # Downloads go to dataset.data_dir only: a run writes nowhere else but its run folder.
+        problem = (
+            f"dataset.data_dir={data_dir} holds no Fashion-MNIST"
+            if data_dir
+            else f"Fashion-MNIST not found in {FASHION_MNIST_SYSTEM_DIR}"
+        )
         raise UserError(
-            "Fashion-MNIST not found: set dataset.data_dir=DIR holding train-images-idx3-ubyte"
-            "[.gz] etc. (or an empty DIR to download into, with dataset.download=true), or "
-            "install the Debian package dataset-fashion-mnist"
+            f"{problem}: set dataset.data_dir=DIR holding train-images-idx3-ubyte[.gz] etc. (or "
+            "a DIR to download into, with dataset.download=true), or leave it unset and install "
+            "the Debian package dataset-fashion-mnist"
         )
     return []
 
 
 def load_fashion_mnist(data_dir: str | None, download: bool = True) -> Splits:
-    """IDX files from `data_dir`, else the Debian package's folder, else torchvision's download."""
-    candidates = [Path(data_dir).expanduser()] if data_dir else []
-    candidates.append(FASHION_MNIST_SYSTEM_DIR)
-    for directory in candidates:
+    """IDX files from `data_dir` (downloaded into it with `download`), or, when no folder is
+    named, from the Debian package's folder."""
+    for directory in _fashion_mnist_dirs(data_dir):
         train, test = _idx_split(directory, "train"), _idx_split(directory, "t10k")
         if train is not None and test is not None:
             return Splits(train, test, "fashion_mnist", list(FASHION_MNIST))
@@ -155,8 +164,9 @@ def load_fashion_mnist(data_dir: str | None, download: bool = True) -> Splits:
         FashionMNIST(str(target), train=False, download=True)
     except Exception as e:  # any network failure: say what to do instead
         raise UserError(
-            f"Fashion-MNIST not found locally and the download failed ({type(e).__name__}); "
-            "install the Debian package dataset-fashion-mnist or set dataset.data_dir=DIR"
+            f"dataset.data_dir={data_dir} holds no Fashion-MNIST and the download into it failed "
+            f"({type(e).__name__}); put the IDX files there, or leave dataset.data_dir unset and "
+            "install the Debian package dataset-fashion-mnist"
         ) from e
     return load_fashion_mnist(str(target), download=False)
 
@@ -203,7 +213,7 @@ def cifar_files(data_dir: str | None, num_classes: int) -> tuple[list[Path], lis
     return train_files, test_files
 
 
-def load_cifar(data_dir: str, num_classes: int) -> Splits:
+def load_cifar(data_dir: str, num_classes: Literal[10, 100]) -> Splits:
     """torchvision's layout: `cifar-10-batches-py/data_batch_{1..5}, test_batch` or
     `cifar-100-python/{train,test}`, directly in `data_dir` or one level down."""
     train_files, test_files = cifar_files(data_dir, num_classes)
@@ -266,7 +276,9 @@ def image_folder_dirs(data_dir: str | None) -> tuple[Path, Path]:
     return train_dir, val_dir
 
 
-def load_image_folder(data_dir: str, resize: int, size: int) -> Splits:
+def load_image_folder(
+    data_dir: str, resize: Annotated[int, Range(1, 8192)], size: Annotated[int, Range(1, 8192)]
+) -> Splits:
     root = _existing_dir(data_dir, "imagenet")
     train_dir, val_dir = image_folder_dirs(data_dir)
     classes = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
@@ -284,7 +296,12 @@ def load_image_folder(data_dir: str, resize: int, size: int) -> Splits:
 
 
 def make_synthetic(
-    num_train: int, num_test: int, num_classes: int, channels: int, size: int, seed: int
+    num_train: Annotated[int, COUNT],
+    num_test: Annotated[int, COUNT],
+    num_classes: Annotated[int, Range(2, 10**6)],
+    channels: Annotated[int, Range(1, 64)],
+    size: Annotated[int, Range(1, 4096)],
+    seed: Annotated[int, Range(0, 2**32 - 1)],
 ) -> Splits:
     """Learnable toy images: each class is a fixed random pattern plus noise."""
     g = torch.Generator().manual_seed(seed)

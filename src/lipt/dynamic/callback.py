@@ -1,17 +1,21 @@
 """The Lightning side of dynamic pruning: scores from the training losses, a plan per epoch.
 
-Each training batch's per-sample losses (`Classifier.last_losses`, from the training forward
-pass: no extra pass) overwrite the scores of the samples they came from; under DDP every rank
-gathers all ranks' (position, loss) pairs first, so all ranks keep identical scores and draw
-identical plans. The data module asks `epoch_subset` for its training set whenever it builds a
-training loader (every epoch: `reload_dataloaders_every_n_epochs=1`), at the trainer's epoch,
-after a resumed fit has restored the epoch and the scores; the plan's generator is seeded from
-the run's seed and the epoch alone, so a resumed run draws what an uninterrupted one draws.
+`DynamicPruning` works with any LightningModule whose training step gives per-sample losses
+(`module.last_losses`, [B], which `lipt.weighted_loss` sets; lipt's `Classifier` does) and any
+lipt data module (`PoolDataModule` for your own data set, lipt's `DataModule`): each training
+batch's losses (from the training forward pass: no extra pass) overwrite the scores of the
+samples they came from; under DDP every rank gathers all ranks' (position, loss) pairs first, so
+all ranks keep identical scores and draw identical plans. The data module asks `epoch_subset`
+for its training set whenever it builds a training loader (every epoch: the callback sets
+`reload_dataloaders_every_n_epochs=1`), at the trainer's epoch, after a resumed fit has
+restored the epoch and the scores; the plan's generator is seeded from the run's seed and the
+epoch alone, so a resumed run draws what an uninterrupted one draws.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +24,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lipt.data import DataModule
-from lipt.dynamic.plan import EpochPlan, PruningMethod
+from lipt.data import SubsetData
+from lipt.data.pool import check_subset_data
+from lipt.dynamic.plan import EpochPlan, PruningMethod, ensemble_losses
 from lipt.run.artifacts import atomic_write_bytes
 from lipt.run.seeding import generator
+from lipt.selection.gradients import model_outputs
+from lipt.selection.types import LearnerHeads
 
 AUDIT_DIR = "dynamic"
 
@@ -33,34 +40,69 @@ def audit_path(out_dir: Path, epoch: int, rank: int) -> Path:
 
 
 class DynamicPruning(L.Callback):
-    """Prunes the pool per epoch with `method` (lipt.dynamic.plan). `initial_scores` [N]: the
-    pool's scores before epoch 0 (None: the method's own; extra DDP ranks get rank 0's at fit
-    start). `audit_dir`: write each epoch's plan and the scores it was drawn from, per rank, to
-    `dynamic/epoch_E.rankR.npz` there (record_seen=true)."""
+    """Prunes the pool of `datamodule` per epoch with `method` (lipt.dynamic.plan: `InfoBatch`,
+    `LiptBudget`). `initial_scores` [N]: the pool's scores before epoch 0 (None: the method's
+    own; `ensemble_scores` gives LiptBudget's; extra DDP ranks get rank 0's at fit start).
+    `audit_dir`: write each epoch's plan and the scores it was drawn from, per rank, to
+    `dynamic/epoch_E.rankR.npz` there (record_seen=true).
+
+    The trainer must fit with `datamodule`, and the module's training step must set
+    `last_losses` (`lipt.weighted_loss` does) and weigh its loss by the batch's `w` with
+    `norm="batch"`.
+
+    Raises:
+        ValueError: at the start of fit, for a module without `last_losses`, a trainer fitting
+            other data, or a training step that gives no per-sample losses (first batch).
+    """
 
     def __init__(
         self,
         method: PruningMethod,
-        datamodule: DataModule,
-        seed: int,
+        datamodule: SubsetData,
+        seed: int = 0,
         initial_scores: Tensor | None = None,
         audit_dir: Path | None = None,
     ) -> None:
+        if not hasattr(method, "plan") or not hasattr(method, "initial_scores"):
+            raise ValueError(f"method must be InfoBatch(...) or LiptBudget(...), not {method!r}")
+        check_subset_data(datamodule, "DynamicPruning")
         self.method, self.dm, self.seed, self.audit_dir = method, datamodule, seed, audit_dir
-        self.pool = datamodule.pool_indices  # [N] positions in the original split, ascending
+        self.pool = datamodule.pool_indices  # [N] positions in the data set, ascending
         n = len(self.pool)
         scores = method.initial_scores(n) if initial_scores is None else initial_scores
         if scores.shape != (n,):
             raise ValueError(f"initial scores {tuple(scores.shape)} do not fit the pool of {n}")
         self.scores = scores.float().clone()  # [N], on the training device during fit
-        # The pool row of each position of the original split (-1: not in the pool).
-        self.row_of = torch.full((len(datamodule.train_source),), -1, dtype=torch.int64)
+        # The pool row of each position of the data set (-1: not in the pool).
+        self.row_of = torch.full((int(self.pool.max()) + 1,), -1, dtype=torch.int64)
         self.row_of[self.pool] = torch.arange(n)
         self.fed = torch.zeros(n, dtype=torch.bool)  # rows trained on at least once
         self.pruned_share: dict[str, float] = {}  # str(epoch) -> share of the pool left out
         self.planned: tuple[int, EpochPlan] | None = None
 
     # --- scores --------------------------------------------------------------------------
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if not hasattr(pl_module, "last_losses"):
+            raise ValueError(
+                f"{type(pl_module).__name__} gives no per-sample losses: in training_step, "
+                "return lipt.weighted_loss(self, losses, w, norm='batch') with losses computed "
+                "with reduction='none' (it sets self.last_losses)"
+            )
+        if getattr(trainer, "datamodule", None) is not self.dm:
+            raise ValueError(
+                "DynamicPruning prunes the data module it was given: pass that one to "
+                "trainer.fit(module, datamodule=...)"
+            )
+        reload = trainer.reload_dataloaders_every_n_epochs  # type: ignore[attr-defined]
+        if reload not in (0, 1):
+            raise ValueError(
+                f"DynamicPruning needs a training loader per epoch; reload_dataloaders_every_n_"
+                f"epochs={reload} would train on stale plans: leave it 0 or set it to 1"
+            )
+        trainer.reload_dataloaders_every_n_epochs = 1  # type: ignore[attr-defined]
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.world_size > 1:  # the ensemble scored the pool on rank 0 only
@@ -80,8 +122,16 @@ class DynamicPruning(L.Callback):
         batch_idx: int,
     ) -> None:
         losses = getattr(pl_module, "last_losses", None)  # [B], detached
-        assert isinstance(losses, Tensor), "dynamic pruning needs Classifier.last_losses"
-        positions = batch[2]  # [B] positions in the original split
+        positions = batch[2]  # [B] positions in the data set
+        if not isinstance(losses, Tensor) or losses.shape != positions.shape:
+            shape = None if not isinstance(losses, Tensor) else tuple(losses.shape)
+            raise ValueError(
+                f"training_step left last_losses {shape} for a batch of "
+                f"{tuple(positions.shape)}: set it to the batch's per-sample losses in every "
+                "step (lipt.weighted_loss does)"
+            )
+        # A step that does not set them again is caught above.
+        pl_module.last_losses = None  # type: ignore[assignment]
         if trainer.world_size > 1:  # every rank's batch: equal sizes, ranks are padded alike
             positions = trainer.strategy.all_gather(positions).flatten()  # [W * B]
             losses = trainer.strategy.all_gather(losses).flatten()
@@ -163,3 +213,21 @@ class DynamicPruning(L.Callback):
         self.scores = state_dict["scores"].float().clone()
         self.fed = state_dict["fed"].bool().clone()
         self.pruned_share = {str(k): float(v) for k, v in state_dict["pruned_share"].items()}
+
+
+def ensemble_scores(
+    soup: torch.nn.Module,
+    data: SubsetData,
+    learner_heads: LearnerHeads | None = None,
+    head: torch.nn.Linear | str | None = None,
+    batches: Iterable[Any] | None = None,
+) -> Tensor:
+    """`LiptBudget`'s epoch-0 scores [N], in pool order: each pool sample's cross-entropy under
+    the jigsaw ensemble, the soup and its learners' heads (`lipt.jigsaw_pretrain` gives both) on
+    the soup's embeddings (`head`: its final nn.Linear, as `lipt.select` takes it). `batches`:
+    the pool's (x, y, idx) batches, by default `data.pool_dataloader()`."""
+    pool_batches = data.pool_dataloader() if batches is None else batches
+    pool = model_outputs(soup, pool_batches, None, head)
+    if not torch.equal(pool.indices, data.pool_indices.cpu()):
+        raise ValueError("the pool loader must yield every pool position once")
+    return ensemble_losses(pool.logits, pool.embeddings, pool.targets, learner_heads)

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated, ClassVar
 
 import torch
 from torch import Tensor
 
+from lipt.run.schema import BELOW_ONE, SHARE
+from lipt.run.settings import Checked
 from lipt.selection.coverage import ensemble_difficulty
 from lipt.selection.types import LearnerHeads
 
@@ -180,19 +183,19 @@ def ensemble_losses(
 
 
 @dataclass(frozen=True)
-class InfoBatch:
+class InfoBatch(Checked):
     """`dynamic=infobatch`: InfoBatch as published. `budget` must stay None: InfoBatch's cost
     follows the losses (prune `ratio` of the below-mean rows), it has no budget to meet."""
 
     name: str = "infobatch"
-    ratio: float = 0.5
-    delta: float = 0.875
-    budget: float | None = None
+    ratio: Annotated[float, BELOW_ONE] = 0.5
+    delta: Annotated[float, SHARE] = 0.875
+    budget: Annotated[float, SHARE] | None = None
+
+    PREFIX: ClassVar[str] = "dynamic"
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.ratio < 1.0:
-            raise ValueError(f"ratio must be in [0, 1), got {self.ratio}")
-        pruned_epochs(1, self.delta)  # checks delta
+        super().__post_init__()  # each field's declared type and range
         if self.budget is not None:
             raise ValueError("infobatch has no budget (it prunes by ratio); leave budget null")
 
@@ -211,19 +214,16 @@ class InfoBatch:
 
 
 @dataclass(frozen=True)
-class LiptBudget:
+class LiptBudget(Checked):
     """`dynamic=lipt`: a `budget` share of the full-data cost, epoch 0 scored by the jigsaw
     ensemble (`ensemble_losses`), keep probability proportional to the score (`budget_plan`)."""
 
     name: str = "lipt"
-    budget: float = 0.5
-    delta: float = 0.875
-    floor: float = 0.25
+    budget: Annotated[float, SHARE] = 0.5
+    delta: Annotated[float, SHARE] = 0.875
+    floor: Annotated[float, SHARE] = 0.25
 
-    def __post_init__(self) -> None:
-        budget_schedule(1, self.budget, self.delta)  # checks budget and delta
-        if not 0.0 < self.floor <= 1.0:
-            raise ValueError(f"floor must be in (0, 1], got {self.floor}")
+    PREFIX: ClassVar[str] = "dynamic"
 
     needs_ensemble = True
 

@@ -8,17 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig
 from torch import Tensor
 
 from lipt.data import DataModule
-from lipt.dynamic.callback import DynamicPruning
-from lipt.dynamic.plan import PruningMethod, ensemble_losses
+from lipt.dynamic.callback import DynamicPruning, ensemble_scores
+from lipt.dynamic.plan import PruningMethod
 from lipt.run import console
 from lipt.run.artifacts import write_json
 from lipt.run.build import build_part, is_ddp_child
-from lipt.selection import model_outputs
 from lipt.stages.results import Pretrained
 from lipt.stages.select import STAGES_FILE, Ranking, ranking_models
 
@@ -42,19 +40,17 @@ class DynamicSetup:
     score_stats: dict[str, Any] | None = None
 
 
-def ensemble_scores(cfg: DictConfig, dm: DataModule) -> tuple[Tensor, Ranking, dict[str, Any]]:
+def score_with_ensemble(cfg: DictConfig, dm: DataModule) -> tuple[Tensor, Ranking, dict[str, Any]]:
     """Pre-train (the `pretrain` group, jigsaw by default) and score the pool with the soup and
     the learners' heads: each sample's ensemble cross-entropy [N] in pool order, the ranking
     (soup, heads, pre-training's cost) and stages.score (the pool's pass through the soup)."""
     ranking = ranking_models(cfg, dm)
     start = time.perf_counter()
     soup = ranking.models[0]
-    device = next(soup.parameters()).device
     with console.progress("dynamic: pool scored by the ensemble", len(dm.pool_indices)) as step:
-        pool = model_outputs(soup, console.counted(dm.pool_dataloader(), step), device)
-    assert torch.equal(pool.indices, dm.pool_indices), "pool rows must follow pool_indices"
-    scores = ensemble_losses(pool.logits, pool.embeddings, pool.targets, ranking.heads)
-    score_stats = {"seconds": round(time.perf_counter() - start, 3), "samples": len(pool)}
+        batches = console.counted(dm.pool_dataloader(), step)
+        scores = ensemble_scores(soup, dm, ranking.heads, batches=batches)
+    score_stats = {"seconds": round(time.perf_counter() - start, 3), "samples": len(scores)}
     return scores, ranking, score_stats
 
 
@@ -67,7 +63,7 @@ def dynamic_pruning(cfg: DictConfig, dm: DataModule, out: Path, resume: str | No
     seed = int(cfg.seed)
     if not method.needs_ensemble or resume is not None or is_ddp_child():
         return DynamicSetup(DynamicPruning(method, dm, seed, audit_dir=audit))
-    scores, ranking, score_stats = ensemble_scores(cfg, dm)
+    scores, ranking, score_stats = score_with_ensemble(cfg, dm)
     # stages.json, as a selecting run writes it: a resumed run reports these stages' costs.
     stages = {"score": score_stats}
     if ranking.pretrain_stats is not None:

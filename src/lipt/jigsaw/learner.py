@@ -23,7 +23,7 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from lipt.data import DataModule, IndexedImages
+from lipt.data import LearnerData
 from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.pruning import draw_density
 from lipt.jigsaw.shards import make_shards, shard_for_learner
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- shards
 
 
-def shard_sizes(settings: JigsawSettings, dm: DataModule) -> tuple[int, int, int, int]:
+def shard_sizes(settings: JigsawSettings, dm: LearnerData) -> tuple[int, int, int, int]:
     """(pool size, n, M, B): what lipt.jigsaw.shards cuts the pool by."""
     return (
         len(dm.pool_indices),
@@ -49,7 +49,7 @@ def shard_sizes(settings: JigsawSettings, dm: DataModule) -> tuple[int, int, int
     )
 
 
-def learner_shards(settings: JigsawSettings, dm: DataModule, seed: int) -> list[Tensor]:
+def learner_shards(settings: JigsawSettings, dm: LearnerData, seed: int) -> list[Tensor]:
     """Every learner's shard, as positions in the original training split."""
     try:
         shards = make_shards(*shard_sizes(settings, dm), generator=generator(seed, "shards"))
@@ -58,7 +58,7 @@ def learner_shards(settings: JigsawSettings, dm: DataModule, seed: int) -> list[
     return [dm.pool_indices[s] for s in shards]
 
 
-def learner_shard(settings: JigsawSettings, dm: DataModule, seed: int, learner: int) -> Tensor:
+def learner_shard(settings: JigsawSettings, dm: LearnerData, seed: int, learner: int) -> Tensor:
     """Learner `learner`'s shard alone (a multirun job reads only this): equal to
     ``learner_shards(settings, dm, seed)[learner]``."""
     try:
@@ -157,7 +157,7 @@ class StopOnNonFiniteLoss(L.Callback):
 def train_learner(
     ctx: PretrainContext,
     settings: JigsawSettings,
-    dm: DataModule,
+    dm: LearnerData,
     init: nn.Module,
     seed: int,
     learner: int,
@@ -204,7 +204,7 @@ def train_learner(
 
 
 def prune_learner(
-    ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int, learner: int, shard: Tensor
+    ctx: PretrainContext, dm: LearnerData, model: nn.Module, seed: int, learner: int, shard: Tensor
 ) -> tuple[float, int]:
     """Prune `model` in place at the learner's own density (group `prune`); returns (density,
     samples that went forward and backward for it: SNIP's one batch)."""
@@ -218,8 +218,7 @@ def prune_learner(
     batch = None
     if pruning.needs_batch:
         # The learner's first minibatch, un-augmented: the data it owns, as it is.
-        first = IndexedImages(dm.train_source, shard[: dm.batch_size], dm.eval_transform())
-        x, y, _ = next(iter(dm.loader(first, shuffle=False, batch_size=dm.batch_size)))
+        x, y, _ = next(iter(dm.eval_loader(shard[: dm.batch_size], dm.batch_size)))
         batch = (x, y)
         model.train()  # the loss the learner trained on (BatchNorm on batch statistics)
     pruning.apply(model, density, generator(seed, "prune", learner), batch)

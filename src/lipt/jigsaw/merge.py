@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader
 
-from lipt.data import DataModule, IndexedImages
+from lipt.data import LearnerData
 from lipt.jigsaw.learner import Learner, learner_shards, state_digest
 from lipt.jigsaw.parts import JigsawSettings, Merge
 from lipt.jigsaw.soup import SoupResult
@@ -50,7 +49,7 @@ class HeldOut:
         self,
         merge: Merge,
         device: torch.device,
-        dm: DataModule,
+        dm: LearnerData,
         template: nn.Module,
         seed: int,
         bn_positions: Tensor,
@@ -63,16 +62,17 @@ class HeldOut:
         self.model.to(memory_format=torch.channels_last)
         positions = eval_positions(merge.eval_size, dm, seed)
         self.size = len(positions)
-        val = IndexedImages(dm.train_source, positions, dm.eval_transform())
-        self.loader: DataLoader | None = dm.loader(val, shuffle=False)
+        self.loader: Iterable[Any] | None = dm.eval_loader(positions)
         self.cached: list[tuple[Tensor, Tensor]] | None = None
-        if self.size * dm.channels * dm.image_size**2 * 4 <= MAX_CACHED_EVAL_BYTES:
-            self.cached = [(x, y) for x, y, _ in self.loader]
+        batches = iter(self.loader)
+        x, y, _ = next(batches)  # float32 inputs: what keeping the split costs, item by item
+        if self.size * (x[0].numel() * 4) <= MAX_CACHED_EVAL_BYTES:
+            self.cached = [(x, y), *((x, y) for x, y, _ in batches)]
             self.loader = None  # (and its workers, if any)
+        del batches
         self.bn_batches: list[Tensor] = []
         if merge.recompute_bn:
-            calib = IndexedImages(dm.train_source, bn_positions, dm.eval_transform())
-            loader = dm.loader(calib, shuffle=False, batch_size=dm.batch_size)
+            loader = dm.eval_loader(bn_positions, dm.batch_size)
             self.bn_batches = [x for x, _, _ in loader]
         # Kept on the scoring device, read once: no copy or loader per evaluation.
         if self.cached is not None:
@@ -95,7 +95,10 @@ class HeldOut:
         `batches_format`: the scoring model's NHWC, or the soup's own NCHW (cuDNN would switch
         an NCHW model to NHWC kernels given NHWC inputs, changing the statistics' last bits)."""
         if self.bn_batches:
-            batches = [x.contiguous(memory_format=batches_format) for x in self.bn_batches]
+            batches = [
+                x.contiguous(memory_format=batches_format) if x.ndim == 4 else x
+                for x in self.bn_batches
+            ]
             recompute_batchnorm_stats(model, batches)
             self.forward_samples += sum(len(x) for x in self.bn_batches)
 
@@ -145,6 +148,8 @@ class HeldOut:
 
 
 def _nhwc(images: Tensor) -> Tensor:
+    if images.ndim != 4:  # not images: nothing to reorder
+        return images
     return images.contiguous(memory_format=torch.channels_last)  # [B, C, H, W], NHWC strides
 
 
@@ -157,7 +162,7 @@ def weights_digest(state_dict: StateDict) -> str:
     return state_digest({k: v + 0.0 for k, v in state_dict.items() if v.is_floating_point()})
 
 
-def eval_positions(eval_size: int | None, dm: DataModule, seed: int) -> Tensor:
+def eval_positions(eval_size: int | None, dm: LearnerData, seed: int) -> Tensor:
     """The validation images the soup is scored on: a seeded subset of `eval_size` of the split
     (None: all of it), sorted. A smaller size takes a prefix of the same seeded permutation, so
     the images a larger `eval_size` leaves out are left out by every smaller one too."""
@@ -173,7 +178,7 @@ def eval_positions(eval_size: int | None, dm: DataModule, seed: int) -> Tensor:
     return positions
 
 
-def bn_positions(settings: JigsawSettings, merge: Merge, dm: DataModule, seed: int) -> Tensor:
+def bn_positions(settings: JigsawSettings, merge: Merge, dm: LearnerData, seed: int) -> Tensor:
     """`merge.bn_batches` minibatches drawn (seeded) from the union of ALL learners' shards:
     data already sent out, so the soup reads nothing new, and the same set whichever learners
     survive, so the in-process and multirun paths agree."""
@@ -188,7 +193,7 @@ def bn_positions(settings: JigsawSettings, merge: Merge, dm: DataModule, seed: i
 def merge_learners(
     ctx: PretrainContext,
     settings: JigsawSettings,
-    dm: DataModule,
+    dm: LearnerData,
     init: nn.Module,
     seed: int,
     learners: Sequence[Learner],
@@ -277,7 +282,7 @@ def learner_counts(learners: Sequence[Learner]) -> dict[str, int]:
 def merge_report(
     ctx: PretrainContext,
     settings: JigsawSettings,
-    dm: DataModule,
+    dm: LearnerData,
     seed: int,
     learners: Sequence[Learner],
     usable: Sequence[Learner],
@@ -318,13 +323,14 @@ def merge_report(
     }
 
 
-def learner_heads(learners: Sequence[Learner]) -> LearnerHeads | None:
+def learner_heads(learners: Sequence[Learner], head: str = "classifier") -> LearnerHeads | None:
     """The final linear layers of the usable ("ok") learners, stacked (None: there are none):
-    selection applies them to the soup's embeddings for the learners' ensemble."""
+    selection applies them to the soup's embeddings for the learners' ensemble. `head`: the
+    layer's name in the model (`model.get_submodule(head)`)."""
     states = [le.state_dict for le in learners if le.status == "ok" and le.state_dict is not None]
     if not states:
         return None
     return LearnerHeads(
-        weight=torch.stack([s["classifier.weight"].float() for s in states]),  # [L, C, D]
-        bias=torch.stack([s["classifier.bias"].float() for s in states]),  # [L, C]
+        weight=torch.stack([s[f"{head}.weight"].float() for s in states]),  # [L, C, D]
+        bias=torch.stack([s[f"{head}.bias"].float() for s in states]),  # [L, C]
     )

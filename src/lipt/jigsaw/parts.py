@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -27,19 +27,23 @@ from lipt.jigsaw.soup import (
     uniform_soup,
 )
 from lipt.run.errors import UserError
+from lipt.run.schema import COUNT, NON_NEGATIVE, SHARE, UNIT, Range
+from lipt.run.settings import Checked, LearnerOptim
 
 # --------------------------------------------------------------------------- prune=
 
 
 @dataclass(frozen=True)
-class Pruning:
+class Pruning(Checked):
     """Prune a trained learner once, at its own density drawn from U[density_low, density_high]
     (paper, section 3.3). `prunes`: False for `prune=none` (dense learners, density 1);
     `needs_batch`: the method scores weights on the learner's first minibatch (SNIP)."""
 
+    PREFIX: ClassVar[str] = "prune"
+
     name: str = "none"
-    density_low: float = 1.0
-    density_high: float = 1.0
+    density_low: Annotated[float, SHARE] = 1.0  # kept share of the weights
+    density_high: Annotated[float, SHARE] = 1.0
     prunes: ClassVar[bool] = True
     needs_batch: ClassVar[bool] = False
 
@@ -117,8 +121,10 @@ class SnipPruning(Pruning):
 
 
 @dataclass(frozen=True)
-class NoAugment:
+class NoAugment(Checked):
     """Only the mild random crop + flip."""
+
+    PREFIX: ClassVar[str] = "augment"
 
     name: str = "none"
 
@@ -127,13 +133,15 @@ class NoAugment:
 
 
 @dataclass(frozen=True)
-class RandAugment:
+class RandAugment(Checked):
     """RandAugment (Cubuk et al. 2020) on top of crop + flip, for the learners only."""
 
+    PREFIX: ClassVar[str] = "augment"
+
     name: str = "randaugment"
-    num_ops: int = 1
-    magnitude: int = 9
-    num_magnitude_bins: int = 31
+    num_ops: Annotated[int, Range(0, 14)] = 1  # RandAugment has 14 ops
+    magnitude: Annotated[int, NON_NEGATIVE] = 9  # below num_magnitude_bins
+    num_magnitude_bins: Annotated[int, Range(2, 10**4)] = 31
 
     def randaugment(self) -> dict[str, Any] | None:
         """torchvision.transforms.RandAugment's keyword arguments."""
@@ -148,15 +156,17 @@ class RandAugment:
 
 
 @dataclass(frozen=True)
-class Merge:
+class Merge(Checked):
     """A soup recipe and its held-out scoring: top-1 accuracy on `eval_size` images of the
     validation split (None: all of it), after re-estimating BatchNorm statistics on
     `bn_batches` minibatches of the learners' shards when `recompute_bn`."""
 
+    PREFIX: ClassVar[str] = "merge"
+
     name: str = ""
-    eval_size: int | None = 1000
+    eval_size: Annotated[int, Range(1, 10**9)] | None = 1000  # null: the whole split
     recompute_bn: bool = True
-    bn_batches: int = 2
+    bn_batches: Annotated[int, Range(1, 10**6)] = 2
 
     def soup(self, states: Sequence[StateDict], evaluate: Evaluate) -> SoupResult:
         raise NotImplementedError
@@ -195,8 +205,8 @@ class GreedyInterpMerge(Merge):
     scores every ratio, "scan" scores them from the smallest up and stops at the first drop
     (soup.ascending_scan). The defaults are configs/merge/greedy_interp.yaml's."""
 
-    ratios: int | list[float] | str = 5
-    search: str = "scan"
+    ratios: Annotated[int, COUNT] | list[Annotated[float, UNIT]] | Literal["running_mean"] = 5
+    search: Literal["grid", "scan"] = "scan"
 
     def grid(self) -> Sequence[float] | str:
         value = self.ratios
@@ -224,20 +234,23 @@ class GreedyInterpMerge(Merge):
 
 
 @dataclass(frozen=True)
-class JigsawSettings:
+class JigsawSettings(Checked):
     """The knobs of `pretrain=jigsaw` (configs/pretrain/jigsaw.yaml says what each does): n
     learners, each on M minibatches for K passes with the `optim` SGD settings."""
 
+    PREFIX: ClassVar[str] = "pretrain"
+
     name: str = "jigsaw"
-    num_learners: int = 10  # n
-    batches_per_learner: int = 1  # M
-    local_epochs: int = 10  # K
-    optim: dict[str, Any] | None = None  # lipt.models.classifier.Classifier's SGD keywords
-    min_learners: int | None = None  # null: half of n, rounded up
-    learners: int | list[int] | None = None  # the ids a multirun job trains (None: all, here)
+    num_learners: Annotated[int, Range(1, 10**7)] = 10  # n
+    batches_per_learner: Annotated[int, Range(1, 10**7)] = 1  # M
+    local_epochs: Annotated[int, Range(1, 10**7)] = 10  # K
+    optim: LearnerOptim | None = None  # main training's optimizer at these settings
+    min_learners: Annotated[int, COUNT] | None = None  # null: half of n, rounded up
+    # the ids a multirun job trains (None: all, here)
+    learners: Annotated[int, NON_NEGATIVE] | list[Annotated[int, NON_NEGATIVE]] | None = None
     learner_dir: str | None = None
     merge_from: str | None = None
-    num_threads: int | None = None
+    num_threads: Annotated[int, Range(1, 4096)] | None = None
 
     def learner_ids(self) -> list[int] | None:
         """`learners` as a list of ids (None: all learners, in-process).

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
-from torch import nn
+from torch import Tensor, nn
 
 from lipt.data import DataModule
+from lipt.jigsaw.api import train_and_merge
 from lipt.jigsaw.checkpoints import (
     learner_dir,
     learner_file,
@@ -40,17 +41,9 @@ from lipt.jigsaw.checkpoints import (
     load_learners,
     train_or_reuse,
 )
-from lipt.jigsaw.learner import learner_shard, learner_shards
-from lipt.jigsaw.merge import (
-    HeldOut,
-    bn_positions,
-    learner_counts,
-    learner_heads,
-    learner_ids_by_status,
-    merge_learners,
-)
+from lipt.jigsaw.learner import Learner, learner_shard
+from lipt.jigsaw.merge import learner_counts, learner_heads, learner_ids_by_status, merge_learners
 from lipt.jigsaw.parts import JigsawSettings
-from lipt.run import console
 from lipt.run.artifacts import write_json
 from lipt.run.build import (
     build_datamodule,
@@ -101,37 +94,17 @@ def pretrain_jigsaw(
     folder = learner_dir(ctx, settings, shared=False)
     if seed != ctx.run_seed:  # selector.repeats: the learners of each seed apart
         folder = folder / f"seed_{seed}"
-    with torch_threads(settings.num_threads):
-        shards = learner_shards(settings, dm, seed)
-        # Built before training so each learner is scored as it finishes (for the bar and the
-        # log); the soup reuses those scores, so the merge computes exactly what it did before.
-        positions = bn_positions(settings, ctx.merge, dm, seed)
-        evaluate = HeldOut(ctx.merge, ctx.device, dm, model, seed, positions)
-        learners = []
-        with console.progress("pre-training: learners", len(shards)) as step:
-            for i, shard in enumerate(shards):
-                learners.append(train_or_reuse(ctx, settings, dm, model, seed, i, shard, folder))
-                score = evaluate.score_learner(learners[-1])
-                shown = "left out" if score is None else f"held-out {score:.3f}"
-                console.detail.info("learner %d/%d: %s", i + 1, len(shards), shown)
-                step(info=f"learner {i}: {shown}")
-        soup, report = merge_learners(ctx, settings, dm, model, seed, learners, evaluate)
-    report["learner_seconds"] = round(sum(le.seconds for le in learners), 3)
-    return Pretrained(
-        model=soup,
-        learner_seconds=report["learner_seconds"],
-        merge_seconds=report["merge_seconds"],
-        samples=sum(le.samples for le in learners),
-        unique_samples=sum(len(le.shard) for le in learners),
-        report=report,
-        counts=learner_counts(learners),
-        checkpoints={
-            str(folder / learner_file(le.id)): learner_payload(ctx, settings, dm, seed, le)
-            for le in learners
-            if le.state_dict is not None
-        },
-        learner_heads=learner_heads(learners),
-    )
+
+    def train_one(i: int, shard: Tensor) -> Learner:
+        return train_or_reuse(ctx, settings, dm, model, seed, i, shard, folder)
+
+    result, learners = train_and_merge(ctx, settings, dm, model, seed, train_one)
+    result.checkpoints = {
+        str(folder / learner_file(le.id)): learner_payload(ctx, settings, dm, seed, le)
+        for le in learners
+        if le.state_dict is not None
+    }
+    return result
 
 
 def merge_saved(
@@ -165,7 +138,7 @@ def merge_saved(
         unique_samples=sum(len(le.shard) for le in present),
         report=report,
         counts=learner_counts(learners),
-        learner_heads=learner_heads(learners),
+        learner_heads=learner_heads(learners, ctx.head),
     )
 
 

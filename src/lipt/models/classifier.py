@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torchmetrics.classification import MulticlassAccuracy
 
+from lipt.models.loss import weighted_loss
 from lipt.models.schedules import Clock, cosine, is_torch_scheduler
 from lipt.run.seeding import global_rng_states, set_global_rng_states
 
@@ -83,11 +84,7 @@ class Classifier(L.LightningModule):
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         x, y, _, w = batch
         per_sample = F.cross_entropy(self.model(x), y, reduction="none")  # [B]
-        if self.loss_norm == "batch":
-            loss = (w * per_sample).mean()
-        else:
-            loss = (w * per_sample).sum() / w.sum()
-        self.last_losses = per_sample.detach()
+        loss = weighted_loss(self, per_sample, w, self.loss_norm)  # sets self.last_losses
         if self._trainer is not None:
             batches = self.trainer.num_training_batches
             self.epoch_batches = int(batches) if math.isfinite(batches) else 1

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from torch import Tensor, nn
+
+from lipt.run.schema import COUNT, Range
 
 
 class ConvNet(nn.Module):
     """Three conv blocks (conv-BN-ReLU, max-pool after the first two), global average pooling,
     then the final linear layer. `embed` returns the [B, 4*width] penultimate features."""
 
-    def __init__(self, in_channels: int, num_classes: int, width: int = 32) -> None:
+    def __init__(
+        self,
+        in_channels: Annotated[int, COUNT],
+        num_classes: Annotated[int, COUNT],
+        width: Annotated[int, Range(1, 4096)] = 32,
+    ) -> None:
         super().__init__()
         self.features = nn.Sequential(
             *_block(in_channels, width),

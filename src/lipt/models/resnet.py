@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from lipt.run.schema import BELOW_ONE, COUNT, Range
 
 
 class BasicBlock(nn.Module):
@@ -29,7 +33,9 @@ class BasicBlock(nn.Module):
 class ResNet18(nn.Module):
     """CIFAR-stem ResNet-18; `embed` gives the [B, 512] pooled features."""
 
-    def __init__(self, in_channels: int, num_classes: int) -> None:
+    def __init__(
+        self, in_channels: Annotated[int, COUNT], num_classes: Annotated[int, COUNT]
+    ) -> None:
         super().__init__()
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
@@ -74,7 +80,12 @@ class WideResNet(nn.Module):
     """WRN-depth-k for 32x32 inputs; `embed` gives the [B, 64k] pooled features."""
 
     def __init__(
-        self, in_channels: int, num_classes: int, depth: int = 28, k: int = 10, dropout: float = 0.0
+        self,
+        in_channels: Annotated[int, COUNT],
+        num_classes: Annotated[int, COUNT],
+        depth: Annotated[int, Range(10, 1000)] = 28,  # 6n + 4
+        k: Annotated[int, Range(1, 64)] = 10,
+        dropout: Annotated[float, BELOW_ONE] = 0.0,
     ) -> None:
         super().__init__()
         if (depth - 4) % 6 != 0:
@@ -104,7 +115,9 @@ class WideResNet50x2(nn.Module):
     """torchvision's wide_resnet50_2 (ImageNet stem), randomly initialised, split into
     `embed` ([B, 2048]) and `classifier`."""
 
-    def __init__(self, in_channels: int, num_classes: int) -> None:
+    def __init__(
+        self, in_channels: Annotated[int, COUNT], num_classes: Annotated[int, COUNT]
+    ) -> None:
         super().__init__()
         from torchvision.models import wide_resnet50_2
 

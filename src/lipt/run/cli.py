@@ -73,8 +73,10 @@ def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> list[s
     return [f"{key!s}={value}" for key, value in params.items()]
 
 
-def precheck(config_name: str, args: list[str], multirun: bool = False) -> None:
-    """Compose and validate the config from `args` as Hydra will; exit 2 on the first problem."""
+def precheck(config_name: str, args: list[str], multirun: bool = False) -> int | None:
+    """Compose and validate the config from `args` as Hydra will; exit 2 on the first problem.
+    With `dry_run=true`, also compose and check every job of a sweep and build what each run
+    builds first; returns the number of jobs checked then (None without dry_run)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -92,6 +94,8 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> None:
         for arg in args:
             if arg.startswith("hydra.run.dir=") and not ddp_child:
                 check_unlocked(Path(arg.split("=", 1)[1]))
+            if arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
+                check_writable(arg)
         GlobalHydra.instance().clear()
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
             declared = _declared_sweep(config_name, args, multirun)
@@ -107,10 +111,60 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> None:
                 configs.append(cfg)
         for cfg in configs:  # then what builds the Trainer, selector, ... (imports torch)
             validate(cfg)
+        if not any(cfg.get("dry_run") for cfg in configs):
+            return None
+        from lipt.run.preflight import build_everything
+
+        loaded: dict[str, Any] = {}
+        for cfg in configs:
+            build_everything(cfg, loaded)
+        jobs = _every_job(overrides, declared)
+        for job in jobs:  # each combination of a sweep: the checks across keys
+            GlobalHydra.instance().clear()
+            with initialize_config_dir(str(config_dir()), version_base="1.3"):
+                cfg = compose(config_name, overrides=job, return_hydra_config=False)
+                cfg.paths.output_dir = "."
+                validate(cfg, deep=False)
+        return len(jobs)
     except (HydraException, OmegaConfBaseException, UserError) as e:
         fail(one_line(e) + ("" if isinstance(e, UserError) else _hint(e)))
     finally:
         GlobalHydra.instance().clear()
+
+
+# A dry run composes every job of a sweep up to this many; past it, every value of each swept
+# key (as without dry_run).
+DRY_RUN_JOBS = 10_000
+
+
+def _every_job(args: list[str], declared: list[str]) -> list[list[str]]:
+    """Every combination of a sweep's values (as Hydra's BasicSweeper makes the jobs)."""
+    import itertools
+
+    candidates = _candidate_overrides(args, declared)
+    by_key: dict[str, list[str]] = {}
+    for candidate in candidates:
+        for override in candidate:
+            key = override.split("=", 1)[0]
+            by_key.setdefault(key, [])
+            if override not in by_key[key]:
+                by_key[key].append(override)
+    size = 1
+    for values in by_key.values():
+        size *= len(values)
+    if size > DRY_RUN_JOBS:
+        return candidates
+    return [list(job) for job in itertools.product(*by_key.values())]
+
+
+def check_writable(arg: str) -> None:
+    """A run or sweep folder named on the command line can be made and written."""
+    from lipt.run.preflight import unwritable
+
+    key, _, value = arg.partition("=")
+    problem = unwritable(Path(value))
+    if problem is not None:
+        raise UserError(f"{key}={value} cannot be written ({problem}); choose a writable folder")
 
 
 def _hint(e: BaseException) -> str:
@@ -135,7 +189,13 @@ def launch(config_name: str, stage_module: str) -> None:
     overrides = [a for a in args if not a.startswith("-")]
     # Hydra's own flags (--help, --cfg, --info, ...) go straight through; -m still gets checked.
     if all(f in ("-m", "--multirun") for f in flags):
-        precheck(config_name, overrides, multirun=bool(flags))
+        jobs = precheck(config_name, overrides, multirun=bool(flags))
+        if jobs is not None:  # dry_run=true
+            print(
+                f"dry run: {jobs} job{'s' if jobs != 1 else ''} composed, checked and built; "
+                "nothing was trained or written"
+            )
+            return
 
     @hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")
     def main(cfg: DictConfig) -> Any:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,8 @@ from omegaconf import DictConfig
 
 from lipt.run import console
 from lipt.run.errors import UserError
-from lipt.run.training_groups import check_callbacks, check_optimizer
 from lipt.run.selector import selector_settings
+from lipt.run.training_groups import check_callbacks, check_optimizer
 
 # Rows, classes and features of the tiny pool the selector is tried on.
 DRY_RUN_ROWS, DRY_RUN_FEATURES = 64, 8
@@ -81,6 +82,36 @@ def check_loggers(cfg: DictConfig) -> None:
             inspect.signature(cls).bind(**kwargs)
         except TypeError as e:
             raise UserError(f"logger.{name} settings are invalid: {e}") from e
+        for key in LOGGER_DIRS:
+            folder = kwargs.get(key)
+            problem = None if folder is None else unwritable(Path(str(folder)))
+            if problem is not None:
+                raise UserError(
+                    f"logger.{name}.{key}={folder} cannot be written ({problem}); point it at a "
+                    "folder you can write, or leave it at the run folder"
+                )
+
+
+# Keys of a logger's node that name the folder it writes (Lightning's and wandb's).
+LOGGER_DIRS = ("save_dir", "dir", "log_dir", "root_dir")
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be made in `folder` (None when they can): it, or the nearest folder
+    above it that exists (the one it would be created in), takes a new file. A probe file is
+    made and removed: permission bits alone do not tell (root, read-only mounts)."""
+    probe = folder.expanduser().absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a folder"
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".lipt-probe-")
+    except OSError as e:
+        return f"{probe} is not writable: {e.strerror}"
+    os.close(fd)
+    os.unlink(name)
+    return None
 
 
 # The groups built with lipt.run.build.build_part before or during pre-training, and main
@@ -118,9 +149,6 @@ def check_selector(cfg: DictConfig) -> None:
     if node is None or selector_settings(node).is_full:
         return
     name = node.get("name")
-    for key, kind in (("balance", bool), ("needs_model", bool)):
-        if key in node and not isinstance(node[key], kind):
-            raise UserError(f"selector.{key}={node[key]!r} is invalid: use true or false")
     try:
         fn = build_selector(node)
         inspect.signature(fn.func).bind_partial(*fn.args, **fn.keywords)
@@ -181,13 +209,75 @@ def check_data_files(cfg: DictConfig) -> None:
         check_readable(path, "dataset file")
 
 
+# Folders a run writes that a user may name, beside the loggers' (`check_loggers`).
+WRITTEN_FOLDERS = ("pretrain.learner_dir",)
+
+
+def check_written_folders(cfg: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    for key in WRITTEN_FOLDERS:
+        folder = OmegaConf.select(cfg, key)
+        problem = None if folder is None else unwritable(Path(str(folder)))
+        if problem is not None:
+            raise UserError(f"{key}={folder} cannot be written ({problem}); choose a writable one")
+
+
+# Checks that only build objects from settings, with the settings they read: within one
+# process (a sweep's dry run, the config fuzz test) a setting already built is not built again.
+# The checks that look at files run every time.
+BUILDS: tuple[tuple[Callable[[DictConfig], None], tuple[str, ...]], ...] = (
+    (lambda cfg: check_trainer(cfg) if "trainer" in cfg else None, ("trainer",)),
+    (lambda cfg: check_optimizer(cfg), ("optimizer", "scheduler")),
+    (lambda cfg: check_callbacks(cfg), ("callbacks",)),
+    (lambda cfg: check_parts(cfg), PARTS),
+    (lambda cfg: check_selector(cfg), ("selector", "dataset.num_classes")),
+)
+_BUILT: set[tuple[int, str]] = set()
+
+
+def settings_of(cfg: DictConfig, keys: Sequence[str]) -> str:
+    """The resolved values of `keys`, as one string (a cache key)."""
+    from omegaconf import OmegaConf
+
+    values = {}
+    for key in keys:
+        node = OmegaConf.select(cfg, key)
+        values[key] = (
+            OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        )
+    return json.dumps(values, sort_keys=True, default=str)
+
+
 def preflight(cfg: DictConfig) -> None:
     """The library-backed checks, in order of cost."""
     check_data_files(cfg)
+    check_written_folders(cfg)
     check_loggers(cfg)
-    if "trainer" in cfg:  # main training, and pretrain=full's warm-up and the learners
-        check_trainer(cfg)
-    check_optimizer(cfg)
-    check_callbacks(cfg)
-    check_parts(cfg)
-    check_selector(cfg)
+    for number, (check, keys) in enumerate(BUILDS):
+        done = (number, settings_of(cfg, keys))
+        if done not in _BUILT:
+            check(cfg)
+            _BUILT.add(done)
+
+
+def build_everything(cfg: DictConfig, loaded: dict[str, Any]) -> None:
+    """`dry_run=true`: past the checks above, build what the run builds first (the data, read
+    from its files; the model and its Lightning module) without training or writing anything.
+    `loaded` holds the data sets and models this dry run built already, by their settings."""
+    from hydra.utils import instantiate
+
+    from lipt.run.build import build_classifier, build_model
+
+    data = settings_of(cfg, ("dataset.load",))
+    model = settings_of(cfg, ("model", "optimizer", "scheduler", "seed"))
+    try:
+        if data not in loaded:
+            loaded[data] = instantiate(cfg.dataset.load)()
+        if model not in loaded:
+            with _quiet():
+                loaded[model] = build_classifier(cfg, build_model(cfg, int(cfg.seed)))
+    except UserError:
+        raise
+    except Exception as e:  # a file that does not parse, a model that cannot be built
+        raise UserError(f"the run cannot be built: {_cause(e)}") from e

@@ -9,13 +9,15 @@ bins as evenly as possible, smallest bins first, sampling uniformly within a bin
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import torch
 
 from lipt.run.errors import UserError
+from lipt.run.schema import BELOW_ONE, COUNT, Range
 from lipt.selection.common import check_budget, finish, randperm
 from lipt.selection.gradients import DEFAULT_CHUNK
-from lipt.selection.scores import mean_score
+from lipt.selection.scores import Score, mean_score
 from lipt.selection.types import Selection, SelectionInputs
 
 
@@ -24,10 +26,10 @@ def select_ccs(
     budget: int,
     *,
     generator: torch.Generator,
-    score: str = "el2n",
-    hard_prune: float = 0.1,
-    strata: int = 50,
-    chunk_size: int = DEFAULT_CHUNK,
+    score: Score = "el2n",
+    hard_prune: Annotated[float, BELOW_ONE] = 0.1,
+    strata: Annotated[int, Range(1, 10**6)] = 50,
+    chunk_size: Annotated[int, COUNT] = DEFAULT_CHUNK,
 ) -> Selection:
     """CCS over `score` (any of `lipt.selection.scores.SCORES`, averaged over the repeats).
 

@@ -39,11 +39,13 @@ in one part, where nothing changes.
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal, get_args
 
 import torch
 from torch import Tensor
 
 from lipt.run.errors import UserError
+from lipt.run.schema import BELOW_ONE, COUNT, NON_NEGATIVE, UNIT, Range
 from lipt.selection.common import (
     check_budget,
     check_choice,
@@ -53,11 +55,13 @@ from lipt.selection.common import (
 )
 from lipt.selection.types import LearnerHeads, Selection, SelectionInputs
 
-WITHIN = ("kmeans", "strata", "random")
-PICKS = ("nearest", "random", "quantile")
-INITS = ("random", "kmeans++")
-WEIGHTINGS = ("none", "cluster")
-DISAGREEMENTS = ("votes", "spread")
+Within = Literal["kmeans", "strata", "random"]
+Pick = Literal["nearest", "random", "quantile"]
+Init = Literal["random", "kmeans++"]
+Weighting = Literal["none", "cluster"]
+Disagreement = Literal["votes", "spread"]
+WITHIN, PICKS, INITS = get_args(Within), get_args(Pick), get_args(Init)
+WEIGHTINGS, DISAGREEMENTS = get_args(Weighting), get_args(Disagreement)
 ROW_CHUNK = 8192  # rows per chunk of the [chunk, k] distance matrix (8192 x 4096 fp32: 128 MiB)
 
 
@@ -259,18 +263,18 @@ def select_coverage(
     budget: int,
     *,
     generator: torch.Generator,
-    class_tilt: float = 0.5,
-    hard_cut: float = 0.0,
-    disagreement_weight: float = 0.0,
-    within: str = "kmeans",
-    pick: str = "nearest",
-    kmeans_iters: int = 10,
-    strata: int = 50,
-    init: str = "random",
-    pick_quantile: float = 0.5,
-    weighting: str = "none",
-    disagreement: str = "votes",
-    partition_size: int = 8192,
+    class_tilt: Annotated[float, Range(0, 20)] = 0.5,  # an exponent: past 20, budgets underflow
+    hard_cut: Annotated[float, BELOW_ONE] = 0.0,
+    disagreement_weight: Annotated[float, NON_NEGATIVE] = 0.0,
+    within: Within = "kmeans",
+    pick: Pick = "nearest",
+    kmeans_iters: Annotated[int, Range(1, 10**4)] = 10,
+    strata: Annotated[int, Range(1, 10**6)] = 50,
+    init: Init = "random",
+    pick_quantile: Annotated[float, UNIT] = 0.5,
+    weighting: Weighting = "none",
+    disagreement: Disagreement = "votes",
+    partition_size: Annotated[int, COUNT] = 8192,
 ) -> Selection:
     """Class budgets tilted to hard classes, the hardest tail cut, the rest covered (see the
     module docstring). Uses `inputs.pool` (logits, embeddings, targets) and, when present,

@@ -15,11 +15,13 @@ partition_size^2 floats, never N x N.
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
 
 from lipt.run.errors import UserError
+from lipt.run.schema import COUNT, OPEN_UNIT
 from lipt.selection.common import (
     check_budget,
     check_choice,
@@ -111,9 +113,9 @@ def select_craig(
     *,
     generator: torch.Generator,
     bias_only: bool = True,
-    greedy: str = "lazy",
-    epsilon: float = 0.01,
-    partition_size: int = 4096,
+    greedy: Literal["lazy", "stochastic"] = "lazy",
+    epsilon: Annotated[float, OPEN_UNIT] = 0.01,
+    partition_size: Annotated[int, COUNT] = 4096,
 ) -> Selection:
     """CRAIG medoids of last-layer gradients (bias part only by default, as CRAIG does; the
     full weight+bias gradient with `bias_only=False`), weighted by cluster size. The weights

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 from torch import Tensor
 
 from lipt.run.errors import UserError
+from lipt.run.schema import COUNT, OPEN_UNIT, POSITIVE
 from lipt.selection.common import check_budget, check_choice, finish, serial_loop
 from lipt.selection.gradients import DEFAULT_CHUNK, LastLayerGradient, bias_gradients
 from lipt.selection.types import Selection, SelectionInputs
@@ -67,12 +68,12 @@ def glister_greedy(
     budget: int,
     *,
     generator: torch.Generator,
-    eta: float = 0.1,
-    greedy: str = "stochastic",
-    epsilon: float = 0.01,
-    batch: int | None = None,
-    step: str = "mean",
-    chunk_size: int = DEFAULT_CHUNK,
+    eta: Annotated[float, POSITIVE] = 0.1,
+    greedy: Literal["stochastic", "naive"] = "stochastic",
+    epsilon: Annotated[float, OPEN_UNIT] = 0.01,
+    batch: Annotated[int, COUNT] | None = None,
+    step: Literal["mean", "sgd"] = "mean",
+    chunk_size: Annotated[int, COUNT] = DEFAULT_CHUNK,
 ) -> GlisterRun:
     """GLISTER's greedy picks, with the held-out target's state at every Taylor update.
 
@@ -214,12 +215,12 @@ def select_glister(
     budget: int,
     *,
     generator: torch.Generator,
-    eta: float = 0.1,
-    greedy: str = "stochastic",
-    epsilon: float = 0.01,
-    batch: int | None = None,
-    step: str = "mean",
-    chunk_size: int = DEFAULT_CHUNK,
+    eta: Annotated[float, POSITIVE] = 0.1,
+    greedy: Literal["stochastic", "naive"] = "stochastic",
+    epsilon: Annotated[float, OPEN_UNIT] = 0.01,
+    batch: Annotated[int, COUNT] | None = None,
+    step: Literal["mean", "sgd"] = "mean",
+    chunk_size: Annotated[int, COUNT] = DEFAULT_CHUNK,
 ) -> Selection:
     """GLISTER-ONLINE's greedy subset (see `glister_pick_order`), weights 1.
 

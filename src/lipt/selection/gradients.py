@@ -148,36 +148,111 @@ def _restore_modes(model: nn.Module, modes: dict[nn.Module, bool]) -> None:
         module.training = modes[module]
 
 
+def resolve_head(model: nn.Module, head: nn.Linear | str | None = None) -> nn.Linear:
+    """The final linear layer whose input is the embedding and whose output the logits:
+    `head` itself, the submodule of that name, else `model.classifier` (lipt's models) or the
+    last `nn.Linear` registered in `model`.
+
+    Raises:
+        ValueError: the named submodule is missing or not an `nn.Linear`, or there is none.
+    """
+    if isinstance(head, nn.Linear):
+        return head
+    if isinstance(head, str):
+        try:
+            found = model.get_submodule(head)
+        except AttributeError as e:
+            raise ValueError(
+                f"the model has no submodule {head!r}: name its final nn.Linear"
+            ) from e
+        if not isinstance(found, nn.Linear):
+            raise ValueError(
+                f"{head!r} is a {type(found).__name__}, not an nn.Linear: name the final linear "
+                "layer (its input is the embedding, its output the logits)"
+            )
+        return found
+    if head is not None:
+        raise ValueError(f"head must be an nn.Linear, its name or None, not {type(head).__name__}")
+    classifier = getattr(model, "classifier", None)
+    if isinstance(classifier, nn.Linear):
+        return classifier
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError(
+            f"{type(model).__name__} has no nn.Linear: lipt ranks data by the final linear "
+            "layer's gradients; pass head= the layer that gives the logits"
+        )
+    return linears[-1]
+
+
 def model_outputs(
-    model: nn.Module, loader: Iterable[Any], device: torch.device | str | None = None
+    model: nn.Module,
+    loader: Iterable[Any],
+    device: torch.device | str | None = None,
+    head: nn.Linear | str | None = None,
 ) -> PoolOutputs:
     """Logits and penultimate embeddings of `model` on every batch of `loader`.
 
-    `model` follows the lipt protocol (`model.embed(x) -> [B, D]`, `model.classifier` the final
-    `nn.Linear`); `loader` yields `(x, y, idx)` batches, idx being dataset positions, in any
-    order. Runs in eval mode under `torch.no_grad()` and restores every submodule's previous
-    train/eval flag. Rows of the result are sorted by idx (a shuffled loader must not map
-    scores to the wrong samples); tensors are float32/int64 on the CPU.
+    A model of the lipt protocol (`model.embed(x) -> [B, D]`, `model.classifier` the final
+    `nn.Linear`) runs as `classifier(embed(x))` when `head` is None; any other model runs its
+    own forward, and a forward hook on its final linear layer (`resolve_head(model, head)`)
+    reads the embeddings (its input) and the logits (its output), so a model whose forward
+    returns more than logits works too. `loader` yields `(x, y, idx)` batches, idx being
+    dataset positions, in any order. Runs in eval mode under `torch.no_grad()` and restores
+    every submodule's previous train/eval flag. Rows of the result are sorted by idx (a
+    shuffled loader must not map scores to the wrong samples); tensors are float32/int64 on the
+    CPU.
+
+    Raises:
+        ValueError: no final linear layer, one that runs other than once per forward, or a
+            loader that is empty or repeats an index.
     """
     if device is None:
         param = next(model.parameters(), None)
         device = param.device if param is not None else torch.device("cpu")
-    embed = cast(Callable[[Tensor], Tensor], model.embed)
-    classifier = cast(nn.Module, model.classifier)
+    lipt_protocol = head is None and callable(getattr(model, "embed", None))
+    lipt_protocol = lipt_protocol and isinstance(getattr(model, "classifier", None), nn.Module)
+    seen: list[tuple[Tensor, Tensor]] = []
+    if lipt_protocol:
+        embed = cast(Callable[[Tensor], Tensor], model.embed)
+        classifier = cast(nn.Module, model.classifier)
+
+        def forward(x: Tensor) -> tuple[Tensor, Tensor]:
+            h = embed(x)  # [B, D]
+            return h, classifier(h)  # [B, C]
+    else:
+        linear = resolve_head(model, head)
+
+        def forward(x: Tensor) -> tuple[Tensor, Tensor]:
+            seen.clear()
+            model(x)
+            if len(seen) != 1:
+                raise ValueError(
+                    f"the head {type(linear).__name__} ran {len(seen)} times in one forward; "
+                    "name the final nn.Linear that gives the logits with head="
+                )
+            return seen[0]
+
     modes = {module: module.training for module in model.modules()}
     logits, embeddings, targets, indices = [], [], [], []
+    hook = None
+    if not lipt_protocol:
+        hook = linear.register_forward_hook(
+            lambda _m, inputs, output: seen.append((inputs[0], output))
+        )
     model.eval()
     try:
         with torch.no_grad():
             for batch in loader:
                 x, y, idx = batch[0], batch[1], batch[2]
-                h = embed(x.to(device))  # [B, D]
-                z = classifier(h)  # [B, C]
+                h, z = forward(x.to(device))
                 embeddings.append(h.float().cpu())
                 logits.append(z.float().cpu())
                 targets.append(torch.as_tensor(y).long().cpu())
                 indices.append(torch.as_tensor(idx).long().cpu())
     finally:
+        if hook is not None:
+            hook.remove()
         _restore_modes(model, modes)
     if not indices:
         raise ValueError("model_outputs got an empty loader")

@@ -22,11 +22,13 @@ budget / batch_size batches, and every row of a picked batch gets its batch's we
 from __future__ import annotations
 
 import math
+from typing import Annotated, Literal
 
 import torch
 from torch import Tensor
 
 from lipt.run.errors import UserError
+from lipt.run.schema import COUNT, NON_NEGATIVE
 from lipt.selection.common import (
     check_budget,
     check_choice,
@@ -146,14 +148,14 @@ def select_gradmatch(
     budget: int,
     *,
     generator: torch.Generator,
-    lam: float = 0.5,
-    eps: float = 1e-4,
-    target: str = "train",
+    lam: Annotated[float, NON_NEGATIVE] = 0.5,
+    eps: Annotated[float, NON_NEGATIVE] = 1e-4,
+    target: Literal["train", "val"] = "train",
     bias_only: bool = False,
-    partition_size: int = 4096,
-    granularity: str = "class",
-    batch_size: int = 256,
-    chunk_size: int = DEFAULT_CHUNK,
+    partition_size: Annotated[int, COUNT] = 4096,
+    granularity: Literal["class", "batch"] = "class",
+    batch_size: Annotated[int, COUNT] = 256,
+    chunk_size: Annotated[int, COUNT] = DEFAULT_CHUNK,
 ) -> Selection:
     """GradMatch-OMP subset with non-negative weights.
 

@@ -14,14 +14,18 @@ row. All weights are 1.
 
 from __future__ import annotations
 
+from typing import Annotated, Literal, get_args
+
 import torch
 from torch import Tensor
 
+from lipt.run.schema import COUNT
 from lipt.selection.common import all_pools, check_budget, check_choice, finish, randperm
 from lipt.selection.gradients import DEFAULT_CHUNK, errors_of, gradient_sq_norms
 from lipt.selection.types import PoolOutputs, Selection, SelectionInputs
 
-SCORES = ("entropy", "margin", "least_confidence", "el2n", "grand")
+Score = Literal["entropy", "margin", "least_confidence", "el2n", "grand"]
+SCORES = get_args(Score)
 
 
 def pool_score(pool: PoolOutputs, score: str, *, chunk_size: int = DEFAULT_CHUNK) -> Tensor:
@@ -73,7 +77,7 @@ def select_uncertainty(
     budget: int,
     *,
     generator: torch.Generator,
-    score: str = "entropy",
+    score: Literal["entropy", "margin", "least_confidence"] = "entropy",
 ) -> Selection:
     """The `budget` most uncertain rows by `score` in {"entropy", "margin",
     "least_confidence"} (Coleman et al., ICLR 2020, https://openreview.net/forum?id=HJg2b0VYDr)."""
@@ -95,7 +99,7 @@ def select_grand(
     *,
     generator: torch.Generator,
     bias_only: bool = False,
-    chunk_size: int = DEFAULT_CHUNK,
+    chunk_size: Annotated[int, COUNT] = DEFAULT_CHUNK,
 ) -> Selection:
     """The `budget` rows of highest GraNd: the norm of the per-sample last-layer gradient
     (weight + bias, closed form; bias only with `bias_only`), averaged over the pool and every

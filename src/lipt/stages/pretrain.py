@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Annotated, Any, ClassVar, Protocol
 
 import lightning as L
 from omegaconf import DictConfig
@@ -28,6 +28,8 @@ from lipt.run.build import (
     run_dir,
 )
 from lipt.run.config import validate
+from lipt.run.schema import POSITIVE, Range
+from lipt.run.settings import Checked
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.results import PretrainContext, Pretrained
 
@@ -53,14 +55,16 @@ class NoPretraining:
 
 
 @dataclass(frozen=True)
-class FullWarmup:
+class FullWarmup(Checked):
     """`pretrain=full`: `epochs` passes over the whole pool, or with `kappa` GradMatch's
     warm-start T_f = kappa * T_s * fraction (T_s: main training epochs), rounded up
     (Killamsetty et al., ICML 2021, https://arxiv.org/abs/2103.00123, section 4)."""
 
+    PREFIX: ClassVar[str] = "pretrain"
+
     name: str = "full"
-    epochs: int = 10
-    kappa: float | None = None
+    epochs: Annotated[int, Range(1, 10**6)] = 10
+    kappa: Annotated[float, POSITIVE] | None = None
 
     def warmup_epochs(self, main_epochs: int, fraction: float) -> int:
         if self.kappa is None:

@@ -6,6 +6,9 @@ later subsets drift towards the hard tail or away from coverage.
 
 Rank 0 computes the new subset once and broadcasts it; every rank then rebuilds its loader
 (Lightning reloads train loaders every R epochs) and trains on its own part of the same subset.
+`Reselect` takes the function that chooses (train.py's runs the configured selector);
+`Reselection` is the same callback for any LightningModule and lipt data module, choosing with
+`lipt.select`.
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from lipt.data import DataModule
+from lipt.data import SubsetData
+from lipt.data.pool import check_subset_data
 from lipt.run.artifacts import atomic_write_bytes, save_subset
+from lipt.run.seeding import reselect_seed
+from lipt.selection.api import Selector, budget_of, select, selector_of
+from lipt.selection.gradients import resolve_head
 
-# (model, epoch, profile to fill) -> indices, weights; the profile stays empty when the selector
-# ranks nothing (random)
+# (the LightningModule being trained, epoch, profile to fill) -> indices, weights; the profile
+# stays empty when the selector ranks nothing (random)
 Chooser = Callable[[nn.Module, int, dict[str, float]], tuple[Tensor, Tensor]]
 
 
@@ -34,19 +41,46 @@ def fingerprint(indices: Tensor, weights: Tensor) -> str:
 
 
 class Reselect(L.Callback):
+    """Every `every` epochs (not after the last), `choose` a new subset with the module being
+    trained and train on it. `out_dir`: where each re-selection's subset file and every rank's
+    fingerprint of it are written (None: nowhere); `meta`: the subset files' metadata."""
+
     def __init__(
-        self, every: int, datamodule: DataModule, choose: Chooser, out_dir: Path, meta: dict
+        self,
+        every: int,
+        datamodule: SubsetData,
+        choose: Chooser,
+        out_dir: Path | None = None,
+        meta: dict | None = None,
     ) -> None:
-        if every < 1:
+        if isinstance(every, bool) or every < 1:
             raise ValueError(f"reselect every must be >= 1, got {every}")
+        check_subset_data(datamodule, "re-selection")
         self.every, self.dm, self.choose = every, datamodule, choose
-        self.out_dir, self.meta = out_dir, meta
+        self.out_dir, self.meta = out_dir, meta or {}
         self.reselections = 0
         self.seconds = 0.0  # profiles included, as in stages.select
         # str(completed epochs) -> subset profile: keyed as summary.json and the checkpoint keep it
         self.profiles: dict[str, dict[str, float]] = {}
         initial = datamodule.subset_indices
         self.unique = set() if initial is None else set(initial.tolist())
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if getattr(trainer, "datamodule", None) is not self.dm:
+            raise ValueError(
+                "re-selection changes the data module it was given: pass that one to "
+                "trainer.fit(module, datamodule=...)"
+            )
+        reload = trainer.reload_dataloaders_every_n_epochs  # type: ignore[attr-defined]
+        if reload == 0:  # the training loader must be rebuilt after each re-selection
+            trainer.reload_dataloaders_every_n_epochs = self.every  # type: ignore[attr-defined]
+        elif self.every % reload:
+            raise ValueError(
+                f"reload_dataloaders_every_n_epochs={reload} misses re-selections every "
+                f"{self.every} epochs: leave it 0 or set it to {self.every}"
+            )
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         epoch = trainer.current_epoch + 1  # epochs completed
@@ -55,14 +89,14 @@ class Reselect(L.Callback):
         start = time.perf_counter()
         subset: tuple[Tensor, Tensor] | None = None
         if trainer.is_global_zero:
-            model = pl_module.model
-            assert isinstance(model, nn.Module)
             profile: dict[str, float] = {}
-            indices, weights = self.choose(model, epoch, profile)
+            indices, weights = self.choose(pl_module, epoch, profile)
             if profile:
                 self.profiles[str(epoch)] = profile
             subset = (indices.cpu(), weights.cpu())
-            save_subset(self.out_dir / "subsets" / f"epoch_{epoch}.npz", *subset, self.meta)
+            if self.out_dir is not None:
+                path = self.out_dir / "subsets" / f"epoch_{epoch}.npz"
+                save_subset(path, *subset, self.meta)
         subset = trainer.strategy.broadcast(subset, src=0)
         assert subset is not None
         indices, weights = subset
@@ -70,9 +104,11 @@ class Reselect(L.Callback):
         self.unique.update(indices.tolist())
         self.reselections += 1
         self.seconds += time.perf_counter() - start
-        # An audit trail that each rank trains on the same subset.
-        rank_file = self.out_dir / "subsets" / f"epoch_{epoch}.rank{trainer.global_rank}.sha256"
-        atomic_write_bytes(rank_file, fingerprint(indices, weights).encode())
+        if self.out_dir is not None:  # an audit trail that each rank trains on the same subset
+            name = f"epoch_{epoch}.rank{trainer.global_rank}.sha256"
+            atomic_write_bytes(
+                self.out_dir / "subsets" / name, fingerprint(indices, weights).encode()
+            )
 
     # Kept in Lightning checkpoints, so a resumed run reports the whole run's figures.
     def state_dict(self) -> dict:
@@ -89,6 +125,58 @@ class Reselect(L.Callback):
         self.unique = set(state_dict["unique"].tolist())
         # A checkpoint written before profiles were kept has none.
         self.profiles = dict(state_dict.get("profiles", {}))
+
+
+class Reselection(Reselect):
+    """Re-select with `lipt.select` every `every` epochs: the module being trained ranks the
+    pool of `datamodule` and the subset of `budget` (a count or a share of the pool) replaces
+    the one it trains on (set the first with `datamodule.set_subset`). `selector`, `head`,
+    `balance` and `learner_heads` as in `lipt.select`; re-selection E draws from
+    `reselect_seed(seed, E)`. `out_dir`: write each subset (subsets/epoch_E.npz) there.
+
+    Raises:
+        ValueError: at construction for a bad budget or selector, at the start of fit for a
+            trainer fitting other data or a `head` the module does not have.
+    """
+
+    def __init__(
+        self,
+        every: int,
+        datamodule: SubsetData,
+        budget: int | float,
+        selector: str | Selector = "coverage",
+        *,
+        head: nn.Linear | str | None = None,
+        seed: int = 0,
+        balance: bool = False,
+        out_dir: Path | None = None,
+    ) -> None:
+        check_subset_data(datamodule, "re-selection")
+        selector_of(selector)  # a bad selector or budget fails here, not epochs later
+        budget_of(budget, len(datamodule.pool_indices))
+
+        def choose(
+            module: nn.Module, epoch: int, profile: dict[str, float]
+        ) -> tuple[Tensor, Tensor]:
+            subset = select(
+                module,
+                datamodule,
+                budget,
+                selector,
+                head=head,
+                seed=reselect_seed(seed, epoch),
+                balance=balance,
+            )
+            profile.update(subset.profile)
+            return subset.indices, subset.weights
+
+        super().__init__(every, datamodule, choose, out_dir)
+        self.head = head
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage == "fit":
+            resolve_head(pl_module, self.head)  # a bad head fails now, not epochs later
 
 
 def latest_subset(out_dir: Path, completed_epochs: int) -> Path | None:

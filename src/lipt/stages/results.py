@@ -41,6 +41,7 @@ class PretrainContext:
     # The `optimizer` node, resolved: each learner's optimiser is it at pretrain.optim's lr and
     # weight decay, and its checkpoint records both.
     optimizer: dict[str, Any] = field(default_factory=dict)
+    head: str = "classifier"  # the model's final nn.Linear, by name: the learners' heads
 
 
 @dataclass

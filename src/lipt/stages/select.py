@@ -27,14 +27,8 @@ from lipt.run.config import validate
 from lipt.run.errors import UserError
 from lipt.run.seeding import repeat_seed
 from lipt.run.selector import selector_settings
-from lipt.selection import (
-    LearnerHeads,
-    PoolOutputs,
-    SelectionInputs,
-    model_outputs,
-    select_balanced,
-    subset_profile,
-)
+from lipt.selection import LearnerHeads, PoolOutputs, SelectionInputs
+from lipt.selection.api import pick, rank_pool
 from lipt.stages.pretrain import pretrain_model
 from lipt.stages.results import Pretrained, Selected, heads_from_payload
 from lipt.stages.summary import subset_class_counts, summary_payload
@@ -148,51 +142,34 @@ def choose_subset(
     pool_size = len(dm.pool_indices)
     budget = budget_for(cfg, pool_size)
     console.stage(console.describe_selection(cfg, budget, pool_size))
-    generator = torch.Generator().manual_seed(seed)
     node = cfg.selector
     fn = build_selector(node)
     if models and selector_settings(node).needs_model:
-        device = next(models[0].parameters()).device
         rows = pool_size * len(models) + len(dm.val_indices)
         with console.progress("selecting: rows scored", rows) as step:
-            pools = [
-                model_outputs(m, console.counted(dm.pool_dataloader(), step), device)
-                for m in models
-            ]
-            val = None
-            if len(dm.val_indices):
-                val_batches = console.counted(dm.val_dataloader(), step)
-                val = model_outputs(models[0], val_batches, device)
-        head = models[0].classifier
-        assert isinstance(head, nn.Linear), "lipt models end in a `classifier` nn.Linear"
-        inputs = SelectionInputs(
-            pool=pools[0],
-            val=val,
-            extra_pools=tuple(pools[1:]),
-            classifier_weight=head.weight.detach().cpu(),
-            classifier_bias=head.bias.detach().cpu(),
-            learner_heads=learner_heads,
-        )
+            val = console.counted(dm.val_dataloader(), step) if len(dm.val_indices) else None
+            inputs = rank_pool(
+                models,
+                lambda: console.counted(dm.pool_dataloader(), step),
+                val,
+                None,
+                learner_heads,
+            )
     else:
         inputs = SelectionInputs(pool=labels_only(dm))
     with console.progress(f"selecting: {node.name} picks", budget) as step:
         picking = console.counting_selector(fn, step)
-        if node.get("balance", False):
-            selection = select_balanced(picking, inputs, budget, generator=generator)
-        else:
-            selection = picking(inputs, budget, generator=generator)
-    assert len(selection.rows) == budget and len(torch.unique(selection.rows)) == budget
-    if any(selection.diagnostics.values()):
-        log.warning("selector=%s fell back: %s", node.name, selection.diagnostics)
-    elif selection.diagnostics:
-        log.info("selector=%s diagnostics: %s", node.name, selection.diagnostics)
+        subset = pick(
+            inputs, budget, picking, seed, bool(node.get("balance", False)), profile is not None
+        )
+    if any(subset.diagnostics.values()):
+        log.warning("selector=%s fell back: %s", node.name, subset.diagnostics)
+    elif subset.diagnostics:
+        log.info("selector=%s diagnostics: %s", node.name, subset.diagnostics)
     if diagnostics is not None:
-        diagnostics.update(selection.diagnostics)
-    if profile is not None and inputs.pool.embeddings.shape[1] > 0:
-        start = time.perf_counter()
-        reference = torch.Generator().manual_seed(seed)  # the random subset beside it
-        profile.update(subset_profile(inputs.pool, selection.rows, reference))
-        profile["seconds"] = round(time.perf_counter() - start, 3)
+        diagnostics.update(subset.diagnostics)
+    if profile is not None and subset.profile:
+        profile.update(subset.profile)
         log.info(
             "subset profile: model error percentile %.2f, embedding-norm percentile %.2f "
             "(random: 0.50), nearest-pick distance %.2fx a random subset's",
@@ -200,10 +177,7 @@ def choose_subset(
             profile["norm_percentile"],
             profile["coverage_ratio"],
         )
-    # Rows are positions in the pool; the artifact speaks positions in the original split.
-    indices = inputs.pool.indices[selection.rows]
-    order = torch.argsort(indices)
-    return indices[order], selection.weights[order].float()
+    return subset.indices, subset.weights
 
 
 def labels_only(dm: DataModule) -> PoolOutputs:

@@ -14,7 +14,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -214,8 +214,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         reselect = Reselect(
             int(cfg.reselect_every),
             dm,
-            lambda m, epoch, profile: reselect_quietly(
-                cfg, dm, m, reselect_seed(int(cfg.seed), epoch), profile
+            lambda module, epoch, profile: reselect_quietly(
+                cfg, dm, cast(nn.Module, module.model), reselect_seed(int(cfg.seed), epoch), profile
             ),
             out,
             subset_meta(cfg, dm),

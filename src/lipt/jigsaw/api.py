@@ -1,0 +1,195 @@
+"""Jigsaw pre-training for any model and data: `jigsaw_pretrain(factory, data)` trains n learners
+from one common init (`factory()` under the seed) on disjoint shards of the pool, prunes each
+once and merges them into a greedy soup scored on the validation split (README.md in this
+folder has the method). Each learner is the model inside lipt's `Classifier` (cross-entropy, SGD
+with a cosine schedule) on a single device.
+
+`train_and_merge` is the one path of the learners and the soup: lipt's own stage
+(lipt.jigsaw.stage, `pretrain=jigsaw`) calls it too, with learner checkpoints on disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import lightning as L
+import torch
+from torch import Tensor, nn
+
+from lipt.data import LearnerData
+from lipt.jigsaw.learner import Learner, learner_shards, train_learner
+from lipt.jigsaw.merge import HeldOut, bn_positions, learner_counts, learner_heads, merge_learners
+from lipt.jigsaw.parts import (
+    GreedyInterpMerge,
+    JigsawSettings,
+    MagnitudePruning,
+    Merge,
+    NoAugment,
+    Pruning,
+    RandAugment,
+)
+from lipt.models.classifier import Classifier
+from lipt.run import console
+from lipt.run.seeding import torch_threads
+from lipt.run.settings import LearnerOptim
+from lipt.selection.gradients import resolve_head
+from lipt.stages.results import PretrainContext, Pretrained
+
+# (learner id, its shard) -> the trained, pruned learner
+TrainOne = Callable[[int, Tensor], Learner]
+
+
+def train_and_merge(
+    ctx: PretrainContext,
+    settings: JigsawSettings,
+    dm: LearnerData,
+    init: nn.Module,
+    seed: int,
+    train_one: TrainOne | None = None,
+) -> tuple[Pretrained, list[Learner]]:
+    """All n learners in this process from the common `init`, then the soup: the soup (a dense
+    copy of `init`), its cost and merge report, the learners' heads; and the learners.
+    `train_one`: how learner i is obtained (default: trained now, `train_learner`; the stage
+    reuses or writes checkpoints)."""
+    if train_one is None:
+
+        def train_one(i: int, shard: Tensor) -> Learner:
+            return train_learner(ctx, settings, dm, init, seed, i, shard)
+
+    with torch_threads(settings.num_threads):
+        shards = learner_shards(settings, dm, seed)
+        # Built before training so each learner is scored as it finishes (for the bar and the
+        # log); the soup reuses those scores, so the merge computes exactly what it did before.
+        positions = bn_positions(settings, ctx.merge, dm, seed)
+        evaluate = HeldOut(ctx.merge, ctx.device, dm, init, seed, positions)
+        learners = []
+        with console.progress("pre-training: learners", len(shards)) as step:
+            for i, shard in enumerate(shards):
+                learners.append(train_one(i, shard))
+                score = evaluate.score_learner(learners[-1])
+                shown = "left out" if score is None else f"held-out {score:.3f}"
+                console.detail.info("learner %d/%d: %s", i + 1, len(shards), shown)
+                step(info=f"learner {i}: {shown}")
+        soup, report = merge_learners(ctx, settings, dm, init, seed, learners, evaluate)
+    report["learner_seconds"] = round(sum(le.seconds for le in learners), 3)
+    result = Pretrained(
+        model=soup,
+        learner_seconds=report["learner_seconds"],
+        merge_seconds=report["merge_seconds"],
+        samples=sum(le.samples for le in learners),
+        unique_samples=sum(len(le.shard) for le in learners),
+        report=report,
+        counts=learner_counts(learners),
+        learner_heads=learner_heads(learners, ctx.head),
+    )
+    return result, learners
+
+
+def learner_trainer(accelerator: str, **overrides: Any) -> L.Trainer:
+    """A quiet single-device trainer: no logger, no checkpoints, no bars, no validation."""
+    settings: dict[str, Any] = {
+        "accelerator": accelerator,
+        "devices": 1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "num_sanity_val_steps": 0,
+        "limit_val_batches": 0,
+        **overrides,
+    }
+    return L.Trainer(**settings)
+
+
+def jigsaw_pretrain(
+    factory: Callable[[], nn.Module],
+    data: LearnerData,
+    *,
+    num_learners: int = 10,
+    batches_per_learner: int = 1,
+    local_epochs: int = 10,
+    prune: Pruning | None = None,
+    merge: Merge | None = None,
+    augment: NoAugment | RandAugment | None = None,
+    head: str = "classifier",
+    optim: dict[str, Any] | None = None,
+    min_learners: int | None = None,
+    seed: int = 0,
+    accelerator: str = "cpu",
+) -> Pretrained:
+    """The jigsaw soup of `factory()`'s model on the pool of `data` (a `PoolDataModule` with a
+    validation split, on which the soup is scored).
+
+    n = `num_learners` learners, each on its own M = `batches_per_learner` minibatches of the
+    pool for K = `local_epochs` passes, with `optim` (lipt.models.classifier.Classifier's SGD
+    keywords: lr, momentum, nesterov, weight_decay, scheduler), then pruned once by `prune`
+    (default: global magnitude pruning at a density from U[0.85, 0.95]); `merge` (default:
+    greedy interpolation, `merge=greedy_interp`) makes the soup. `augment`: NoAugment (the
+    default: the data set's own transforms augment the shards) or lipt's RandAugment (lipt's
+    image data only). `head`: the name of the model's final nn.Linear, whose learners' copies
+    come back as `learner_heads`. `accelerator`: where learners train and the soup is scored.
+
+    Returns lipt.stages.results.Pretrained: `.model` the soup, `.learner_heads`, `.report`
+    (every learner's and candidate soup's held-out score), `.samples`, `.counts`.
+
+    Raises:
+        ValueError: before any training, for a factory whose model has no nn.Linear `head`,
+            data without a validation split, a pool too small for n x M minibatches, or
+            fewer than `min_learners` (default: half) usable learners at the end.
+    """
+    for key, value in (
+        ("num_learners", num_learners),
+        ("batches_per_learner", batches_per_learner),
+        ("local_epochs", local_epochs),
+    ):
+        if isinstance(value, bool) or int(value) < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+    if len(data.val_indices) == 0:
+        raise ValueError(
+            "the jigsaw soup is scored on the validation split, which is empty: give the data "
+            "module one (PoolDataModule(..., val_size=0.1))"
+        )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        init = factory()
+    if not isinstance(init, nn.Module):
+        raise ValueError(f"factory must return an nn.Module, not {type(init).__name__}")
+    classes = resolve_head(init, head).out_features
+    device = torch.device("cuda" if accelerator in ("gpu", "cuda") else "cpu")
+    if accelerator == "auto" and torch.cuda.is_available():
+        device = torch.device("cuda")
+
+    def classifier(model: nn.Module, **overrides: Any) -> Classifier:
+        return Classifier(model, classes, **overrides)
+
+    def no_run_dir() -> Any:
+        raise AssertionError("jigsaw_pretrain keeps its learners in memory")
+
+    ctx = PretrainContext(
+        data_name=type(data).__name__,
+        num_classes=classes,
+        model_config={},
+        pretrain_name="jigsaw",
+        run_seed=seed,
+        fraction=1.0,
+        main_epochs=1,
+        device=device,
+        run_dir=no_run_dir,
+        classifier=classifier,
+        trainer=lambda **overrides: learner_trainer(accelerator, **overrides),
+        augment=NoAugment() if augment is None else augment,
+        prune=MagnitudePruning("omp", 0.85, 0.95) if prune is None else prune,
+        merge=GreedyInterpMerge("greedy_interp") if merge is None else merge,
+        head=head,
+    )
+    settings = JigsawSettings(
+        num_learners=int(num_learners),
+        batches_per_learner=int(batches_per_learner),
+        local_epochs=int(local_epochs),
+        optim=cast(LearnerOptim, dict(optim)) if optim else None,
+        min_learners=min_learners,
+    )
+    learner_shards(settings, data, seed)  # a pool too small fails here, before any learner
+    result, _ = train_and_merge(ctx, settings, data, init, seed)
+    return result

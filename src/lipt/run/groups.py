@@ -1,0 +1,116 @@
+"""Each config group's node against its option's declaration: the parameters of the option's
+`_target_` (lipt.run.schema.parameters) and, for the groups with lipt keys beside them, the
+fields of lipt.run.settings. Imports the targets, so torch: lipt.run.config calls it in its
+deep checks only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lipt.run.errors import UserError
+from lipt.run.schema import check_mapping, parameters
+from lipt.run.settings import (
+    Checked,
+    ModelOptions,
+    OptimizerOptions,
+    SelectorOptions,
+    TrainerOptions,
+)
+
+# Parameters lipt passes itself when it calls a group's target, never set from the config.
+CALL_ARGUMENTS = {"selector": ("inputs", "budget", "generator")}
+# lipt's own keys beside the target's parameters, by group.
+OPTIONS: dict[str, type[Checked]] = {"model": ModelOptions, "selector": SelectorOptions}
+# Narrower ranges lipt needs for some of a library target's parameters, where it has them
+# (the schedules span trainer.max_epochs; a learning rate of 0 trains nothing).
+NARROWED: dict[str, type[Checked]] = {"trainer": TrainerOptions, "optimizer": OptimizerOptions}
+# Groups whose node holds one target per entry (logger: csv, wandb, ...).
+MULTI = ("logger", "callbacks")
+NOT_SETTINGS = ("hydra", "dataset")  # Hydra's own; dataset.*: lipt.run.settings.DatasetSettings
+
+
+def declared_keys(group: str, node: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The keys an option of `group` may have, with their annotations, and whether undeclared
+    keys pass (its target takes **kwargs)."""
+    declared: dict[str, Any] = {}
+    open_keys = False
+    if "_target_" in node:
+        target = _target(group, str(node["_target_"]))
+        found, open_keys = parameters(target, skip=CALL_ARGUMENTS.get(group, ()))
+        declared = dict(found)  # parameters' answer is cached: not ours to change
+    if group in OPTIONS:
+        declared.update(OPTIONS[group].keys())
+    if group in NARROWED:
+        declared.update((k, v) for k, v in NARROWED[group].keys().items() if k in declared)
+    return declared, open_keys
+
+
+def locate(path: str) -> Any:
+    """The object a dotted `_target_` path names (the longest importable module, then
+    attributes), without Hydra's logging of a failure."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(f"no module named {parts[0]!r}")
+
+
+def _target(where: str, path: str) -> Any:
+    try:
+        return locate(path)
+    except Exception as e:
+        group, _, name = where.partition(".")
+        if group in MULTI:
+            other = " or choose logger=csv" if group == "logger" else ""
+            raise UserError(
+                f"{group}={name} cannot be used ({type(e).__name__}: {path}); install its "
+                f"package{other}"
+            ) from e
+        raise UserError(
+            f"{where}._target_={path} cannot be imported ({type(e).__name__}); give an "
+            "importable function or class"
+        ) from e
+
+
+def check_node(group: str, node: Mapping[str, Any]) -> None:
+    """One option's node: every key declared, every value of its declared type and range. The
+    message starts with the option, as `--help` lists it."""
+    declared, open_keys = declared_keys(group, node)
+    try:
+        check_mapping(group, node, declared, open_keys)
+    except UserError as e:
+        name = node.get("name")
+        raise UserError(f"{group}={name}: {e}" if isinstance(name, str) else str(e)) from e
+
+
+def check_node_target(where: str, node: Mapping[str, Any]) -> None:
+    declared, open_keys = parameters(_target(where, str(node["_target_"])))
+    check_mapping(where, node, declared, open_keys)
+
+
+def check_groups(cfg: DictConfig, values: Mapping[str, Any]) -> None:
+    """Every group node of the resolved config `values` (`cfg`: the same, unresolved)."""
+    for group, node in values.items():
+        if group in NOT_SETTINGS or not isinstance(node, Mapping) or group not in cfg:
+            continue
+        if group in MULTI:
+            for name, entry in node.items():
+                if isinstance(entry, Mapping) and "_target_" in entry:
+                    check_node_target(f"{group}.{name}", entry)
+            continue
+        if "_target_" in node or group in OPTIONS or group in NARROWED:
+            check_node(group, node)
+    if isinstance(values.get("dataset"), Mapping):
+        load = values["dataset"].get("load")
+        if isinstance(load, Mapping) and "_target_" in load:
+            check_node_target("dataset.load", load)

@@ -1,0 +1,169 @@
+"""lipt's own settings that no `_target_` takes, declared with their types and bounds: the top
+level of train.yaml, `dataset.*`, the run-time options of `model.*` and a selector's lipt keys.
+
+A group option's other keys are the parameters of its `_target_` and are declared there
+(lipt.run.schema). Building a settings object checks every field (`Checked`), so a bad value is
+refused when the settings are built, before any stage, by lipt.run.config and by any code that
+builds them itself. No torch, no omegaconf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, TypedDict
+
+from lipt.run.errors import UserError
+from lipt.run.schema import BELOW_ONE, COUNT, NON_NEGATIVE, SHARE, Range, check_value
+
+
+class Checked:
+    """A dataclass whose fields are checked against their annotations when it is built; errors
+    name the key as the config spells it (`PREFIX.field`)."""
+
+    PREFIX: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        where = f"{self.PREFIX}." if self.PREFIX else ""
+        for name, annotation in self.keys().items():
+            check_value(f"{where}{name}", getattr(self, name), annotation)
+
+    @classmethod
+    def keys(cls) -> dict[str, Any]:
+        """Each field's annotation, by name."""
+        return dict(_field_types(cls))  # type: ignore[arg-type]
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+
+class LearnerOptim(TypedDict, total=False):
+    """A jigsaw learner's optimiser settings (`pretrain.optim.*`): main training's `optimizer`
+    at this learning rate and weight decay, on this schedule over the learner's steps."""
+
+    lr: Annotated[float, Range(0, 1e3, low_open=True)]
+    weight_decay: Annotated[float, Range(0, 1e3)]
+    scheduler: Literal["cosine", "constant"]
+
+
+class Protocol(TypedDict, total=False):
+    """An experiment's settings per approach (configs/experiment), by approach name."""
+
+    reselect_every: dict[str, Annotated[int, NON_NEGATIVE]]
+    fraction: dict[str, Annotated[float, SHARE]]
+    warmup_epochs: dict[str, Annotated[int, COUNT]]  # pretrain=full's epochs
+
+
+class PathsSettings(TypedDict):
+    output_dir: str  # the run folder (Hydra's, by default)
+
+
+@dataclass(frozen=True)
+class RunSettings(Checked):
+    """The top level of train.yaml (select.yaml and pretrain.yaml extend it)."""
+
+    stage: Literal["train", "select", "pretrain"]
+    seed: Annotated[int, Range(0, 2**32 - 1)]
+    fraction: Annotated[float, SHARE]
+    reselect_every: Annotated[int, NON_NEGATIVE]
+    subset_path: str | None
+    init_from: Literal["init", "pretrained"]
+    ckpt_path: str | None
+    record_seen: bool
+    batch_size: Annotated[int, Range(1, 10**7)]
+    paths: PathsSettings
+    dry_run: bool = False
+    # hparams_search: the summary number the task returns to the sweeper (validation only)
+    optimized_metric: Literal["val_accuracy"] | None = None
+    # An experiment's approach (configs/approach) and its per-approach protocol, which
+    # `fraction` and `reselect_every` read by interpolation.
+    approach: str | None = None
+    protocol: Protocol | None = None
+
+
+@dataclass(frozen=True)
+class DatasetSettings(Checked):
+    """`dataset.*`: what lipt.data.DataModule and the reader (`dataset.load`) need."""
+
+    PREFIX: ClassVar[str] = "dataset"
+
+    name: str
+    data_dir: str | None
+    num_classes: Annotated[int, Range(2, 10**6)]
+    channels: Annotated[int, Range(1, 64)]
+    image_size: Annotated[int, Range(1, 4096)]
+    mean: list[Annotated[float, Range(0, 1)]]
+    std: list[Annotated[float, Range(0, 1e3, low_open=True)]]
+    # a count of rows, or a share of the pool below 1
+    val_size: Annotated[int, NON_NEGATIVE] | Annotated[float, Range(0, 1, high_open=True)]
+    split_seed: Annotated[int, Range(0, 2**32 - 1)]
+    num_workers: Annotated[int, Range(0, 1024)]
+    crop_padding: Annotated[int, Range(0, 4096)]
+    flip: bool
+    resident: bool
+    eval_batch_size: Annotated[int, Range(1, 10**7)]
+    load: dict[str, Any]  # the reader's node: checked against its _target_'s parameters
+    download: bool = False  # fetch the files into data_dir when they are not there
+    resize: Annotated[int, COUNT] | None = None  # ImageFolder: the shorter side before cropping
+    num_train: Annotated[int, COUNT] | None = None  # synthetic data: rows of each split
+    num_test: Annotated[int, COUNT] | None = None
+    pool_size: Annotated[int, COUNT] | None = None  # keep this many pool rows (smoke runs)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("mean", "std"):
+            if len(getattr(self, key)) != self.channels:
+                raise UserError(
+                    f"dataset.{key}={getattr(self, key)} is invalid: give one value per channel "
+                    f"({self.channels}, dataset.channels)"
+                )
+
+
+@dataclass(frozen=True)
+class ModelOptions(Checked):
+    """How the model runs, beside its constructor's arguments (`model.*`)."""
+
+    PREFIX: ClassVar[str] = "model"
+
+    channels_last: bool = False  # NHWC weights (faster convolutions on CUDA, esp. bf16)
+    compile: bool = False  # torch.compile the forward pass
+
+
+@dataclass(frozen=True)
+class SelectorOptions(Checked):
+    """A selector option's lipt keys (`selector.*`), beside its function's parameters."""
+
+    PREFIX: ClassVar[str] = "selector"
+
+    name: str
+    balance: bool = False  # per-class budgets (lipt.selection.select_balanced)
+    needs_model: bool = True  # False: ranks without a model (random)
+    repeats: Annotated[int, Range(1, 1000)] = 1  # rank with this many seeds' models and average
+    match_subset_steps: bool = False  # selector=full: the subset run's steps (full_steps)
+
+
+@dataclass(frozen=True)
+class TrainerOptions(Checked):
+    """Lightning Trainer arguments whose range lipt narrows: its schedules span max_epochs, so
+    Lightning's -1 (endless) and 0 have no meaning here. The rest are the Trainer's own."""
+
+    PREFIX: ClassVar[str] = "trainer"
+
+    max_epochs: Annotated[int, Range(1, 10**7)] = 1
+
+
+@dataclass(frozen=True)
+class OptimizerOptions(Checked):
+    """Ranges lipt narrows for the `optimizer` group's keys, where the optimiser has them:
+    torch takes a learning rate of 0, which trains nothing."""
+
+    PREFIX: ClassVar[str] = "optimizer"
+
+    lr: Annotated[float, Range(0, 1e3, low_open=True)] = 0.1
+    momentum: Annotated[float, BELOW_ONE] = 0.0
+    weight_decay: Annotated[float, Range(0, 1e3)] = 0.0

@@ -1,0 +1,240 @@
+"""Selection for any model and data: `select(model, data, budget)` ranks the pool with the model
+(any `nn.Module`, a LightningModule included) and returns a `Subset` of dataset positions and
+loss weights. No Lightning, no Hydra: the model runs in eval mode over `(x, y, idx)` batches.
+
+It is the one path of lipt's own selection stage too (lipt.stages.select.choose_subset): the
+model's outputs on the pool (`rank_pool`), then the selector (`pick`), whose result is turned
+from pool rows into dataset positions, with the subset's profile.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lipt.selection.ccs import select_ccs
+from lipt.selection.common import Selector, select_balanced
+from lipt.selection.coverage import select_coverage
+from lipt.selection.craig import select_craig
+from lipt.selection.glister import select_glister
+from lipt.selection.gradients import model_outputs, resolve_head
+from lipt.selection.gradmatch import select_gradmatch
+from lipt.selection.profile import subset_profile
+from lipt.selection.scores import (
+    select_el2n,
+    select_grand,
+    select_random,
+    select_uncertainty,
+)
+from lipt.selection.types import LearnerHeads, PoolOutputs, SelectionInputs
+
+# The selectors by the names of their configs (configs/selector/); `random_balanced` is
+# `random` with `balance=True`.
+SELECTORS: dict[str, Selector] = {
+    "random": select_random,
+    "uncertainty": select_uncertainty,
+    "el2n": select_el2n,
+    "grand": select_grand,
+    "glister": select_glister,
+    "gradmatch": select_gradmatch,
+    "craig": select_craig,
+    "ccs": select_ccs,
+    "coverage": select_coverage,
+}
+# Selectors that use labels only: the pool is never run through a model for them.
+LABELS_ONLY: tuple[Callable[..., Any], ...] = (select_random,)
+
+
+@dataclass(frozen=True)
+class Subset:
+    """A selection: `indices` [k] int64, ascending positions in the data set (never in its
+    validation split), their float32 loss `weights` [k], the selector's `diagnostics` (the
+    fallbacks it took, lipt.selection.Selection) and, when a model ranked the pool, its
+    `profile` (lipt.selection.profile: where the subset sits in the model's eyes)."""
+
+    indices: Tensor
+    weights: Tensor
+    diagnostics: dict[str, int] = field(default_factory=dict)
+    profile: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+
+def budget_of(budget: int | float, pool_size: int) -> int:
+    """A count of rows: an int as it is, a float in (0, 1] as that share of the pool, rounded.
+
+    Raises:
+        ValueError: a budget that selects nothing or more than the pool.
+    """
+    if isinstance(budget, bool) or not isinstance(budget, int | float):
+        raise ValueError(f"budget must be a count or a share of the pool, not {budget!r}")
+    count = round(budget * pool_size) if isinstance(budget, float) else budget
+    if isinstance(budget, float) and not 0.0 < budget <= 1.0:
+        raise ValueError(f"a budget share must be in (0, 1], got {budget}")
+    if not 1 <= count <= pool_size:
+        raise ValueError(
+            f"budget {budget!r} selects {count} of a pool of {pool_size}; give 1..{pool_size} "
+            "rows or a share in (0, 1] that selects at least one"
+        )
+    return int(count)
+
+
+def selector_of(selector: str | Selector) -> Selector:
+    if isinstance(selector, str):
+        if selector not in SELECTORS:
+            raise ValueError(f"unknown selector {selector!r}; one of {sorted(SELECTORS)}")
+        return SELECTORS[selector]
+    if not callable(selector):
+        raise ValueError(f"selector must be a name or a function, not {type(selector).__name__}")
+    return selector
+
+
+def needs_model(selector: Selector) -> bool:
+    """False for selectors that use labels only (random, also inside a functools.partial)."""
+    fn = getattr(selector, "func", selector)
+    return fn not in LABELS_ONLY
+
+
+def rank_pool(
+    models: Sequence[nn.Module],
+    pool: Callable[[], Iterable[Any]],
+    val: Iterable[Any] | None = None,
+    head: nn.Linear | str | None = None,
+    learner_heads: LearnerHeads | None = None,
+    device: torch.device | str | None = None,
+) -> SelectionInputs:
+    """What the selectors see: each model's outputs on the pool (`pool()` makes a fresh loader
+    of (x, y, idx) batches for each), the first model's on `val` batches, the first model's
+    final linear layer (`head`, lipt.selection.gradients.resolve_head) and the jigsaw learners'
+    heads."""
+    if not models:
+        raise ValueError("rank_pool needs at least one model")
+    if device is None:
+        param = next(models[0].parameters(), None)
+        device = param.device if param is not None else torch.device("cpu")
+    pools = [model_outputs(m, pool(), device, head) for m in models]
+    val_outputs = None if val is None else model_outputs(models[0], val, device, head)
+    linear = resolve_head(models[0], head)
+    return SelectionInputs(
+        pool=pools[0],
+        val=val_outputs,
+        extra_pools=tuple(pools[1:]),
+        classifier_weight=linear.weight.detach().float().cpu(),
+        classifier_bias=None if linear.bias is None else linear.bias.detach().float().cpu(),
+        learner_heads=learner_heads,
+    )
+
+
+def labels_of_pool(pool: Iterable[Any]) -> PoolOutputs:
+    """The pool as a labels-only selector (random) sees it: labels and positions, read from
+    (x, y, idx) batches without any model."""
+    targets, indices = [], []
+    for batch in pool:
+        targets.append(torch.as_tensor(batch[1]).long().cpu())
+        indices.append(torch.as_tensor(batch[2]).long().cpu())
+    if not indices:
+        raise ValueError("the pool is empty")
+    idx = torch.cat(indices)
+    order = torch.argsort(idx)
+    labels = torch.cat(targets)[order]
+    n, classes = len(idx), int(labels.max()) + 1
+    return PoolOutputs(torch.zeros(n, classes), torch.zeros(n, 0), labels, idx[order])
+
+
+def pick(
+    inputs: SelectionInputs,
+    budget: int,
+    selector: Selector,
+    seed: int = 0,
+    balance: bool = False,
+    profile: bool = True,
+) -> Subset:
+    """Run `selector` (per class with `balance`) on `inputs` with a generator seeded by `seed`;
+    rows become dataset positions, ascending. With `profile` and a model's embeddings, the
+    subset's profile against a random subset drawn from the same seed, and its seconds."""
+    generator = torch.Generator().manual_seed(seed)
+    if balance:
+        selection = select_balanced(selector, inputs, budget, generator=generator)
+    else:
+        selection = selector(inputs, budget, generator=generator)
+    assert len(selection.rows) == budget and len(torch.unique(selection.rows)) == budget
+    where: dict[str, float] = {}
+    if profile and inputs.pool.embeddings.shape[1] > 0:
+        start = time.perf_counter()
+        reference = torch.Generator().manual_seed(seed)  # the random subset beside it
+        where.update(subset_profile(inputs.pool, selection.rows, reference))
+        where["seconds"] = round(time.perf_counter() - start, 3)
+    # Rows are positions in the pool; a subset speaks positions in the data set.
+    indices = inputs.pool.indices[selection.rows]
+    order = torch.argsort(indices)
+    weights = selection.weights[order].float()
+    return Subset(indices[order], weights, dict(selection.diagnostics), where)
+
+
+def pool_batches(data: Any) -> Callable[[], Iterable[Any]]:
+    """A maker of fresh pool loaders: `data.pool_dataloader` (lipt's data modules), or a
+    re-iterable of (x, y, idx) batches (a DataLoader, a list)."""
+    maker = getattr(data, "pool_dataloader", None)
+    if callable(maker):
+        return lambda: maker()
+    if isinstance(data, Iterable) and not isinstance(data, Iterator):
+        return lambda: data
+    raise ValueError(
+        "data must be a lipt data module (PoolDataModule) or a re-iterable of (x, y, idx) "
+        f"batches (a DataLoader, a list), not {type(data).__name__}"
+    )
+
+
+def pool_size_of(data: Any, batches: Callable[[], Iterable[Any]]) -> int:
+    indices = getattr(data, "pool_indices", None)
+    if isinstance(indices, Tensor):
+        return len(indices)
+    return sum(len(batch[2]) for batch in batches())
+
+
+def select(
+    model: nn.Module | Sequence[nn.Module] | None,
+    data: Any,
+    budget: int | float,
+    selector: str | Selector = "coverage",
+    *,
+    head: nn.Linear | str | None = None,
+    seed: int = 0,
+    balance: bool = False,
+    learner_heads: LearnerHeads | None = None,
+    val: Iterable[Any] | None = None,
+    profile: bool = True,
+) -> Subset:
+    """Select `budget` rows (a count, or a share in (0, 1]) of the pool of `data` with
+    `selector` (a name of `SELECTORS` or a selector function, e.g. a functools.partial of one
+    with its knobs), ranked by `model`'s outputs: its logits and the embeddings that enter its
+    final linear layer (`head`: that layer or its name; by default `model.classifier` or the
+    model's last nn.Linear). Several models: the first ranks, the others are GraNd's repeats.
+
+    `data`: a lipt data module (its `pool_dataloader()`, and `val_dataloader()` when its
+    validation split is not empty, unless `val` is given) or an iterable of (x, y, idx) batches.
+    `learner_heads`: the jigsaw learners' heads of a soup (lipt.jigsaw_pretrain), which the
+    default selector, coverage, ensembles with it. The same `seed` gives the same subset.
+
+    Raises:
+        ValueError: before any model runs, for a bad budget, selector, head or data.
+    """
+    fn = selector_of(selector)
+    batches = pool_batches(data)
+    budget = budget_of(budget, pool_size_of(data, batches))
+    models = [] if model is None else [model] if isinstance(model, nn.Module) else list(model)
+    if not needs_model(fn):
+        return pick(SelectionInputs(pool=labels_of_pool(batches())), budget, fn, seed, balance)
+    if not models:
+        raise ValueError("this selector ranks the pool with a model: pass the model")
+    resolve_head(models[0], head)  # a bad head fails here, before the pool is scored
+    if val is None and len(getattr(data, "val_indices", ())) > 0:
+        val = data.val_dataloader()
+    inputs = rank_pool(models, batches, val, head, learner_heads)
+    return pick(inputs, budget, fn, seed, balance, profile)

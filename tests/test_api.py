@@ -1,0 +1,404 @@
+"""lipt's Python API on a model and a data set defined here only: selection, re-selection,
+dynamic pruning and jigsaw pre-training, on the DataLoader and the resident paths and under DDP
+on the CPU; what it refuses, at the start; and the README's example, run as written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import Dataset, TensorDataset
+
+import lipt
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSES, DIM, N = 10, 48, 1200
+
+
+def blobs(n: int = N, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """Class clusters in DIM dimensions, overlapping enough that training matters."""
+    g = torch.Generator().manual_seed(seed)
+    centres = torch.randn(CLASSES, DIM, generator=g) * 0.5
+    y = torch.randint(0, CLASSES, (n,), generator=g)
+    return centres[y] + torch.randn(n, DIM, generator=g), y
+
+
+class Points(Dataset):
+    """A map-style data set of (input, label) items, with noise as its own augmentation."""
+
+    def __init__(self, augment: bool = False) -> None:
+        self.x, self.y = blobs()
+        self.augment = augment
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        x = self.x[i]
+        if self.augment:
+            x = x + 0.05 * torch.randn_like(x)
+        return x, int(self.y[i])
+
+
+class Unlabelled(Points):
+    def __getitem__(self, i: int) -> Tensor:  # type: ignore[override]
+        return self.x[i]
+
+
+class SoftLabels(Points):
+    def __getitem__(self, i: int) -> tuple[Tensor, float]:  # type: ignore[override]
+        return self.x[i], float(self.y[i])
+
+
+def make_net() -> nn.Module:
+    net = nn.Sequential()
+    net.add_module("body", nn.Sequential(nn.Linear(DIM, 64), nn.BatchNorm1d(64), nn.ReLU()))
+    net.add_module("head", nn.Linear(64, CLASSES))
+    return net
+
+
+class Model(L.LightningModule):
+    """The user's module: per-sample losses through lipt.weighted_loss; records what each
+    training batch held."""
+
+    def __init__(self, norm: str = "weights") -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net, self.norm = make_net(), norm
+        self.last_losses: Tensor | None = None
+        self.fed: dict[int, list[Tensor]] = {}
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        x, y, idx, w = batch
+        self.fed.setdefault(self.current_epoch, []).append(idx.cpu())
+        losses = F.cross_entropy(self(x), y, reduction="none")
+        return lipt.weighted_loss(self, losses, w, norm=self.norm)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+    def fed_in(self, epoch: int) -> Tensor:
+        return torch.cat(self.fed[epoch])
+
+
+class MeanLossModel(Model):
+    """A module whose training step reduces the loss itself: no per-sample losses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.last_losses
+
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        x, y, _, _ = batch
+        return F.cross_entropy(self(x), y)
+
+
+def data_module(resident: bool, **kwargs) -> lipt.PoolDataModule:
+    if resident:
+        return lipt.PoolDataModule(TensorDataset(*blobs()), resident=True, **kwargs)
+    return lipt.PoolDataModule(Points(augment=True), eval_view=Points(), **kwargs)
+
+
+def trainer(epochs: int, callbacks: list, devices: int = 1, **kwargs) -> L.Trainer:
+    return L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=devices,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
+
+
+PATHS = pytest.mark.parametrize("resident", [False, True], ids=["dataloader", "resident"])
+
+
+# --------------------------------------------------------------------------- selection
+
+
+@PATHS
+def test_select_ranks_the_pool_with_any_module_and_keeps_it_apart_from_validation(resident):
+    data = data_module(resident, val_size=0.1, batch_size=64)
+    module = Model()
+    subset = lipt.select(module, data, 0.1, "el2n", head="net.head", seed=3)
+    pool = set(data.pool_indices.tolist())
+    assert len(subset) == round(0.1 * len(pool)) == 108
+    assert set(subset.indices.tolist()) <= pool
+    assert torch.equal(subset.indices, subset.indices.sort().values)
+    assert not set(subset.indices.tolist()) & set(data.val_indices.tolist())
+    assert subset.profile["coverage_ratio"] > 0
+    # The head found without a name (the last nn.Linear) and the inner model by lipt's own
+    # protocol-free path agree with the named head, row for row.
+    again = lipt.select(module, data, 0.1, "el2n", seed=3)
+    inner = lipt.select(module.net, data, 0.1, "el2n", seed=3)
+    assert torch.equal(again.indices, subset.indices) and torch.equal(inner.indices, subset.indices)
+
+
+def test_both_data_paths_give_the_same_selection():
+    chosen = [
+        lipt.select(Model(), data_module(resident, val_size=0.1), 200, "coverage", seed=1)
+        for resident in (False, True)
+    ]
+    assert torch.equal(chosen[0].indices, chosen[1].indices)
+    assert torch.equal(chosen[0].weights, chosen[1].weights)
+
+
+def test_the_embeddings_are_the_head_input_read_by_a_forward_hook():
+    from lipt.selection.gradients import model_outputs
+
+    data = data_module(False)
+    module = Model()
+    outputs = model_outputs(module, data.pool_dataloader(), head="net.head")
+    module.eval()
+    x = Points().x
+    with torch.no_grad():
+        h = module.net.body(x)
+        assert torch.allclose(outputs.embeddings, h, atol=1e-6)
+        assert torch.allclose(outputs.logits, module.net.head(h), atol=1e-6)
+    assert module.training is False  # restored to what it was
+
+
+# --------------------------------------------------------------------------- training
+
+
+@PATHS
+def test_infobatch_prunes_any_module_and_feeds_exactly_each_epochs_plan(resident):
+    data = data_module(resident, val_size=0.1, batch_size=50)
+    pruning = lipt.DynamicPruning(lipt.InfoBatch(ratio=0.5, delta=0.75), data, seed=2)
+    plans: dict[int, Tensor] = {}
+    real_subset = pruning.epoch_subset
+
+    def spy(trainer_: L.Trainer, epoch: int) -> tuple[Tensor, Tensor]:
+        indices, weights = real_subset(trainer_, epoch)
+        plans[epoch] = indices
+        return indices, weights
+
+    pruning.epoch_subset = spy  # type: ignore[method-assign]
+    module = Model(norm="batch")
+    trainer(4, [pruning]).fit(module, datamodule=data)
+    for epoch in range(4):
+        fed = module.fed_in(epoch)
+        assert sorted(fed.tolist()) == sorted(plans[epoch].tolist()), epoch  # each once
+    pool = len(data.pool_indices)
+    assert len(plans[0]) == pool  # epoch 0: all scores equal, nothing pruned
+    assert 0.1 < pruning.pruned_share["1"] < 0.5 and pruning.pruned_share["3"] == 0.0
+    assert pruning.unique_samples() == pool
+    assert len(torch.unique(pruning.scores)) > pool // 2  # the training losses replaced them
+
+
+@PATHS
+def test_reselection_swaps_the_subset_any_module_trains_on(resident, tmp_path):
+    data = data_module(resident, val_size=0.1, batch_size=32)
+    first = lipt.select(None, data, 0.25, "random", seed=0)
+    data.set_subset(first.indices, first.weights)
+    reselect = lipt.Reselection(1, data, 0.25, "el2n", head="net.head", out_dir=tmp_path)
+    module = Model()
+    trainer(3, [reselect]).fit(module, datamodule=data)
+    assert reselect.reselections == 2
+    assert set(module.fed_in(0).tolist()) == set(first.indices.tolist())
+    second = set(module.fed_in(1).tolist())
+    assert len(second) == len(first) and second != set(first.indices.tolist())
+    assert (tmp_path / "subsets" / "epoch_1.npz").is_file()
+    assert reselect.profiles["1"]["coverage_ratio"] > 0
+
+
+# --------------------------------------------------------------------------- jigsaw
+
+
+@pytest.fixture(scope="module")
+def soup():
+    data = data_module(False, val_size=0.2, batch_size=32)
+    result = lipt.jigsaw_pretrain(
+        make_net, data, num_learners=4, batches_per_learner=2, local_epochs=3, head="head"
+    )
+    return data, result
+
+
+def test_jigsaw_pretrain_merges_learners_of_any_factory_into_a_soup(soup):
+    data, result = soup
+    report = result.report
+    assert isinstance(result.model, nn.Sequential)
+    assert result.counts["learners_merged"] == 4 and result.samples == 4 * 3 * 2 * 32
+    assert report["soup_accuracy"] >= report["init_accuracy"] + 0.1  # it learnt something
+    assert report["soup_accuracy"] >= max(le["accuracy"] for le in report["learners"]) - 1e-9
+    heads = result.learner_heads
+    assert heads is not None and heads.weight.shape == (4, CLASSES, 64)
+    # The same seed gives the same soup, bit for bit.
+    again = lipt.jigsaw_pretrain(
+        make_net, data, num_learners=4, batches_per_learner=2, local_epochs=3, head="head"
+    )
+    for key, value in result.model.state_dict().items():
+        assert torch.equal(value, again.model.state_dict()[key]), key
+
+
+def test_jigsaw_pretrain_runs_on_the_resident_path_too():
+    data = data_module(True, val_size=0.2, batch_size=32)
+    result = lipt.jigsaw_pretrain(
+        make_net, data, num_learners=2, batches_per_learner=2, local_epochs=2, head="head"
+    )
+    assert result.counts["learners_merged"] == 2
+    assert result.report["soup_accuracy"] > result.report["init_accuracy"]
+    assert result.learner_heads is not None and len(result.learner_heads) == 2
+
+
+def test_the_soup_ranks_the_pool_and_seeds_lipts_dynamic_pruning(soup):
+    data, result = soup
+    heads = result.learner_heads
+    subset = lipt.select(result.model, data, 0.2, head="head", learner_heads=heads)
+    assert len(subset) == round(0.2 * len(data.pool_indices))
+    scores = lipt.ensemble_scores(result.model, data, heads, head="head")
+    assert scores.shape == (len(data.pool_indices),) and bool((scores > 0).all())
+    pruning = lipt.DynamicPruning(lipt.LiptBudget(budget=0.5), data, initial_scores=scores)
+    module = Model(norm="batch")
+    trainer(4, [pruning]).fit(module, datamodule=data)
+    fed = sum(len(module.fed_in(e)) for e in range(4))
+    assert 0.35 < fed / (4 * len(data.pool_indices)) < 0.65  # the budget, within the draw
+    assert pruning.pruned_share["0"] > 0.3  # epoch 0 pruned by the ensemble's scores
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(
+    ("dataset", "words"),
+    [
+        (Unlabelled(), "not an (input, label) pair"),
+        (SoftLabels(), "not a class index"),
+        (TensorDataset(torch.randn(8, 3)), "not an (input, label) pair"),
+        (TensorDataset(torch.randn(8, 3), torch.rand(8)), "not a class index"),
+        ([], "is empty"),
+    ],
+    ids=["no-label", "float-label", "tensors-without-labels", "float-tensor-labels", "empty"],
+)
+def test_data_without_labels_is_refused_when_wrapped(dataset, words):
+    with pytest.raises(ValueError, match="^[^\n]*" + words.replace("(", r"\(").replace(")", r"\)")):
+        lipt.PoolDataModule(dataset)
+
+
+def test_a_module_without_per_sample_losses_is_refused_before_training():
+    data = data_module(False)
+    module = MeanLossModel()
+    pruning = lipt.DynamicPruning(lipt.InfoBatch(), data)
+    with pytest.raises(ValueError, match=r"gives no per-sample losses.*weighted_loss"):
+        trainer(2, [pruning]).fit(module, datamodule=data)
+    assert module.fed == {}  # refused before the first batch
+
+
+def test_a_step_that_stops_giving_losses_is_refused_at_that_batch():
+    class Forgets(Model):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            if batch_idx == 1:
+                self.last_losses = self.last_losses[:1]  # a reduced loss, not per sample
+            return loss
+
+    data = data_module(True, batch_size=100)
+    with pytest.raises(ValueError, match="per-sample losses"):
+        trainer(1, [lipt.DynamicPruning(lipt.InfoBatch(), data)]).fit(Forgets(), datamodule=data)
+
+
+def test_bad_arguments_are_refused_before_any_work(soup):
+    data, _ = soup
+    with pytest.raises(ValueError, match="no submodule 'nope'"):
+        lipt.select(Model(), data, 0.1, head="nope")
+    with pytest.raises(ValueError, match=r"not an nn\.Linear"):
+        lipt.select(Model(), data, 0.1, head="net.body")
+    with pytest.raises(ValueError, match="budget"):
+        lipt.select(Model(), data, 0.0)
+    with pytest.raises(ValueError, match="unknown selector"):
+        lipt.Reselection(1, data, 0.1, "nope")
+    module = Model()
+    with pytest.raises(ValueError, match=r"no submodule 'net\.fc'"):
+        trainer(2, [lipt.Reselection(1, data, 0.1, head="net.fc")]).fit(module, datamodule=data)
+    assert module.fed == {}
+    with pytest.raises(ValueError, match="validation split"):
+        lipt.jigsaw_pretrain(make_net, data_module(False), head="head")
+    with pytest.raises(ValueError, match="no submodule"):
+        lipt.jigsaw_pretrain(make_net, data, head="classifier")
+    with pytest.raises(ValueError, match=r"trainer\.fit.*datamodule"):
+        other = data_module(False)
+        trainer(1, [lipt.DynamicPruning(lipt.InfoBatch(), data)]).fit(Model(), datamodule=other)
+    with pytest.raises(ValueError, match=r"needs a lipt data module.*PoolDataModule"):
+        lipt.DynamicPruning(lipt.InfoBatch(), L.LightningDataModule())
+    with pytest.raises(ValueError, match="needs a lipt data module"):
+        lipt.Reselection(1, L.LightningDataModule(), 0.1)
+    with pytest.raises(ValueError, match="resident=True needs a TensorDataset"):
+        lipt.PoolDataModule(Points(), resident=True)
+
+
+# --------------------------------------------------------------------------- DDP and the example
+
+
+def ddp_main(out: Path, resident: bool) -> None:
+    """Two CPU ranks (gloo) prune with InfoBatch; each writes its scores and what it trained on."""
+    L.seed_everything(0, verbose=False)
+    data = data_module(resident, val_size=0.1, batch_size=40)
+    pruning = lipt.DynamicPruning(lipt.InfoBatch(ratio=0.5, delta=0.75), data, seed=1)
+    module = Model(norm="batch")
+    trainer(3, [pruning], strategy="ddp", devices=2).fit(module, datamodule=data)
+    rank = module.global_rank
+    record = {
+        "scores": pruning.scores.cpu().tolist(),
+        "fed": {str(e): module.fed_in(e).tolist() for e in range(3)},
+        "pruned_share": pruning.pruned_share,
+        "pool": len(data.pool_indices),
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+@PATHS
+def test_ddp_ranks_prune_alike_and_split_each_plan(tmp_path, resident):
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__)), str(tmp_path), str(int(resident))],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["scores"] == r1["scores"] and r0["pruned_share"] == r1["pruned_share"]
+    assert r0["pruned_share"]["1"] > 0.1
+    for epoch in ("0", "1", "2"):
+        a, b = set(r0["fed"][epoch]), set(r1["fed"][epoch])
+        kept = round((1 - r0["pruned_share"][epoch]) * r0["pool"])
+        assert len(a | b) == kept and abs(len(r0["fed"][epoch]) - len(r1["fed"][epoch])) == 0
+
+
+def test_the_readme_example_runs_as_written():
+    done = subprocess.run(
+        [sys.executable, "examples/own_model.py"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dynamic pruning: pruned shares" in done.stdout
+    lines = [line for line in done.stdout.splitlines() if "test accuracy" in line]
+    accuracies = [float(line.rsplit(" ", 1)[1]) for line in lines]
+    assert len(accuracies) == 2, done.stdout
+    assert all(a > 0.8 for a in accuracies), done.stdout
+
+
+if __name__ == "__main__":
+    ddp_main(Path(sys.argv[1]), bool(int(sys.argv[2])))

@@ -1,0 +1,91 @@
+"""`dry_run=true` on the entry scripts, and explicit settings honoured or refused: a folder the
+user names is used or the run stops before any stage, naming it; never a silent fallback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lipt.run.config import validate
+from lipt.run.errors import UserError
+from lipt.run.preflight import unwritable
+from tests.helpers import FAST, ROOT, run_entry
+
+
+def test_a_dry_run_checks_and_builds_then_exits_0_writing_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = run_entry(
+        str(ROOT / "train.py"), [*FAST, "dry_run=true", f"hydra.run.dir={run_dir}"], cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert "dry run: 1 job composed, checked and built" in out.stdout
+    assert not run_dir.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_dry_run_of_a_sweep_composes_every_job_and_refuses_a_bad_combination(
+    tmp_path: Path,
+) -> None:
+    args = [*FAST, "dry_run=true", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    out = run_entry(
+        str(ROOT / "train.py"), ["-m", *args, "seed=0,1,2", "fraction=0.1,0.2"], cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert "dry run: 6 jobs composed" in out.stdout
+    # Each value is fine alone; one pairing is not (dynamic pruning chooses no subset).
+    bad = ["-m", *args, "selector=random,full", "dynamic=none,infobatch"]
+    out = run_entry(str(ROOT / "train.py"), bad, cwd=tmp_path)
+    assert out.returncode == 2 and "selector=random cannot choose a subset" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("script", ["pretrain.py", "select.py"])
+def test_every_entry_script_has_a_dry_run(script: str, tmp_path: Path) -> None:
+    args = [*FAST, "dry_run=true", "selector=random"]
+    out = run_entry(str(ROOT / script), args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "dry run: 1 job" in out.stdout and list(tmp_path.iterdir()) == []
+
+
+def test_a_named_data_folder_without_the_data_is_refused_not_replaced(
+    make_cfg, tmp_path: Path, fashion_mnist_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The system copy is there (here: a real one), yet a folder the user names is the one
+    used: empty, it is refused by name; unset, the system copy serves."""
+    monkeypatch.setattr("lipt.data.sources.FASHION_MNIST_SYSTEM_DIR", fashion_mnist_dir)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match=f"dataset.data_dir={empty} holds no Fashion-MNIST"):
+        validate(make_cfg([f"dataset.data_dir={empty}", "dataset.download=false"]))
+    validate(make_cfg(["dataset.download=false"]))  # left unset: the system copy
+
+
+@pytest.mark.parametrize("key", ["logger.csv.save_dir", "pretrain.learner_dir"])
+def test_a_folder_that_cannot_be_written_is_refused_before_any_stage(
+    make_cfg, tmp_path: Path, key: str
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    folder = blocker / "logs"  # below a file: it cannot be made
+    overrides = [*FAST[:-1], "logger=csv", "pretrain=jigsaw", f"{key}={folder}"]
+    with pytest.raises(UserError) as caught:
+        validate(make_cfg(overrides))
+    message = str(caught.value)
+    assert message.startswith(f"{key}={folder} cannot be written") and "not a folder" in message
+
+
+def test_a_run_folder_that_cannot_be_written_is_refused_by_the_entry_script(
+    tmp_path: Path,
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    out = run_entry(str(ROOT / "train.py"), [*FAST, f"hydra.run.dir={blocker}/run"], cwd=tmp_path)
+    assert out.returncode == 2 and f"hydra.run.dir={blocker}/run cannot be written" in out.stderr
+
+
+def test_unwritable_names_why(tmp_path: Path) -> None:
+    assert unwritable(tmp_path / "new" / "deeper") is None  # made on first use
+    (tmp_path / "f").write_text("")
+    assert unwritable(tmp_path / "f" / "x") == f"{tmp_path / 'f'} is not a folder"
+    assert unwritable(tmp_path / "f") == f"{tmp_path / 'f'} is not a folder"
