@@ -53,7 +53,7 @@ ACCEPTED = [
 
 REFUSED = [
     # (overrides, words the message must hold)
-    (["optimizer.lr=0"], ["optimizer.lr", "(0, 1000]"]),
+    (["optimizer.lr=0"], ["optimizer.lr", "> 0"]),
     (["optimizer.lr=-0.1"], ["optimizer.lr"]),
     (["optimizer.momentum=1"], ["optimizer.momentum"]),
     (["optimizer.weight_decay=-1e-4"], ["optimizer.weight_decay"]),

@@ -31,7 +31,13 @@ OPTIONS: dict[str, type[Checked]] = {"model": ModelOptions, "selector": Selector
 NARROWED: dict[str, type[Checked]] = {"trainer": TrainerOptions, "optimizer": OptimizerOptions}
 # Groups whose node holds one target per entry (logger: csv, wandb, ...).
 MULTI = ("logger", "callbacks")
-NOT_SETTINGS = ("hydra", "dataset")  # Hydra's own; dataset.*: lipt.run.settings.DatasetSettings
+NOT_SETTINGS = ("hydra", "dataset")
+SOURCES = (
+    "optimizer",
+    "scheduler",
+    "trainer",
+    "model",
+)  # Hydra's own; dataset.*: lipt.run.settings.DatasetSettings
 
 
 def declared_keys(group: str, node: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -100,7 +106,11 @@ def check_node_target(where: str, node: Mapping[str, Any]) -> None:
 
 def check_groups(cfg: DictConfig, values: Mapping[str, Any]) -> None:
     """Every group node of the resolved config `values` (`cfg`: the same, unresolved)."""
-    for group, node in values.items():
+    # The groups other groups interpolate (pretrain.optim.lr is ${optimizer.lr}) come first, so a
+    # bad value is named where the user set it.
+    order = sorted(values, key=lambda g: SOURCES.index(g) if g in SOURCES else len(SOURCES))
+    for group in order:
+        node = values[group]
         if group in NOT_SETTINGS or not isinstance(node, Mapping) or group not in cfg:
             continue
         if group in MULTI:

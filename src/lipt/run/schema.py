@@ -39,7 +39,7 @@ class Range:
     def __contains__(self, value: object) -> bool:
         if not isinstance(value, int | float) or isinstance(value, bool):
             return False
-        if math.isnan(value):
+        if not math.isfinite(value):  # nan and inf are no setting's value
             return False
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return False

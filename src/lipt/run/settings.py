@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
 from lipt.run.errors import UserError
-from lipt.run.schema import BELOW_ONE, COUNT, NON_NEGATIVE, SHARE, Range, check_value
+from lipt.run.schema import BELOW_ONE, COUNT, NON_NEGATIVE, POSITIVE, SHARE, Range, check_value
 
 
 class Checked:
@@ -46,8 +46,8 @@ class LearnerOptim(TypedDict, total=False):
     """A jigsaw learner's optimiser settings (`pretrain.optim.*`): main training's `optimizer`
     at this learning rate and weight decay, on this schedule over the learner's steps."""
 
-    lr: Annotated[float, Range(0, 1e3, low_open=True)]
-    weight_decay: Annotated[float, Range(0, 1e3)]
+    lr: Annotated[float, POSITIVE]
+    weight_decay: Annotated[float, NON_NEGATIVE]
     scheduler: Literal["cosine", "constant"]
 
 
@@ -164,6 +164,6 @@ class OptimizerOptions(Checked):
 
     PREFIX: ClassVar[str] = "optimizer"
 
-    lr: Annotated[float, Range(0, 1e3, low_open=True)] = 0.1
+    lr: Annotated[float, POSITIVE] = 0.1
     momentum: Annotated[float, BELOW_ONE] = 0.0
-    weight_decay: Annotated[float, Range(0, 1e3)] = 0.0
+    weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
