@@ -31,13 +31,9 @@ OPTIONS: dict[str, type[Checked]] = {"model": ModelOptions, "selector": Selector
 NARROWED: dict[str, type[Checked]] = {"trainer": TrainerOptions, "optimizer": OptimizerOptions}
 # Groups whose node holds one target per entry (logger: csv, wandb, ...).
 MULTI = ("logger", "callbacks")
-NOT_SETTINGS = ("hydra", "dataset")
-SOURCES = (
-    "optimizer",
-    "scheduler",
-    "trainer",
-    "model",
-)  # Hydra's own; dataset.*: lipt.run.settings.DatasetSettings
+NOT_SETTINGS = ("hydra", "dataset")  # Hydra's own; dataset.*: lipt.run.settings.DatasetSettings
+# Groups whose values others interpolate: checked first.
+SOURCES = ("optimizer", "scheduler", "trainer", "model")
 
 
 def declared_keys(group: str, node: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
