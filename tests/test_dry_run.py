@@ -61,7 +61,9 @@ def test_a_named_data_folder_without_the_data_is_refused_not_replaced(
     validate(make_cfg(["dataset.download=false"]))  # left unset: the system copy
 
 
-@pytest.mark.parametrize("key", ["logger.csv.save_dir", "pretrain.learner_dir"])
+@pytest.mark.parametrize(
+    "key", ["logger.csv.save_dir", "pretrain.learner_dir", "callbacks.model_checkpoint.dirpath"]
+)
 def test_a_folder_that_cannot_be_written_is_refused_before_any_stage(
     make_cfg, tmp_path: Path, key: str
 ) -> None:

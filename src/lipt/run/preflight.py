@@ -216,7 +216,11 @@ WRITTEN_FOLDERS = ("pretrain.learner_dir",)
 def check_written_folders(cfg: DictConfig) -> None:
     from omegaconf import OmegaConf
 
-    for key in WRITTEN_FOLDERS:
+    callbacks = cfg.get("callbacks") or {}
+    named = [
+        f"callbacks.{name}.dirpath" for name in callbacks if "dirpath" in (callbacks[name] or {})
+    ]
+    for key in (*WRITTEN_FOLDERS, *named):  # a checkpoint callback's folder too
         folder = OmegaConf.select(cfg, key)
         problem = None if folder is None else unwritable(Path(str(folder)))
         if problem is not None:
