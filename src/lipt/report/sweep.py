@@ -75,6 +75,7 @@ BOOKKEEPING_NAMES = frozenset(
         "enable_progress_bar",
         "enable_model_summary",
         "log_every_n_steps",
+        "dirpath",  # a checkpoint callback's folder, inside the run folder
     }
 )
 BOOKKEEPING_SUFFIXES = ("_dir", "_path")
