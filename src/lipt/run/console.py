@@ -66,6 +66,10 @@ class TerminalHandler(logging.StreamHandler):
         super().emit(record)
 
 
+# The package's own folder (src/lipt/): a checkout named lipt/ holds the venv's libraries too.
+PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
+
+
 class TerminalFilter(logging.Filter):
     """Which records reach the terminal: lipt's own lines (in a multirun job, only the job's
     result line), and warnings and errors of any logger except Python warnings from outside
@@ -75,8 +79,8 @@ class TerminalFilter(logging.Filter):
         name = record.name
         if name == "lipt.detail" or name.startswith("lipt.detail."):
             return False
-        if name == "py.warnings":
-            return f"{os.sep}lipt{os.sep}" in str(record.msg)
+        if name == "py.warnings":  # lipt's own, by the file that warned
+            return PACKAGE_DIR in str(record.msg)
         if name == "lipt" or name.startswith("lipt."):
             return not _state["multirun_job"] or getattr(record, "job_line", False)
         if name.startswith("hydra"):
