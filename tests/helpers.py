@@ -14,34 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from lipt.selection import (
-    select_ccs,
-    select_coverage,
-    select_craig,
-    select_el2n,
-    select_glister,
-    select_gradmatch,
-    select_grand,
-    select_random,
-    select_uncertainty,
-)
+from lipt.selection.api import SELECTORS as API_SELECTORS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
-# The selectors under test, by the name of their config in configs/selector/ (tests only:
-# lipt itself finds selectors through Hydra's config group).
-SELECTORS = {
-    "random": select_random,
-    "uncertainty": select_uncertainty,
-    "el2n": select_el2n,
-    "grand": select_grand,
-    "glister": select_glister,
-    "gradmatch": select_gradmatch,
-    "craig": select_craig,
-    "ccs": select_ccs,
-    "coverage": select_coverage,
-}
+# The selectors under test, by the name of their config in configs/selector/ (the API's table).
+SELECTORS = API_SELECTORS
 
 # Small, quick settings for end-to-end runs on the synthetic data set. On the CPU even where a
 # GPU is present: tests that compare runs bit for bit would not hold on CUDA with

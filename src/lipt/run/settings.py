@@ -9,14 +9,21 @@ builds them itself. No torch, no omegaconf.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
 from lipt.run.errors import UserError
-from lipt.run.schema import BELOW_ONE, COUNT, NON_NEGATIVE, POSITIVE, SHARE, Range, check_value
+from lipt.run.schema import (
+    BELOW_ONE,
+    COUNT,
+    NON_NEGATIVE,
+    POSITIVE,
+    SHARE,
+    Range,
+    check_value,
+    fields_of,
+)
 
 
 class Checked:
@@ -38,8 +45,9 @@ class Checked:
 
 @functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls, include_extras=True)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = fields_of(cls)
+    assert fields is not None, cls  # a Checked subclass is a dataclass
+    return fields
 
 
 class LearnerOptim(TypedDict, total=False):
