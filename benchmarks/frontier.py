@@ -9,9 +9,11 @@ overrides for a budget and the reference):
 - full: the whole pool for b x E_ref epochs, the cosine annealed over the shorter run
   (`trainer.max_steps` = round(b x E_ref x steps per epoch): fractional epochs);
 - random: a random b share of the pool, E_ref epochs;
-- default: lipt's default (jigsaw pre-training, the `coverage` selector), fraction b, E_ref epochs;
-- infobatch: InfoBatch on the whole pool (`dynamic=infobatch`), E = round(b x E_ref / 0.7)
-  epochs, as it keeps about 70% of an epoch's samples;
+- coverage: lipt's subset pipeline (jigsaw pre-training, the `coverage` selector), fraction b,
+  E_ref epochs;
+- infobatch: InfoBatch on the whole pool (`dynamic=infobatch`), E = max(1, round(b x E_ref / 0.7))
+  epochs, as it keeps about 70% of an epoch's samples (`lipt.dynamic.infobatch_epochs`): the
+  main job's default, `python train.py fraction=b trainer.max_epochs=E_ref`, trains these epochs;
 - lipt_dynamic: `selector=full dynamic=lipt dynamic.budget=b`, E_ref epochs;
 - paper: the paper's pipeline (`+approach=grand_lipt`: GraNd on the jigsaw soup), fraction b,
   re-selecting every round(E_ref / 10) epochs (the paper's 20 of 200), E_ref epochs.
@@ -85,7 +87,6 @@ REF_EPOCHS = 12
 BUDGETS = (0.1, 0.2, 0.3, 0.5)
 SEEDS = (0, 1, 2)
 LOSSLESS_POINTS = 0.3  # a method is lossless within this many points of the reference's mean
-INFOBATCH_KEEP = 0.7  # the share of an epoch's samples InfoBatch keeps, about (PEERS.md)
 
 # Every run: the benchmark's data, model and recipe (the config's defaults, named for the record).
 BASE = ["dataset=fashion_mnist", "model=convnet", "trainer.enable_progress_bar=false"]
@@ -132,22 +133,28 @@ def full(budget: float, ref: Reference) -> list[str]:
     ]
 
 
-def random_subset(budget: float, ref: Reference) -> list[str]:
-    return [
-        "selector=random",
-        "pretrain=none",
-        f"fraction={budget}",
-        f"trainer.max_epochs={ref.epochs}",
-    ]
+def subset_of(selector: str, pretrain: str) -> Method:
+    """A b share of the pool chosen by `selector` after `pretrain`, trained E_ref epochs."""
+
+    def overrides(budget: float, ref: Reference) -> list[str]:
+        return [
+            f"selector={selector}",
+            f"pretrain={pretrain}",
+            f"fraction={budget}",
+            f"trainer.max_epochs={ref.epochs}",
+        ]
+
+    return overrides
 
 
-def lipt_default(budget: float, ref: Reference) -> list[str]:
-    """`python train.py fraction=b`: jigsaw pre-training and the coverage selector."""
-    return [f"fraction={budget}", f"trainer.max_epochs={ref.epochs}"]
+random_subset = subset_of("random", "none")
+coverage = subset_of("coverage", "jigsaw")  # lipt's subset pipeline: the soup, then coverage
 
 
 def infobatch(budget: float, ref: Reference) -> list[str]:
-    epochs = max(1, round(budget * ref.epochs / INFOBATCH_KEEP))
+    from lipt.dynamic.plan import infobatch_epochs
+
+    epochs = infobatch_epochs(budget, ref.epochs)
     return ["selector=full", "pretrain=none", "dynamic=infobatch", f"trainer.max_epochs={epochs}"]
 
 
@@ -173,7 +180,7 @@ def paper(budget: float, ref: Reference) -> list[str]:
 METHODS: dict[str, Method] = {
     "full": full,
     "random": random_subset,
-    "default": lipt_default,
+    "coverage": coverage,
     "infobatch": infobatch,
     "lipt_dynamic": lipt_dynamic,
     "paper": paper,
@@ -393,6 +400,7 @@ class Point:
     samples: float  # mean forward+backward samples
     speedup: float | None = None  # the reference's mean seconds / this point's
     sample_speedup: float | None = None  # the reference's mean samples / this point's
+    val_accuracy: float | None = None  # mean validation accuracy, % (what choices are made on)
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -411,8 +419,20 @@ def aggregate(results: Sequence[Mapping[str, Any]]) -> list[Point]:
         seconds, seconds_std = mean_std([r["seconds"]["end_to_end"] for r in group])
         samples = statistics.fmean(r["samples"]["forward_backward"] for r in group)
         seeds = tuple(sorted(r["seed"] for r in group))
+        vals = [r.get("val_accuracy") for r in group]
+        val = None if None in vals else 100 * statistics.fmean(v for v in vals if v is not None)
         points.append(
-            Point(method, budget, seeds, accuracy, accuracy_std, seconds, seconds_std, samples)
+            Point(
+                method,
+                budget,
+                seeds,
+                accuracy,
+                accuracy_std,
+                seconds,
+                seconds_std,
+                samples,
+                val_accuracy=val,
+            )
         )
     ref = reference_of(points)
     if ref is None:
@@ -447,6 +467,19 @@ def lossless_speedups(
         if current is None or (current.speedup or 0.0) < p.speedup:
             best[p.method] = p
     return best
+
+
+def highest_on_validation(points: Sequence[Point]) -> dict[float, list[Point]]:
+    """Per budget, the methods (not the reference or the curve) by mean validation accuracy,
+    highest first: how the main job's default is chosen (never on the test split)."""
+    by_budget: dict[float, list[Point]] = {}
+    for p in points:
+        if p.method not in (REFERENCE, CURVE) and p.val_accuracy is not None:
+            by_budget.setdefault(p.budget, []).append(p)
+    return {
+        budget: sorted(group, key=lambda p: -(p.val_accuracy or 0.0))
+        for budget, group in sorted(by_budget.items())
+    }
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -496,6 +529,21 @@ def lossless_rows(points: Sequence[Point]) -> list[str]:
     return lines
 
 
+def validation_rows(points: Sequence[Point]) -> list[str]:
+    lines = [
+        "| budget | highest on validation (%) | second (%) | its test acc. (%) | its seconds |",
+        "|---:|:---|:---|---:|---:|",
+    ]
+    for budget, ranked in highest_on_validation(points).items():
+        first = ranked[0]
+        second = f"{ranked[1].method} {ranked[1].val_accuracy:.2f}" if len(ranked) > 1 else "-"
+        lines.append(
+            f"| {budget:g} | {first.method} {first.val_accuracy:.2f} | {second} "
+            f"| {accuracy_text(first)} | {first.seconds:.1f} |"
+        )
+    return lines
+
+
 def markdown(
     meta: Mapping[str, Any],
     points: Sequence[Point],
@@ -529,6 +577,15 @@ def markdown(
         ]
     else:
         lines += ["No reference run finished yet: no speed-ups.", ""]
+    if highest_on_validation(points):
+        lines += [
+            "The main job's default is the method highest on the validation split at its "
+            "budget (the test split is never used to choose). Mean validation accuracy over "
+            "seeds, per budget:",
+            "",
+            *validation_rows(points),
+            "",
+        ]
     lines += [
         "Cost. End-to-end seconds: summary.json's stages, pre-training + selection + training "
         "(re-selection and the per-epoch validation run inside training); loading the data and "

@@ -86,7 +86,7 @@ REFUSED = [
     (["selector=glister", "selector.greedy=sometimes"], ["selector=glister", "greedy"]),
     (["selector=glister", "+selector.bogus=3"], ["selector=glister", "bogus"]),
     (["selector=glister", "selector.eta=-0.1"], ["selector=glister", "selector.eta", "> 0"]),
-    (["selector.balance=maybe"], ["selector.balance"]),
+    (["selector=coverage", "selector.balance=maybe"], ["selector.balance"]),
     (["selector=gradmatch", "selector.target=test"], ["selector=gradmatch", "target"]),
     (["selector=ccs", "selector.hard_prune=1.5"], ["selector=ccs", "hard_prune"]),
     (["selector=ccs", "selector.score=nope"], ["selector=ccs", "nope"]),
@@ -101,7 +101,10 @@ REFUSED = [
     (["dataset=imagenet", "dataset.data_dir={empty}"], ["train/ and val/"]),
     (["subset_path={empty}"], ["subset_path", "does not exist"]),
     (["selector=full", "dynamic=infobatch", "dynamic.ratio=1"], ["dynamic.ratio", "[0, 1)"]),
-    (["dynamic=infobatch"], ["dynamic=infobatch", "selector=full"]),
+    (["selector=coverage", "dynamic=infobatch"], ["dynamic=infobatch", "selector=full"]),
+    (["dynamic=none"], ["selector=infobatch", "dynamic=none", "selector=full dynamic=none"]),
+    (["dynamic=lipt"], ["selector=infobatch", "selector=full dynamic=lipt"]),
+    (["dynamic.budget=0.3"], ["selector=infobatch", "dynamic.budget", "fraction"]),
     (["selector=full", "dynamic=lipt", "pretrain=none"], ["dynamic=lipt", "pretrain=none"]),
     (["selector=full", "dynamic=lipt", "+dynamic.bogus=1"], ["dynamic=lipt", "bogus"]),
 ]
@@ -245,21 +248,23 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
 
 
 # What the stages ask of each selector option (lipt.run.selector: the one place that reads
-# selector.name to choose code): (is_full, needs_model, needs_held_out, match_subset_steps).
+# selector.name to choose code): (is_full, needs_model, needs_held_out, match_subset_steps,
+# budget_epochs).
 SELECTOR_SETTINGS = [
-    (["selector=full"], (True, False, False, False)),
-    (["+approach=full_steps"], (True, False, False, True)),
-    (["selector=random"], (False, False, False, False)),
-    (["selector=random_balanced"], (False, False, False, False)),
-    (["selector=glister"], (False, True, True, False)),
-    (["selector=gradmatch"], (False, True, False, False)),
-    (["selector=gradmatch", "selector.target=val"], (False, True, True, False)),
-    (["selector=coverage"], (False, True, False, False)),
-    (["selector=craig"], (False, True, False, False)),
-    (["selector=ccs"], (False, True, False, False)),
-    (["selector=el2n"], (False, True, False, False)),
-    (["selector=uncertainty"], (False, True, False, False)),
-    (["selector=grand"], (False, True, False, False)),
+    (["selector=full"], (True, False, False, False, False)),
+    (["selector=infobatch"], (True, False, False, False, True)),
+    (["+approach=full_steps"], (True, False, False, True, False)),
+    (["selector=random"], (False, False, False, False, False)),
+    (["selector=random_balanced"], (False, False, False, False, False)),
+    (["selector=glister"], (False, True, True, False, False)),
+    (["selector=gradmatch"], (False, True, False, False, False)),
+    (["selector=gradmatch", "selector.target=val"], (False, True, True, False, False)),
+    (["selector=coverage"], (False, True, False, False, False)),
+    (["selector=craig"], (False, True, False, False, False)),
+    (["selector=ccs"], (False, True, False, False, False)),
+    (["selector=el2n"], (False, True, False, False, False)),
+    (["selector=uncertainty"], (False, True, False, False, False)),
+    (["selector=grand"], (False, True, False, False, False)),
 ]
 
 
@@ -272,6 +277,7 @@ def test_selector_settings_of_each_option(make_cfg, overrides, expected):
         settings.needs_model,
         settings.needs_held_out,
         settings.match_subset_steps,
+        settings.budget_epochs,
     )
     assert flags == expected
 

@@ -48,6 +48,7 @@ NEEDS = {
     ("dataset", "cifar100"): ["dataset.data_dir={cifar100}"],
     ("dataset", "imagenet"): ["dataset.data_dir={imagenet}", "dataset.val_size=10"],
     ("dynamic", "infobatch"): ["selector=full"],
+    ("dynamic", "none"): ["selector=full"],
     ("dynamic", "lipt"): ["selector=full", "pretrain=jigsaw"],
     ("selector", "full"): [],
 }

@@ -229,6 +229,21 @@ def test_infobatch_trains_on_both_data_paths_and_feeds_exactly_each_plan(tmp_pat
         assert logged == pytest.approx([shares[str(e)] for e in range(4)], abs=1e-6)
 
 
+def test_the_default_trains_infobatch_for_the_epochs_its_fraction_buys(tmp_path):
+    # train.yaml's default, selector=infobatch: 30% of a 10-epoch run's cost, at InfoBatch's
+    # ~70% kept, buys round(3 / 0.7) = 4 epochs of the whole pool, pruned as dynamic=infobatch.
+    summary = train_stage.run(
+        compose_in(tmp_path, [*FAST, "fraction=0.3", "trainer.max_epochs=10"])
+    )
+    ledger = summary["stages"]["train"]["dynamic"]
+    assert ledger["method"] == "infobatch" and summary["config"]["selector"]["name"] == "infobatch"
+    shares = ledger["pruned_share"]
+    assert sorted(shares) == ["0", "1", "2", "3"]  # 4 epochs, not trainer.max_epochs=10
+    assert shares["0"] == 0 and shares["3"] == 0 and shares["1"] > 0.1  # as published
+    assert ledger["samples_full"] == 4 * 500 and summary["subset_size"] == 500  # whole pool
+    assert "pretrain" not in summary["stages"] and "select" not in summary["stages"]
+
+
 class SimulatedCrashError(RuntimeError):
     pass
 
@@ -383,7 +398,12 @@ def test_bad_dynamic_settings_are_refused_naming_the_key(make_cfg, overrides, ke
 def test_dynamic_configs_compose_and_pass_every_check(make_cfg):
     validate(make_cfg([*FAST, "selector=full", "dynamic=infobatch"]))
     validate(make_cfg(["selector=full", "dynamic=lipt", "dynamic.budget=0.3"]))  # jigsaw default
-    assert "_target_" not in make_cfg([]).dynamic  # dynamic=none: nothing is built
+    assert "_target_" not in make_cfg(["selector=full", "dynamic=none"]).dynamic  # none built
+    # The dynamic option is the one named after the selector: infobatch for the default, no
+    # node for a subset selector or the unpruned whole pool.
+    assert make_cfg([]).dynamic._target_ == "lipt.dynamic.InfoBatch"
+    assert make_cfg(["selector=coverage"]).get("dynamic") is None
+    assert make_cfg(["selector=full"]).get("dynamic") is None
 
 
 def test_the_frontier_sweeps_pass_the_cli_precheck_and_a_bad_budget_fails_it(capsys):

@@ -153,25 +153,62 @@ def test_method_overrides() -> None:
     assert "trainer.max_epochs=9" in fr.infobatch(0.5, ref)
     assert "dynamic.budget=0.2" in fr.lipt_dynamic(0.2, ref)
     assert fr.paper(0.1, ref)[:1] == ["+approach=grand_lipt"]
-    assert set(fr.METHODS) >= {"full", "random", "default", "infobatch", "lipt_dynamic", "paper"}
+    assert set(fr.METHODS) >= {"full", "random", "coverage", "infobatch", "lipt_dynamic", "paper"}
+
+
+def test_the_main_jobs_default_is_the_frontiers_infobatch_at_its_budget(make_cfg: Any) -> None:
+    """`python train.py fraction=b trainer.max_epochs=E_ref` (selector=infobatch, the default)
+    trains the frontier's infobatch method: the same epochs and the same InfoBatch node."""
+    from lipt.dynamic.plan import infobatch_epochs
+    from lipt.run.selector import budget_epochs
+
+    ref = fr.Reference(epochs=12, steps_per_epoch=215, reselect_every=1)
+    for budget in (0.1, 0.2, 0.3, 0.5):
+        default = make_cfg([f"fraction={budget}", f"trainer.max_epochs={ref.epochs}"])
+        method = make_cfg(fr.infobatch(budget, ref))
+        assert budget_epochs(default) and not budget_epochs(method)
+        assert infobatch_epochs(budget, ref.epochs) == method.trainer.max_epochs
+        assert default.dynamic == method.dynamic
+    # The default at its own budget: 10% of a 15-epoch run is 2 epochs of InfoBatch.
+    assert infobatch_epochs(0.1, make_cfg([]).trainer.max_epochs) == 2
+
+
+def test_the_default_is_chosen_on_validation_not_test() -> None:
+    def scored(method: str, seed: int, val: float, test: float) -> dict:
+        return {**result(method, 0.1, seed, test, 10.0), "val_accuracy": val}
+
+    results = [
+        *reference(),
+        scored("infobatch", 0, 0.85, 0.80),  # highest on validation, lowest on test
+        scored("infobatch", 1, 0.87, 0.80),
+        scored("coverage", 0, 0.84, 0.90),
+        scored("coverage", 1, 0.84, 0.90),
+    ]
+    ranked = fr.highest_on_validation(fr.aggregate(results))[0.1]
+    assert [p.method for p in ranked] == ["infobatch", "coverage"]
+    assert ranked[0].val_accuracy == pytest.approx(86.0)
+    table = "\n".join(fr.validation_rows(fr.aggregate(results)))
+    assert "| 0.1 | infobatch 86.00 | coverage 84.00 | 80.00 ± 0.00 | 10.0 |" in table
+    # A point with a seed lacking validation (dataset.val_size=0) ranks nowhere.
+    assert fr.highest_on_validation(fr.aggregate([*reference(), result("x", 0.1, 0, 0.9, 1)])) == {}
 
 
 def test_plan_puts_references_first_and_tiny_jigsaw_only_where_it_pretrains() -> None:
     ref = fr.Reference(epochs=2, steps_per_epoch=16, reselect_every=1)
-    runs = fr.plan(["full", "default"], [0.5], [0, 1], ref, [3], ["B=1"], ["pretrain.x=1"])
+    runs = fr.plan(["full", "coverage"], [0.5], [0, 1], ref, [3], ["B=1"], ["pretrain.x=1"])
     names = [r.name for r in runs]
     assert names == [
         "reference_s0",
         "reference_s1",
         "full_b0.5_s0",
-        "default_b0.5_s0",
+        "coverage_b0.5_s0",
         "curve_e3_s0",
         "full_b0.5_s1",
-        "default_b0.5_s1",
+        "coverage_b0.5_s1",
         "curve_e3_s1",
     ]
     by_name = {r.name: r for r in runs}
-    assert "pretrain.x=1" in by_name["default_b0.5_s1"].overrides
+    assert "pretrain.x=1" in by_name["coverage_b0.5_s1"].overrides
     assert "pretrain.x=1" not in by_name["full_b0.5_s1"].overrides
     assert by_name["curve_e3_s0"].budget == pytest.approx(1.5)
     assert all(r.overrides[0] == "B=1" and r.overrides[-1] == f"seed={r.seed}" for r in runs)
@@ -300,13 +337,13 @@ def finite(value: Any) -> bool:
 @pytest.mark.slow
 def test_small_frontier_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "frontier"
-    args = ["--small", "--methods", "full", "random", "default", "paper", "--out", str(out)]
+    args = ["--small", "--methods", "full", "random", "coverage", "paper", "--out", str(out)]
     first = run_entry("benchmarks/frontier.py", args, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
 
     runs_dir = out / "runs" / "ref2"
     expected = ["reference_s0"] + [
-        f"{m}_b{b}_s0" for m in ("full", "random", "default", "paper") for b in ("0.25", "0.5")
+        f"{m}_b{b}_s0" for m in ("full", "random", "coverage", "paper") for b in ("0.25", "0.5")
     ]
     paths = {name: runs_dir / f"{name}.json" for name in expected}
     assert sorted(p.name for p in runs_dir.glob("*.json")) == sorted(p.name for p in paths.values())
@@ -325,7 +362,7 @@ def test_small_frontier_end_to_end(tmp_path: Path) -> None:
     assert results["full_b0.25_s0"]["samples"]["train"] == 8 * 32
     assert results["reference_s0"]["samples"]["train"] == 2 * 500
     # The jigsaw learners' samples are counted where they ran, and only there.
-    assert results["default_b0.25_s0"]["samples"]["pretrain"] > 0
+    assert results["coverage_b0.25_s0"]["samples"]["pretrain"] > 0
     assert results["paper_b0.5_s0"]["samples"]["pretrain"] > 0
     assert results["paper_b0.5_s0"]["reselections"] == 1
     assert results["random_b0.5_s0"]["samples"]["pretrain"] == 0

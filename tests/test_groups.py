@@ -226,6 +226,7 @@ def test_callbacks_default_adds_best_checkpoint_and_lr_log_and_changes_no_result
         cfg = make_cfg(
             [
                 *FAST,
+                "selector=coverage",
                 "logger=csv",
                 "trainer.max_epochs=3",
                 "trainer.log_every_n_steps=1",
@@ -289,13 +290,14 @@ def test_debug_fdr_runs_every_stage_on_a_few_batches(make_cfg, tmp_path):
     cfg = make_cfg(
         [
             "debug=fdr",
+            "selector=coverage",  # the subset pipeline: pre-training and selection run too
             "dataset=synthetic",
             "model.width=8",
             "batch_size=32",
             "trainer.accelerator=cpu",
         ]
     )
-    assert cfg.pretrain.name == "jigsaw" and cfg.selector.name == "coverage"  # the defaults
+    assert cfg.pretrain.name == "jigsaw"  # the default
     summary = train_stage.run(cfg)
     stages = summary["stages"]
     assert stages["pretrain"]["learners_merged"] == 10

@@ -12,6 +12,7 @@ import torch
 
 from lipt.run.build import build_datamodule, build_model
 from lipt.run.errors import UserError
+from lipt.run.selector import WHOLE_POOL
 from lipt.selection import split_budget
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
@@ -22,7 +23,7 @@ from tests.helpers import CONFIGS, FAST
 MODEL_SELECTORS = sorted(
     p.stem
     for p in (CONFIGS / "selector").glob("*.yaml")
-    if p.stem not in ("full", "random", "coverage")
+    if p.stem not in (*WHOLE_POOL, "random", "coverage")
 )
 
 

@@ -187,13 +187,12 @@ def test_exact_budget_seeded_and_bad_settings() -> None:
         select_coverage(SelectionInputs(inputs.pool, learner_heads=narrow), 1000, generator=gen())
 
 
-def test_default_pipeline_selects_with_coverage_and_hands_it_the_heads(make_cfg) -> None:
+def test_the_coverage_pipeline_selects_and_hands_the_selector_the_heads(make_cfg) -> None:
     from lipt.run.build import build_datamodule, build_model
     from lipt.stages.select import choose_subset
     from tests.helpers import FAST
 
-    cfg = make_cfg([*FAST, "fraction=0.3"])  # no selector override: train.yaml's default
-    assert cfg.selector.name == "coverage"
+    cfg = make_cfg([*FAST, "selector=coverage", "fraction=0.3"])
     dm = build_datamodule(cfg)
     model = build_model(cfg, 0)
     indices, weights = choose_subset(cfg, dm, [model], 0)

@@ -107,6 +107,9 @@ def test_train_on_a_saved_subset_and_refuse_one_for_other_data(make_cfg, tmp_pat
     indices, _ = load_seen(run2, 0)
     assert np.array_equal(np.sort(indices), chosen)  # trained on the saved subset
     assert "select" not in summary["stages"]
+    # The saved subset replaces the default selector=infobatch, its pruning and its epochs.
+    assert summary["stages"]["train"].get("dynamic") is None
+    assert summary["stages"]["train"]["samples"] == len(chosen)  # trainer.max_epochs=1
     other = make_cfg(
         [*FAST, f"subset_path={saved}", f"paths.output_dir={run2}", "dataset.num_train=700"]
     )

@@ -48,7 +48,7 @@ STAGE_LINES = {
     "pretrain": ("pre-training: jigsaw, 3 learners x 1 batch x 2 passes", "  soup: held-out"),
 }
 STAGE_ARGS = {
-    "train": TINY,
+    "train": [*TINY, "selector=coverage"],  # the subset pipeline: every stage shows
     "select": [*BASE, "pretrain=none", "selector=el2n"],
     "pretrain": TINY,
 }
@@ -339,7 +339,11 @@ def test_wandb_run_gets_the_merge_table_class_histogram_and_picture(
     from lipt.stages import train as train_stage
 
     monkeypatch.setenv("WANDB_SILENT", "true")
-    overrides = [o for o in TINY if o != "logger=none"] + ["logger=wandb", "pretrain=jigsaw"]
+    overrides = [o for o in TINY if o != "logger=none"] + [
+        "logger=wandb",
+        "pretrain=jigsaw",
+        "selector=coverage",
+    ]
     train_stage.run(make_cfg(overrides))
     wandb.finish()  # as at the end of the process: the run's records are written out
     (run,) = (tmp_path / "wandb").glob("offline-run-*")

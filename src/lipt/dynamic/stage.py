@@ -17,14 +17,19 @@ from lipt.dynamic.plan import PruningMethod
 from lipt.run import console
 from lipt.run.artifacts import write_json
 from lipt.run.build import build_part, is_ddp_child
+from lipt.run.selector import selector_settings
 from lipt.stages.results import Pretrained
 from lipt.stages.select import STAGES_FILE, Ranking, ranking_models
 
 
 def dynamic_enabled(cfg: DictConfig) -> bool:
-    """`dynamic=infobatch` or `dynamic=lipt` (`dynamic=none`, the default, builds nothing)."""
+    """`dynamic=infobatch` or `dynamic=lipt` (`dynamic=none` builds nothing; a subset
+    selector has no `dynamic` node). selector=infobatch's pruning gives way to a saved subset
+    (subset_path), as the selector does."""
     node = cfg.get("dynamic")
-    return node is not None and "_target_" in node
+    if node is None or "_target_" not in node:
+        return False
+    return not (cfg.get("subset_path") and selector_settings(cfg.selector).budget_epochs)
 
 
 @dataclass

@@ -32,6 +32,21 @@ def validate_dynamic(cfg: DictConfig) -> None:
     """dynamic=infobatch / lipt: the whole pool (selector=full), and lipt's ensemble (a
     pre-training). Each knob's range is declared on its plan (lipt.dynamic.plan)."""
     node = cfg.get("dynamic")
+    selector = _selector(cfg)
+    # selector=infobatch's pruning gives way to a saved subset (lipt.run.selector.budget_epochs).
+    selector_is_budgeted = selector is not None and selector.budget_epochs
+    if selector is not None and selector.budget_epochs:
+        if node is None or node.get("_target_") != INFOBATCH:
+            chosen = "none" if node is None else node.get("name", node.get("_target_"))
+            raise UserError(
+                f"selector={selector.label} prunes with dynamic=infobatch, not dynamic={chosen}; "
+                f"use selector=full dynamic={chosen} (or drop the dynamic override)"
+            )
+        if get_key(cfg, "dynamic.budget") is not None:
+            raise UserError(
+                f"selector={selector.label} spends `fraction` of the full run's cost, so "
+                "dynamic.budget must stay null; set fraction instead"
+            )
     if node is None or "_target_" not in node:
         return
     target, name = str(node._target_), node.get("name", node._target_)
@@ -46,13 +61,12 @@ def validate_dynamic(cfg: DictConfig) -> None:
             "dynamic=lipt scores epoch 0 with the jigsaw ensemble, but pretrain=none trains "
             "none; use pretrain=jigsaw (the default) or dynamic=infobatch"
         )
-    selector = _selector(cfg)
     if selector is not None and not selector.is_full:
         raise UserError(
             f"dynamic={name} prunes the whole pool every epoch, so selector={selector.label} "
             "cannot choose a subset too; use selector=full (or dynamic=none)"
         )
-    if cfg.get("subset_path") is not None:
+    if cfg.get("subset_path") is not None and not selector_is_budgeted:
         raise UserError(f"dynamic={name} prunes the whole pool; drop subset_path")
     if selector is not None and selector.match_subset_steps:
         raise UserError(
@@ -145,7 +159,9 @@ def validate(cfg: DictConfig, deep: bool = True) -> None:
             "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
         )
     if run.stage == "select" and selector is not None and selector.is_full:
-        raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
+        raise UserError(
+            f"selector={selector.label} selects nothing; choose a selector, e.g. selector=glister"
+        )
     if not deep:
         return
     # Imports the targets (torch); then the checks that build objects (Lightning).

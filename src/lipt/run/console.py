@@ -211,10 +211,9 @@ def describe_selection(cfg: DictConfig, budget: int, pool_size: int) -> str:
     return f"selecting {_count(budget)} of {_count(pool_size)} with {cfg.selector.name}{balanced}"
 
 
-def describe_training(cfg: DictConfig, train_size: int, pool_size: int) -> str:
+def describe_training(cfg: DictConfig, train_size: int, pool_size: int, epochs: int) -> str:
     share = f"{train_size / pool_size:.0%} of the pool" if pool_size else "the pool"
     start = "pre-trained" if cfg.init_from == "pretrained" else "initial"
-    epochs = int(cfg.trainer.max_epochs)
     devices = cfg.trainer.get("devices", 1)
     where = f", {devices} devices ({cfg.trainer.strategy})" if devices not in (1, "1") else ""
     return (

@@ -11,24 +11,40 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
+# The options that train on the whole pool: full, and infobatch (the whole pool, pruned anew each
+# epoch by dynamic=infobatch).
+WHOLE_POOL = ("full", "infobatch")
+
 
 @dataclass(frozen=True)
 class SelectorSettings:
     label: str  # selector.name, for messages
-    is_full: bool  # selector=full: no selection, main training takes the whole pool
+    is_full: bool  # selector=full or infobatch: no selection, main training takes the whole pool
     needs_model: bool  # the selector ranks the pool with a (pre-)trained model
     needs_held_out: bool  # it matches the validation split (GLISTER; GradMatch target=val)
     match_subset_steps: bool  # the full-data run takes the subset run's steps (full_steps)
+    budget_epochs: bool  # selector=infobatch: the epochs `fraction` of the full run's cost buys
+
+
+def budget_epochs(cfg: DictConfig) -> bool:
+    """selector=infobatch sets main training's epochs from `fraction` and prunes with the
+    `dynamic` group, unless a saved subset (subset_path) replaces the selector, as it replaces
+    any selector: then the subset trains trainer.max_epochs, unpruned."""
+    node = cfg.get("selector")
+    if node is None or cfg.get("subset_path"):
+        return False
+    return selector_settings(node).budget_epochs
 
 
 def selector_settings(node: DictConfig) -> SelectorSettings:
     """The settings of a `selector` config node."""
     name = node.get("name")
-    is_full = name == "full"
+    is_full = name in WHOLE_POOL
     return SelectorSettings(
         label=str(name),
         is_full=is_full,
         needs_model=not is_full and bool(node.get("needs_model", True)),
         needs_held_out=name == "glister" or (name == "gradmatch" and node.get("target") == "val"),
         match_subset_steps=bool(node.get("match_subset_steps", False)),
+        budget_epochs=bool(node.get("budget_epochs", False)),
     )

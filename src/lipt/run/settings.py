@@ -153,6 +153,7 @@ class SelectorOptions(Checked):
     needs_model: bool = True  # False: ranks without a model (random)
     repeats: Annotated[int, Range(1, 1000)] = 1  # rank with this many seeds' models and average
     match_subset_steps: bool = False  # selector=full: the subset run's steps (full_steps)
+    budget_epochs: bool = False  # selector=infobatch: the epochs `fraction` of the cost buys
 
 
 @dataclass(frozen=True)

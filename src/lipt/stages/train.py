@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from lipt.data import DataModule
+from lipt.dynamic.plan import infobatch_epochs
 from lipt.dynamic.stage import DynamicSetup, describe, dynamic_enabled, dynamic_pruning
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.pictures import log_to_wandb
@@ -44,7 +45,7 @@ from lipt.run.build import (
 from lipt.run.config import validate
 from lipt.run.errors import UserError
 from lipt.run.seeding import reselect_seed
-from lipt.run.selector import selector_settings
+from lipt.run.selector import budget_epochs, selector_settings
 from lipt.stages.reselect import Reselect, latest_subset
 from lipt.stages.results import Pretrained, Selected, Trained
 from lipt.stages.seen import SeenSamples
@@ -228,6 +229,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     selector = selector_settings(cfg.selector)
     if selector.is_full and selector.match_subset_steps:
         extra["max_steps"] = subset_steps(cfg, len(dm.pool_indices))  # approach=full_steps
+    epochs = int(cfg.trainer.max_epochs)
+    if budget_epochs(cfg):  # selector=infobatch: the epochs `fraction` of the cost buys
+        epochs = extra["max_epochs"] = infobatch_epochs(float(cfg.fraction), epochs)
     loggers = build_loggers(cfg)
     # The `callbacks` group: those the run has what they need for.
     callbacks += build_callbacks(cfg, loggers, progress_bars(cfg), len(dm.val_indices) > 0)
@@ -235,7 +239,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
     L.seed_everything(int(cfg.seed), workers=True, verbose=False)
     train_size = len(dm.pool_indices) if subset is None else len(subset[0])
-    line = console.describe_training(cfg, train_size, len(dm.pool_indices))
+    line = console.describe_training(cfg, train_size, len(dm.pool_indices), epochs)
     console.stage(line if dynamic is None else f"{line}; {describe(dynamic.callback.method)}")
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     samples = module.total_samples_seen()
