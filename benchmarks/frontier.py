@@ -15,6 +15,7 @@ overrides for a budget and the reference):
   epochs, as it keeps about 70% of an epoch's samples (`lipt.dynamic.infobatch_epochs`): the
   main job's default, `python train.py fraction=b trainer.max_epochs=E_ref`, trains these epochs;
 - lipt_dynamic: `selector=full dynamic=lipt dynamic.budget=b`, E_ref epochs;
+- lipt_warm: lipt_dynamic with main training starting from the soup (`init_from=pretrained`);
 - paper: the paper's pipeline (`+approach=grand_lipt`: GraNd on the jigsaw soup), fraction b,
   re-selecting every round(E_ref / 10) epochs (the paper's 20 of 200), E_ref epochs.
 
@@ -167,6 +168,11 @@ def lipt_dynamic(budget: float, ref: Reference) -> list[str]:
     ]
 
 
+def lipt_warm(budget: float, ref: Reference) -> list[str]:
+    """lipt's dynamic pruning, main training starting from the soup (another use of it)."""
+    return [*lipt_dynamic(budget, ref), "init_from=pretrained"]
+
+
 def paper(budget: float, ref: Reference) -> list[str]:
     """GraNd on the jigsaw soup with re-selection (configs/approach/grand_lipt.yaml)."""
     return [
@@ -183,12 +189,14 @@ METHODS: dict[str, Method] = {
     "coverage": coverage,
     "infobatch": infobatch,
     "lipt_dynamic": lipt_dynamic,
+    "lipt_warm": lipt_warm,
     "paper": paper,
 }
-# Config files a method needs beyond main's (the `dynamic` group lands from another branch).
+# Config files a method needs beyond train.yaml's defaults (run only where they are here).
 NEEDS = {
     "infobatch": "dynamic/infobatch.yaml",
     "lipt_dynamic": "dynamic/lipt.yaml",
+    "lipt_warm": "dynamic/lipt.yaml",
 }
 REFERENCE = "reference"  # the whole pool, E_ref epochs
 CURVE = "curve"  # the whole pool, --curve-epochs epochs

@@ -152,6 +152,7 @@ def test_method_overrides() -> None:
     assert "trainer.max_epochs=2" in fr.infobatch(0.1, ref)  # round(1.2 / 0.7)
     assert "trainer.max_epochs=9" in fr.infobatch(0.5, ref)
     assert "dynamic.budget=0.2" in fr.lipt_dynamic(0.2, ref)
+    assert fr.lipt_warm(0.2, ref) == [*fr.lipt_dynamic(0.2, ref), "init_from=pretrained"]
     assert fr.paper(0.1, ref)[:1] == ["+approach=grand_lipt"]
     assert set(fr.METHODS) >= {"full", "random", "coverage", "infobatch", "lipt_dynamic", "paper"}
 
