@@ -199,6 +199,7 @@ NEEDS = {
     "lipt_warm": "dynamic/lipt.yaml",
 }
 REFERENCE = "reference"  # the whole pool, E_ref epochs
+DEFAULT_METHOD = "infobatch"  # what `python train.py fraction=b` trains (selector=infobatch)
 CURVE = "curve"  # the whole pool, --curve-epochs epochs
 
 
@@ -567,9 +568,10 @@ def markdown(
         "",
         f"Commit {meta['commit']}; {hw['cpu']} ({hw['cores']} cores), {hw['accelerator']}, "
         f"torch {hw['torch']}. Reference: the whole pool, {meta['ref_epochs']} epochs (chosen "
-        "by what the machine affords: the whole pool still climbs at 16 epochs on "
-        "Fashion-MNIST). Budgets are shares of the reference's cost asked for; the costs below "
-        "are measured. Accuracy: mean ± sample std over seeds.",
+        "by what the machine affords; the whole pool's rows at more epochs, where run "
+        "(--curve-epochs), show how far it still climbs). Budgets are shares of the "
+        "reference's cost asked for; the costs below are measured. Accuracy: mean ± sample "
+        "std over seeds.",
         "",
         *table_rows(points, meta["ref_epochs"]),
         "",
@@ -678,7 +680,8 @@ def plot(points: Sequence[Point], ref_epochs: int, path: Path) -> None:
     lines = {"full (whole pool, shorter cosine)": [p for p in points if p.method in whole]}
     for method in dict.fromkeys(p.method for p in points):
         if method not in whole:
-            lines[method] = [p for p in points if p.method == method]
+            label = f"{method} (python train.py)" if method == DEFAULT_METHOD else method
+            lines[label] = [p for p in points if p.method == method]
     for label, group in lines.items():
         group = sorted(group, key=lambda p: p.budget)  # by budget: noisy costs cross
         if group:
