@@ -17,7 +17,7 @@ from lipt.dynamic.plan import PruningMethod
 from lipt.run import console
 from lipt.run.artifacts import write_json
 from lipt.run.build import build_part, is_ddp_child
-from lipt.run.selector import selector_settings
+from lipt.run.selector import gives_way_to_saved_subset
 from lipt.stages.results import Pretrained
 from lipt.stages.select import STAGES_FILE, Ranking, ranking_models
 
@@ -29,7 +29,7 @@ def dynamic_enabled(cfg: DictConfig) -> bool:
     node = cfg.get("dynamic")
     if node is None or "_target_" not in node:
         return False
-    return not (cfg.get("subset_path") and selector_settings(cfg.selector).budget_epochs)
+    return not gives_way_to_saved_subset(cfg)
 
 
 @dataclass

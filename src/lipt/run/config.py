@@ -13,7 +13,7 @@ from lipt.jigsaw.checks import validate_jigsaw
 from lipt.run.checks import get_key
 from lipt.run.errors import UserError
 from lipt.run.schema import check_mapping
-from lipt.run.selector import SelectorSettings, selector_settings
+from lipt.run.selector import SelectorSettings, gives_way_to_saved_subset, selector_settings
 from lipt.run.settings import DatasetSettings, RunSettings
 
 
@@ -33,8 +33,6 @@ def validate_dynamic(cfg: DictConfig) -> None:
     pre-training). Each knob's range is declared on its plan (lipt.dynamic.plan)."""
     node = cfg.get("dynamic")
     selector = _selector(cfg)
-    # selector=infobatch's pruning gives way to a saved subset (lipt.run.selector.budget_epochs).
-    selector_is_budgeted = selector is not None and selector.budget_epochs
     if selector is not None and selector.budget_epochs:
         if node is None or node.get("_target_") != INFOBATCH:
             chosen = "none" if node is None else node.get("name", node.get("_target_"))
@@ -66,7 +64,7 @@ def validate_dynamic(cfg: DictConfig) -> None:
             f"dynamic={name} prunes the whole pool every epoch, so selector={selector.label} "
             "cannot choose a subset too; use selector=full (or dynamic=none)"
         )
-    if cfg.get("subset_path") is not None and not selector_is_budgeted:
+    if cfg.get("subset_path") is not None and not gives_way_to_saved_subset(cfg):
         raise UserError(f"dynamic={name} prunes the whole pool; drop subset_path")
     if selector is not None and selector.match_subset_steps:
         raise UserError(

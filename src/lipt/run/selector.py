@@ -26,14 +26,23 @@ class SelectorSettings:
     budget_epochs: bool  # selector=infobatch: the epochs `fraction` of the full run's cost buys
 
 
-def budget_epochs(cfg: DictConfig) -> bool:
-    """selector=infobatch sets main training's epochs from `fraction` and prunes with the
-    `dynamic` group, unless a saved subset (subset_path) replaces the selector, as it replaces
-    any selector: then the subset trains trainer.max_epochs, unpruned."""
+def gives_way_to_saved_subset(cfg: DictConfig) -> bool:
+    """selector=infobatch with a saved subset (subset_path): the subset replaces the selector,
+    as it replaces any selector, and with it the pruning and the budgeted epochs (the subset
+    trains trainer.max_epochs, unpruned)."""
     node = cfg.get("selector")
-    if node is None or cfg.get("subset_path"):
+    if node is None or not cfg.get("subset_path"):
         return False
     return selector_settings(node).budget_epochs
+
+
+def budget_epochs(cfg: DictConfig) -> bool:
+    """selector=infobatch: main training's epochs from `fraction`, pruned by the `dynamic`
+    group; not where a saved subset replaces it."""
+    node = cfg.get("selector")
+    if node is None:
+        return False
+    return selector_settings(node).budget_epochs and not gives_way_to_saved_subset(cfg)
 
 
 def selector_settings(node: DictConfig) -> SelectorSettings:
