@@ -145,18 +145,20 @@ def lipt_cfg(name: str, seed: int, pretrained: bool):
 
 
 def run_lipt(cfg, model: nn.Module, dm, seed: int) -> tuple[float, torch.Tensor]:
+    from lipt.run.config import run_of
     from lipt.stages.select import choose_subset
 
     start = time.perf_counter()
-    indices, _ = choose_subset(cfg, dm, [model], seed=seed)
+    indices, _ = choose_subset(run_of(cfg), dm, [model], seed=seed)
     return time.perf_counter() - start, indices
 
 
 def save_picks(path: Path, indices: torch.Tensor, cfg, dm) -> None:
     from lipt.run.artifacts import save_subset
+    from lipt.run.config import run_of
     from lipt.stages.select import subset_meta
 
-    save_subset(path, indices.sort().values, torch.ones(len(indices)), subset_meta(cfg, dm))
+    save_subset(path, indices.sort().values, torch.ones(len(indices)), subset_meta(run_of(cfg), dm))
 
 
 def main() -> None:
@@ -173,16 +175,17 @@ def main() -> None:
     from hydra import compose, initialize_config_dir
 
     from lipt.run.build import build_datamodule, build_model
+    from lipt.run.config import run_of
     from lipt.stages.select import load_pretrained
 
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=["paths.output_dir=/tmp/lipt-bench", f"seed={args.seed}"])
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     pretrained = args.ckpt is not None
     if pretrained:
-        model = load_pretrained(cfg, dm, Path(args.ckpt)).eval()
+        model = load_pretrained(run_of(cfg), dm, Path(args.ckpt)).eval()
     else:
-        model = build_model(cfg, args.seed).eval()
+        model = build_model(run_of(cfg), args.seed).eval()
     budget = round(FRACTION * len(dm.pool_indices))
     what = f"the model of {args.ckpt}" if pretrained else "untrained convnet"
     print(f"CPU ({torch.get_num_threads()} threads), Fashion-MNIST pool {len(dm.pool_indices):,}")

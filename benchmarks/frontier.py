@@ -303,9 +303,10 @@ def compose(overrides: Sequence[str], run_dir: Path) -> Any:
 def steps_per_epoch(base: Sequence[str], work: Path) -> int:
     """Optimiser steps of one whole-pool epoch (the train loader keeps the last short batch)."""
     from lipt.run.build import build_datamodule
+    from lipt.run.config import run_of
 
     cfg = compose(base, work / "probe")
-    return math.ceil(len(build_datamodule(cfg).pool_indices) / int(cfg.batch_size))
+    return math.ceil(len(build_datamodule(run_of(cfg)).pool_indices) / int(cfg.batch_size))
 
 
 def costs(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -342,6 +343,7 @@ def costs(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 def train_one(run: Run, ref_epochs: int, run_dir: Path) -> dict[str, Any]:
     """Train `run` in its own fresh run folder; its result, ready to write."""
+    from lipt.run.config import validate
     from lipt.stages.train import run as train_run
 
     if run_dir.exists():
@@ -350,7 +352,7 @@ def train_one(run: Run, ref_epochs: int, run_dir: Path) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     ticks_before = core_ticks()
     start = time.perf_counter()
-    summary = train_run(cfg)
+    summary = train_run(validate(cfg))  # as train.py: the checks, then the stage
     call_seconds = time.perf_counter() - start
     other_busy = other_cores_busy(ticks_before, core_ticks())
     return {

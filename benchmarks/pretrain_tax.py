@@ -173,6 +173,7 @@ def run_strategy(
     """Pre-train with `name` (a jigsaw `variant`: its label and overrides), select with its
     model, train on the subset; returns the costs and the test accuracy."""
     from lipt.run.artifacts import save_subset
+    from lipt.run.config import run_of, validate
     from lipt.stages.pretrain import pretrain_model
     from lipt.stages.select import choose_subset, subset_meta
     from lipt.stages.train import run as train_run
@@ -187,7 +188,7 @@ def run_strategy(
     overrides = [*base, f"pretrain={name}", f"seed={seed}", *extra.get(name, [])]
     cfg = compose(overrides, run_dir)
     log(f"{tag} seed {seed}: pre-training")
-    result = pretrain_model(cfg, dm, seed)
+    result = pretrain_model(run_of(cfg), dm, seed)
     row: dict[str, Any] = {"strategy": name, "variant": label, "seed": seed, **result.stats()}
     if result.report:
         row["merge_seconds"] = result.report.get("merge_seconds")
@@ -204,12 +205,12 @@ def run_strategy(
     if args.tax_only:
         return row
     start = time.perf_counter()
-    indices, weights = choose_subset(cfg, dm, [result.model], seed)
+    indices, weights = choose_subset(run_of(cfg), dm, [result.model], seed)
     row["select_seconds"] = round(time.perf_counter() - start, 3)
     subset = run_dir / "subset.npz"
-    save_subset(subset, indices, weights, subset_meta(cfg, dm))
+    save_subset(subset, indices, weights, subset_meta(run_of(cfg), dm))
     log(f"{name} seed {seed}: main training on {len(indices)} samples")
-    summary = train_run(compose([*overrides, f"subset_path={subset}"], run_dir))
+    summary = train_run(validate(compose([*overrides, f"subset_path={subset}"], run_dir)))
     row["test_accuracy"] = summary["test_accuracy"]
     row["train_seconds"] = summary["stages"]["train"]["seconds"]
     log(f"{name} seed {seed}: test accuracy {summary['test_accuracy']:.4f}")
@@ -217,12 +218,13 @@ def run_strategy(
 
 
 def run_random(base: list[str], seed: int, out: Path) -> dict[str, Any]:
+    from lipt.run.config import validate
     from lipt.stages.train import run as train_run
 
     run_dir = out / f"random_seed{seed}"
     overrides = [*base, "pretrain=none", "selector=random", f"seed={seed}"]
     log(f"random seed {seed}: main training")
-    summary = train_run(compose(overrides, run_dir))
+    summary = train_run(validate(compose(overrides, run_dir)))
     return {"strategy": "random", "seed": seed, "test_accuracy": summary["test_accuracy"]}
 
 
@@ -326,6 +328,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not (ROOT / "configs" / "selector" / f"{args.selector}.yaml").is_file():
         sys.exit(f"error: no configs/selector/{args.selector}.yaml; pass --selector random")
     from lipt.run.build import build_datamodule
+    from lipt.run.config import run_of
 
     base = [
         f"dataset={args.dataset}",
@@ -339,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ]
     with tempfile.TemporaryDirectory(prefix="pretrain_tax_") as tmp:
         out = args.out or Path(tmp)
-        dm = build_datamodule(compose(base, out))  # one pool and split for every run
+        dm = build_datamodule(run_of(compose(base, out)))  # one pool and split for every run
         variants = parse_variants(args)
         eval_sizes = [
             compose([*base, "pretrain=jigsaw", *args.jigsaw, *extra], out).merge.eval_size

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from lipt.run.config import run_of
 from lipt.selection.types import LearnerHeads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,8 +113,8 @@ def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
                 overrides=["paths.output_dir=/tmp/lipt-bench", f"selector={name}", "fraction=0.1"],
             )
         if model is None:  # one data module and model for every selector (the data is shared)
-            dm = build_datamodule(cfg)
-            model = build_model(cfg, 0)
+            dm = build_datamodule(run_of(cfg))
+            model = build_model(run_of(cfg), 0)
             model_outputs(model, dm.pool_dataloader())  # warm-up
         heads = None
         if name == "coverage":  # as if from pretrain.ckpt: one head per jigsaw learner
@@ -126,7 +127,7 @@ def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
             inference.append(time.perf_counter() - start)
             with PeakRSS() as memory:
                 start = time.perf_counter()
-                choose_subset(cfg, dm, [model], seed=0, learner_heads=heads)
+                choose_subset(run_of(cfg), dm, [model], seed=0, learner_heads=heads)
                 selection.append(time.perf_counter() - start)
         ratio = min(selection) / min(inference)
         rows.append(

@@ -28,6 +28,7 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
+from lipt.run.config import validate
 from lipt.stages import pretrain as pretrain_stage
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
@@ -72,7 +73,7 @@ def pretrained(seed: int, args: argparse.Namespace) -> Path:
     out = Path(args.out) / "pretrain" / f"seed{seed}"
     if cached(out / "summary.json") is None:
         pretrain_stage.run(
-            compose_cfg("pretrain", [f"paths.output_dir={out}", *common(args, seed)])
+            validate(compose_cfg("pretrain", [f"paths.output_dir={out}", *common(args, seed)]))
         )
     return out / "pretrain.ckpt"
 
@@ -91,13 +92,15 @@ def run_one(selector: str, fraction: float, seed: int, args: argparse.Namespace)
         select_dir = out / "select"
         if cached(select_dir / "summary.json") is None:
             select_stage.run(
-                compose_cfg(
-                    "select",
-                    [f"paths.output_dir={select_dir}", f"ckpt_path={ckpt}", *overrides],
+                validate(
+                    compose_cfg(
+                        "select",
+                        [f"paths.output_dir={select_dir}", f"ckpt_path={ckpt}", *overrides],
+                    )
                 )
             )
         overrides.append(f"subset_path={select_dir / 'subset.npz'}")
-    return train_stage.run(compose_cfg("train", [f"paths.output_dir={out}", *overrides]))
+    return train_stage.run(validate(compose_cfg("train", [f"paths.output_dir={out}", *overrides])))
 
 
 def select_seconds(

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
 from lipt.run.build import build_loggers, build_model, build_trainer, quiet_trainer, run_dir
-from lipt.run.config import validate
+from lipt.run.config import run_of, validate
 from lipt.run.errors import UserError
 from lipt.run.lock import RunDirLockedError
 from lipt.run.selector import selector_settings
@@ -186,7 +186,7 @@ def test_every_stage_config_is_checked_the_same(make_cfg):
     ],
 )
 def test_build_trainer_takes_the_trainer_group(make_cfg, overrides, expected):
-    trainer = build_trainer(make_cfg([*FAST, *overrides]), logger=False)
+    trainer = build_trainer(run_of(make_cfg([*FAST, *overrides])), logger=False)
     for key, value in expected.items():
         assert getattr(trainer, key) == value, key
 
@@ -194,14 +194,16 @@ def test_build_trainer_takes_the_trainer_group(make_cfg, overrides, expected):
 def test_build_trainer_overrides_win_and_checkpoints_are_atomic(make_cfg, tmp_path):
     from lipt.run.artifacts import AtomicCheckpointIO
 
-    trainer = build_trainer(make_cfg([*FAST, "trainer.max_epochs=9"]), max_epochs=2, logger=False)
+    trainer = build_trainer(
+        run_of(make_cfg([*FAST, "trainer.max_epochs=9"])), max_epochs=2, logger=False
+    )
     assert trainer.max_epochs == 2
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
     assert Path(trainer.default_root_dir) == tmp_path
 
 
 def test_quiet_trainer_is_single_device_without_logger_or_checkpoints(make_cfg):
-    trainer = quiet_trainer(make_cfg([*FAST, "trainer.devices=2", "trainer.strategy=ddp"]))
+    trainer = quiet_trainer(run_of(make_cfg([*FAST, "trainer.devices=2", "trainer.strategy=ddp"])))
     assert trainer.num_devices == 1 and trainer.loggers == []
     assert trainer.checkpoint_callback is None and trainer.limit_val_batches == 0
 
@@ -211,7 +213,7 @@ def test_quiet_trainer_is_single_device_without_logger_or_checkpoints(make_cfg):
     [("csv", [CSVLogger]), ("wandb", [WandbLogger]), ("none", [])],
 )
 def test_build_loggers_follows_the_logger_group(make_cfg, tmp_path, logger, types):
-    loggers = build_loggers(make_cfg([*FAST, f"logger={logger}"]))
+    loggers = build_loggers(run_of(make_cfg([*FAST, f"logger={logger}"])))
     assert [type(lg) for lg in loggers] == types
     for lg in loggers:
         assert Path(lg.save_dir) == tmp_path  # inside the run folder
@@ -221,10 +223,10 @@ def test_build_model_is_a_function_of_the_seed(make_cfg):
     cfg = make_cfg([*FAST, "model.width=16"])
     torch.manual_seed(5)
     before = torch.get_rng_state()
-    a = build_model(cfg, 0).state_dict()
+    a = build_model(run_of(cfg), 0).state_dict()
     assert torch.equal(torch.get_rng_state(), before)  # the global generator was left alone
     torch.rand(100)  # and its state does not matter
-    b, c = build_model(cfg, 0).state_dict(), build_model(cfg, 1).state_dict()
+    b, c = build_model(run_of(cfg), 0).state_dict(), build_model(run_of(cfg), 1).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
 
@@ -234,8 +236,8 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
     import sys
 
     cfg = make_cfg([*FAST, f"paths.output_dir={tmp_path / 'run'}"])
-    folder = run_dir(cfg)
-    assert folder.is_dir() and run_dir(cfg) == folder  # this process may call it again
+    folder = run_dir(run_of(cfg))
+    assert folder.is_dir() and run_dir(run_of(cfg)) == folder  # this process may call it again
     probe = (
         "import sys; from pathlib import Path; from lipt.run.lock import lock_run_dir\n"
         "lock_run_dir(Path(sys.argv[1]))"

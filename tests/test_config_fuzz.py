@@ -24,7 +24,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from lipt.run.config import GROUPS as GROUPS_OF_CONFIG
-from lipt.run.config import validate
+from lipt.run.config import run_of, validate
 from lipt.run.errors import UserError
 from lipt.run.groups import declared_keys
 from lipt.run.preflight import build_everything
@@ -146,7 +146,7 @@ def dry_run(cfg: DictConfig, loaded: dict[str, Any]) -> str | None:
     when refused. Any other exception propagates: that is a traceback."""
     try:
         validate(cfg)
-        build_everything(cfg, loaded)
+        build_everything(run_of(cfg), loaded)
     except UserError as e:
         return str(e)
     return None

@@ -11,12 +11,13 @@ import torch
 
 from lipt.data.sources import read_idx
 from lipt.run.build import build_datamodule
+from lipt.run.config import run_of
 from lipt.run.errors import UserError
 
 
 def test_fashion_mnist_idx_files_load_with_seeded_split(make_cfg, fashion_mnist_dir):
     cfg = make_cfg(["dataset.val_size=50", f"dataset.data_dir={fashion_mnist_dir}"])
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     assert len(dm.train_source) == 300 and len(dm.splits.test) == 100
     assert len(dm.val_indices) == 50 and len(dm.pool_indices) == 250
     # pool and validation split partition the training split
@@ -27,11 +28,17 @@ def test_fashion_mnist_idx_files_load_with_seeded_split(make_cfg, fashion_mnist_
         raw = np.frombuffer(f.read(), np.uint8, offset=16).reshape(300, 28, 28)
     assert torch.equal(dm.train_source.images[7, 0], torch.from_numpy(raw[7].copy()))
     # same split seed, same split; another seed, another split
-    again = build_datamodule(cfg)
+    again = build_datamodule(run_of(cfg))
     assert torch.equal(again.val_indices, dm.val_indices)
     other = build_datamodule(
-        make_cfg(
-            ["dataset.val_size=50", f"dataset.data_dir={fashion_mnist_dir}", "dataset.split_seed=1"]
+        run_of(
+            make_cfg(
+                [
+                    "dataset.val_size=50",
+                    f"dataset.data_dir={fashion_mnist_dir}",
+                    "dataset.split_seed=1",
+                ]
+            )
         )
     )
     assert not torch.equal(other.val_indices, dm.val_indices)
@@ -39,7 +46,7 @@ def test_fashion_mnist_idx_files_load_with_seeded_split(make_cfg, fashion_mnist_
 
 def test_loaders_give_normalised_tensors_and_original_positions(make_cfg, fashion_mnist_dir):
     dm = build_datamodule(
-        make_cfg(["dataset.val_size=50", f"dataset.data_dir={fashion_mnist_dir}"])
+        run_of(make_cfg(["dataset.val_size=50", f"dataset.data_dir={fashion_mnist_dir}"]))
     )
     x, y, idx = next(iter(dm.pool_dataloader()))
     assert x.dtype == torch.float32 and x.shape[1:] == (1, 28, 28)
@@ -56,13 +63,15 @@ def test_loaders_give_normalised_tensors_and_original_positions(make_cfg, fashio
 
 def test_cifar10_pickle_batches(make_cfg, cifar10_dir):
     dm = build_datamodule(
-        make_cfg(
-            [
-                "dataset=cifar10",
-                f"dataset.data_dir={cifar10_dir}",
-                "dataset.val_size=20",
-                "dataset.num_workers=0",
-            ]
+        run_of(
+            make_cfg(
+                [
+                    "dataset=cifar10",
+                    f"dataset.data_dir={cifar10_dir}",
+                    "dataset.val_size=20",
+                    "dataset.num_workers=0",
+                ]
+            )
         )
     )
     assert len(dm.train_source) == 200 and len(dm.splits.test) == 60
@@ -79,13 +88,15 @@ def test_cifar10_pickle_batches(make_cfg, cifar10_dir):
 
 def test_cifar100_uses_fine_labels(make_cfg, cifar100_dir):
     dm = build_datamodule(
-        make_cfg(
-            [
-                "dataset=cifar100",
-                f"dataset.data_dir={cifar100_dir}",
-                "dataset.val_size=50",
-                "dataset.num_workers=0",
-            ]
+        run_of(
+            make_cfg(
+                [
+                    "dataset=cifar100",
+                    f"dataset.data_dir={cifar100_dir}",
+                    "dataset.val_size=50",
+                    "dataset.num_workers=0",
+                ]
+            )
         )
     )
     with open(cifar100_dir / "cifar-100-python" / "train", "rb") as f:
@@ -95,17 +106,19 @@ def test_cifar100_uses_fine_labels(make_cfg, cifar100_dir):
 
 def test_imagefolder_tree(make_cfg, imagefolder_dir):
     dm = build_datamodule(
-        make_cfg(
-            [
-                "dataset=imagenet",
-                f"dataset.data_dir={imagefolder_dir}",
-                "dataset.num_classes=3",
-                "dataset.image_size=32",
-                "dataset.resize=36",
-                "dataset.val_size=9",
-                "dataset.num_workers=0",
-                "dataset.crop_padding=4",
-            ]
+        run_of(
+            make_cfg(
+                [
+                    "dataset=imagenet",
+                    f"dataset.data_dir={imagefolder_dir}",
+                    "dataset.num_classes=3",
+                    "dataset.image_size=32",
+                    "dataset.resize=36",
+                    "dataset.val_size=9",
+                    "dataset.num_workers=0",
+                    "dataset.crop_padding=4",
+                ]
+            )
         )
     )
     assert len(dm.train_source) == 90 and len(dm.splits.test) == 18
@@ -123,16 +136,16 @@ def test_corrupt_and_missing_files_are_user_errors(tmp_path, fashion_mnist_dir, 
     with pytest.raises(UserError, match=r"truncated|corrupt|not an IDX"):
         read_idx(bad)
     with pytest.raises(UserError, match="CIFAR-10 files missing"):
-        build_datamodule(make_cfg(["dataset=cifar10", f"dataset.data_dir={tmp_path}"]))
+        build_datamodule(run_of(make_cfg(["dataset=cifar10", f"dataset.data_dir={tmp_path}"])))
     (fashion_mnist_dir / "train-labels-idx1-ubyte.gz").write_bytes(b"garbage")
     with pytest.raises(UserError):
         build_datamodule(
-            make_cfg([f"dataset.data_dir={fashion_mnist_dir}", "dataset.download=false"])
+            run_of(make_cfg([f"dataset.data_dir={fashion_mnist_dir}", "dataset.download=false"]))
         )
 
 
 def test_randaugment_changes_pixels_only_in_train_transform(make_cfg):
-    dm = build_datamodule(make_cfg(["dataset=synthetic"]))
+    dm = build_datamodule(run_of(make_cfg(["dataset=synthetic"])))
     image = dm.train_source.image(0)
     torch.manual_seed(0)
     eval_x = dm.eval_transform()(image)

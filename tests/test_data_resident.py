@@ -23,6 +23,7 @@ from lipt.data.batch_transforms import (
 from lipt.data.resident import Augmentation, ResidentBatches, ResidentImages
 from lipt.data.sources import load_fashion_mnist
 from lipt.run.build import build_datamodule
+from lipt.run.config import run_of
 
 FMNIST_MEAN, FMNIST_STD = [0.2860], [0.3530]
 
@@ -34,13 +35,15 @@ def fashion_mnist():
 
 def _dm(make_cfg, data_dir, resident: bool, *extra: str):
     return build_datamodule(
-        make_cfg(
-            [
-                "dataset.val_size=50",
-                f"dataset.data_dir={data_dir}",
-                f"dataset.resident={str(resident).lower()}",
-                *extra,
-            ]
+        run_of(
+            make_cfg(
+                [
+                    "dataset.val_size=50",
+                    f"dataset.data_dir={data_dir}",
+                    f"dataset.resident={str(resident).lower()}",
+                    *extra,
+                ]
+            )
         )
     )
 

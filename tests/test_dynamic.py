@@ -200,7 +200,7 @@ def test_infobatch_trains_on_both_data_paths_and_feeds_exactly_each_plan(tmp_pat
     args = [*INFOBATCH, f"dataset.resident={resident}", "record_seen=true"]
     if resident == "true":
         args = [o for o in args if o != "logger=none"]  # the csv logger, for train/pruned_share
-    summary = train_stage.run(compose_in(tmp_path, args))
+    summary = train_stage.run(validate(compose_in(tmp_path, args)))
     ledger = summary["stages"]["train"]["dynamic"]
     fed = 0
     for epoch in range(4):
@@ -233,7 +233,7 @@ def test_the_default_trains_infobatch_for_the_epochs_its_fraction_buys(tmp_path)
     # train.yaml's default, selector=infobatch: 30% of a 10-epoch run's cost, at InfoBatch's
     # ~70% kept, buys round(3 / 0.7) = 4 epochs of the whole pool, pruned as dynamic=infobatch.
     summary = train_stage.run(
-        compose_in(tmp_path, [*FAST, "fraction=0.3", "trainer.max_epochs=10"])
+        validate(compose_in(tmp_path, [*FAST, "fraction=0.3", "trainer.max_epochs=10"]))
     )
     ledger = summary["stages"]["train"]["dynamic"]
     assert ledger["method"] == "infobatch" and summary["config"]["selector"]["name"] == "infobatch"
@@ -260,10 +260,10 @@ def test_a_dynamic_run_resumes_bit_for_bit(tmp_path, monkeypatch):
     killed = tmp_path / "killed"
     monkeypatch.setattr(Classifier, "training_step", crash_in_epoch_2)
     with pytest.raises(SimulatedCrashError):
-        train_stage.run(compose_in(killed, args))
+        train_stage.run(validate(compose_in(killed, args)))
     monkeypatch.setattr(Classifier, "training_step", real_step)
-    resumed = train_stage.run(compose_in(killed, [*args, "ckpt_path=last"]))
-    clean = train_stage.run(compose_in(tmp_path / "clean", args))
+    resumed = train_stage.run(validate(compose_in(killed, [*args, "ckpt_path=last"])))
+    clean = train_stage.run(validate(compose_in(tmp_path / "clean", args)))
 
     def weights(out: Path) -> dict[str, torch.Tensor]:
         return torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
@@ -287,7 +287,7 @@ def test_lipt_prunes_from_epoch_0_with_the_jigsaw_ensemble_within_its_budget(tmp
     jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
     args = [*FAST, *jigsaw, "merge.ratios=3", "selector=full", "dynamic=lipt"]
     args += ["dynamic.budget=0.4", "trainer.max_epochs=5", "init_from=pretrained"]
-    summary = train_stage.run(compose_in(tmp_path, args))
+    summary = train_stage.run(validate(compose_in(tmp_path, args)))
     stages = summary["stages"]
     assert stages["pretrain"]["learners_merged"] >= 2 and stages["score"]["samples"] == 500
     ledger = stages["train"]["dynamic"]
@@ -316,7 +316,7 @@ def test_a_lipt_run_resumes_bit_for_bit_without_pre_training_again(tmp_path, mon
     killed = tmp_path / "killed"
     monkeypatch.setattr(Classifier, "training_step", crash_in_epoch_2)
     with pytest.raises(SimulatedCrashError):
-        train_stage.run(compose_in(killed, args))
+        train_stage.run(validate(compose_in(killed, args)))
     first_attempt = json.loads((killed / "stages.json").read_text())
     monkeypatch.setattr(Classifier, "training_step", real_step)
 
@@ -324,9 +324,9 @@ def test_a_lipt_run_resumes_bit_for_bit_without_pre_training_again(tmp_path, mon
         raise AssertionError("a resumed run re-used the checkpoint's scores, not the ensemble")
 
     monkeypatch.setattr(dynamic_stage, "ranking_models", no_pretraining)
-    resumed = train_stage.run(compose_in(killed, [*args, "ckpt_path=last"]))
+    resumed = train_stage.run(validate(compose_in(killed, [*args, "ckpt_path=last"])))
     monkeypatch.undo()
-    clean = train_stage.run(compose_in(tmp_path / "clean", args))
+    clean = train_stage.run(validate(compose_in(tmp_path / "clean", args)))
     assert resumed["stages"]["pretrain"] == first_attempt["pretrain"]
     assert resumed["stages"]["score"] == first_attempt["score"]
     assert resumed["stages"]["train"]["dynamic"] == clean["stages"]["train"]["dynamic"]

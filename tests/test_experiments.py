@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from lipt.run.build import build_part
 from lipt.run.cli import precheck
-from lipt.run.config import validate
+from lipt.run.config import run_of, validate
 from tests.helpers import CONFIGS, ROOT
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
@@ -156,7 +156,7 @@ def test_every_run_of_an_experiment_follows_the_paper(
             warmup = expected_warmup(name, approach, epochs, fraction)
             assert (cfg.pretrain.name == "full") == (warmup is not None), approach
             if warmup is not None:
-                strategy = build_part(cfg.pretrain)
+                strategy = build_part(run_of(cfg).node("pretrain"))
                 assert strategy.warmup_epochs(epochs, fraction) == warmup, (approach, fraction)
             assert cfg.selector.get("repeats", 1) == (10 if approach == "grand_full" else 1)
             if approach == "full_steps":

@@ -22,6 +22,7 @@ import lipt.run.build
 from lipt.jigsaw import checkpoints as jigsaw_checkpoints
 from lipt.jigsaw import stage as jigsaw_stage
 from lipt.run.build import build_datamodule
+from lipt.run.config import run_of, validate
 from lipt.run.errors import UserError
 from lipt.stages.pretrain import pretrain_model
 from lipt.stages.pretrain import run as pretrain_run
@@ -106,7 +107,7 @@ def test_a_learner_whose_loss_goes_nan_is_stopped_dropped_and_counted(
 ):
     _diverge({2}, monkeypatch)
     with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
-        summary = pretrain_run(jigsaw_cfg("run"))
+        summary = pretrain_run(validate(jigsaw_cfg("run")))
     stats = summary["stages"]["pretrain"]
     assert (stats["learners_merged"], stats["learners_failed"], stats["learners_missing"]) == (
         3,
@@ -131,7 +132,7 @@ def test_out_of_memory_learner_is_retrained_alone_and_the_soup_matches(
     jigsaw_cfg, tmp_path, monkeypatch
 ):
     _run_out_of_memory(1, monkeypatch)
-    first = pretrain_run(jigsaw_cfg("run"))
+    first = pretrain_run(validate(jigsaw_cfg("run")))
     learners = tmp_path / "run" / "learners"
     assert first["stages"]["pretrain"]["learners_failed"] == 1
     assert sorted(p.name for p in learners.glob("*.ckpt")) == [
@@ -140,11 +141,11 @@ def test_out_of_memory_learner_is_retrained_alone_and_the_soup_matches(
     before = {i: _stamp(learners / f"learner_{i}.ckpt") for i in (0, 2, 3)}
     monkeypatch.undo()
 
-    again = pretrain_run(jigsaw_cfg("run"))  # the same command, the fault gone
+    again = pretrain_run(validate(jigsaw_cfg("run")))  # the same command, the fault gone
     assert {i: _stamp(learners / f"learner_{i}.ckpt") for i in (0, 2, 3)} == before
     assert (learners / "learner_1.ckpt").is_file()
     assert again["stages"]["pretrain"]["learners_merged"] == N
-    pretrain_run(jigsaw_cfg("clean"))  # never interrupted
+    pretrain_run(validate(jigsaw_cfg("clean")))  # never interrupted
     assert _equal(_soup(tmp_path / "run"), _soup(tmp_path / "clean"))  # bit for bit
     clean_stats = json.loads((tmp_path / "clean" / "summary.json").read_text())["stages"]
     assert again["stages"]["pretrain"]["samples"] == clean_stats["pretrain"]["samples"]
@@ -154,16 +155,16 @@ def test_too_few_learners_is_a_clear_error_and_min_learners_lowers_the_bar(jigsa
     _diverge({1, 2, 3}, monkeypatch)
     cfg = jigsaw_cfg("a")
     with pytest.raises(UserError, match=r"only 1 of 4 .*diverged \[1, 2, 3\].*min_learners=2"):
-        pretrain_model(cfg, build_datamodule(cfg), seed=0)
+        pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed=0)
     cfg = jigsaw_cfg("a", "pretrain.min_learners=1")  # the same learners, reused: a soup of one
-    result = pretrain_model(cfg, build_datamodule(cfg), seed=0)
+    result = pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed=0)
     assert result.stats()["learners_merged"] == 1 and result.report["kept"] == [0]
 
 
 def test_every_learner_diverging_is_a_clear_error(jigsaw_cfg):
     cfg = jigsaw_cfg("a", "pretrain.optim.lr=1e30")
     with pytest.raises(UserError, match="no jigsaw learner is left to merge: all 4 diverged"):
-        pretrain_model(cfg, build_datamodule(cfg), seed=0)
+        pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed=0)
 
 
 def _job(cfg: DictConfig, learner: int, folder: Path) -> None:
@@ -172,7 +173,7 @@ def _job(cfg: DictConfig, learner: int, folder: Path) -> None:
     job.pretrain.learners = learner
     job.pretrain.learner_dir = str(folder)
     job.paths.output_dir = str(folder.parent / f"job{learner}")
-    jigsaw_stage.run_learner_job(job)
+    jigsaw_stage.run_learner_job(run_of(job))
 
 
 def test_a_sweep_whose_job_died_merges_the_rest_and_a_rerun_trains_only_it(
@@ -187,7 +188,7 @@ def test_a_sweep_whose_job_died_merges_the_rest_and_a_rerun_trains_only_it(
     (folder / ".learner_2.ckpt.x1y2.tmp").write_bytes(b"\x80half a checkpoint")
     before = {i: _stamp(folder / f"learner_{i}.ckpt") for i in (0, 1, 3)}
     with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
-        summary = jigsaw_stage.merge_learner_dir(cfg, folder, sweep)
+        summary = jigsaw_stage.merge_learner_dir(run_of(cfg), folder, sweep)
     assert "jigsaw learners [2] have no checkpoint" in caplog.text
     report = json.loads((sweep / "merge_report.json").read_text())
     assert report["missing"] == [2] and set(report["kept"]) <= {0, 1, 3}
@@ -203,8 +204,8 @@ def test_a_sweep_whose_job_died_merges_the_rest_and_a_rerun_trains_only_it(
             _job(cfg, i, folder)
     assert {i: _stamp(folder / f"learner_{i}.ckpt") for i in (0, 1, 3)} == before
     assert caplog.text.count("reused from") == 3 and "learner 2 (ok) written" in caplog.text
-    jigsaw_stage.merge_learner_dir(cfg, folder, sweep)
-    pretrain_run(jigsaw_cfg("clean"))
+    jigsaw_stage.merge_learner_dir(run_of(cfg), folder, sweep)
+    pretrain_run(validate(jigsaw_cfg("clean")))
     assert _equal(_soup(sweep), _soup(tmp_path / "clean"))  # bit for bit
 
 

@@ -222,12 +222,13 @@ def test_full_method_anneals_the_cosine_over_its_max_steps(make_cfg: Any) -> Non
     import torch
 
     from lipt.run.build import build_classifier, build_datamodule, build_model, build_trainer
+    from lipt.run.config import run_of
 
     ref = fr.Reference(epochs=2, steps_per_epoch=16, reselect_every=1)  # synthetic, batch 32
     overrides = fr.full(0.3, ref)
     assert overrides[2:] == ["trainer.max_epochs=1", "++trainer.max_steps=10"]
     cfg = make_cfg([*FAST, *overrides])
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     dm.set_subset(None)
     assert math.ceil(len(dm.pool_indices) / cfg.batch_size) == ref.steps_per_epoch
 
@@ -239,8 +240,8 @@ def test_full_method_anneals_the_cosine_over_its_max_steps(make_cfg: Any) -> Non
             self.seen.append(trainer.optimizers[0].param_groups[0]["lr"])
 
     lrs = Lrs()
-    module = build_classifier(cfg, build_model(cfg, 0))
-    trainer = build_trainer(cfg, logger=False, enable_checkpointing=False, callbacks=[lrs])
+    module = build_classifier(run_of(cfg), build_model(run_of(cfg), 0))
+    trainer = build_trainer(run_of(cfg), logger=False, enable_checkpointing=False, callbacks=[lrs])
     trainer.fit(module, datamodule=dm)
     assert trainer.global_step == 10
     schedule = trainer.lr_scheduler_configs[0].scheduler

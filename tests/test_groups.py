@@ -23,6 +23,7 @@ from lipt.run.build import (
     build_model,
     build_trainer,
 )
+from lipt.run.config import run_of, validate
 from lipt.run.errors import UserError
 from lipt.run.training_groups import check_renamed, task_result
 from lipt.stages import train as train_stage
@@ -44,11 +45,11 @@ class Lrs(L.Callback):
 
 def fit_lrs(make_cfg: Any, overrides: list[str]) -> tuple[Lrs, L.Trainer]:
     cfg = make_cfg([*FAST, *overrides])
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     dm.set_subset(None)
     lrs = Lrs()
-    module = build_classifier(cfg, build_model(cfg, 0))
-    trainer = build_trainer(cfg, logger=False, enable_checkpointing=False, callbacks=[lrs])
+    module = build_classifier(run_of(cfg), build_model(run_of(cfg), 0))
+    trainer = build_trainer(run_of(cfg), logger=False, enable_checkpointing=False, callbacks=[lrs])
     trainer.fit(module, datamodule=dm)
     return lrs, trainer
 
@@ -157,7 +158,7 @@ def test_jigsaw_learners_use_the_optimizer_group_at_their_own_lr(make_cfg, monke
 
     monkeypatch.setattr(lipt.run.build, "Classifier", spy)
     cfg = make_cfg(["optimizer=adamw", "pretrain.optim.lr=0.004", "scheduler=onecycle"])
-    build_classifier(cfg, build_model(cfg, 0), **dict(cfg.pretrain.optim))
+    build_classifier(run_of(cfg), build_model(run_of(cfg), 0), **dict(cfg.pretrain.optim))
     assert made[0]["optimizer"] is torch.optim.AdamW
     assert made[0]["lr"] == 0.004 and made[0]["weight_decay"] == 0.05  # adamw's own
     assert made[0]["schedule"] is cosine  # the learner's schedule, not main training's
@@ -199,7 +200,7 @@ def test_trainer_presets_compose_on_the_default(make_cfg):
         trainer = make_cfg([f"trainer={preset}"]).trainer
         assert {k: trainer[k] for k in expected} == expected
         assert trainer.max_epochs == default.max_epochs and trainer._target_ == default._target_
-    assert build_trainer(make_cfg([*FAST, "trainer=cpu"]), logger=False).num_devices == 1
+    assert build_trainer(run_of(make_cfg([*FAST, "trainer=cpu"])), logger=False).num_devices == 1
 
 
 @pytest.mark.ddp
@@ -234,7 +235,7 @@ def test_callbacks_default_adds_best_checkpoint_and_lr_log_and_changes_no_result
                 f"paths.output_dir={out}",
             ]
         )
-        runs[option] = (train_stage.run(cfg), out)
+        runs[option] = (train_stage.run(validate(cfg)), out)
     (with_cb, out), (without, out_none) = runs["default"], runs["none"]
     assert with_cb["test_accuracy"] == without["test_accuracy"]
     assert with_cb["val_accuracy"] == without["val_accuracy"]
@@ -257,14 +258,14 @@ def test_callbacks_that_need_a_bar_or_a_logger_are_left_out_without_them(make_cf
     )
 
     cfg = make_cfg([*FAST, "callbacks=default"])
-    kinds = [type(c) for c in build_callbacks(cfg, loggers=["a logger"], bars=True)]
+    kinds = [type(c) for c in build_callbacks(run_of(cfg), loggers=["a logger"], bars=True)]
     assert kinds == [ModelCheckpoint, EarlyStopping, LearningRateMonitor, RichProgressBar]
-    kinds = [type(c) for c in build_callbacks(cfg, loggers=[], bars=False)]
+    kinds = [type(c) for c in build_callbacks(run_of(cfg), loggers=[], bars=False)]
     assert kinds == [ModelCheckpoint, EarlyStopping]
-    assert build_callbacks(make_cfg([*FAST, "callbacks=none"]), ["a logger"], True) == []
-    stopping = build_callbacks(make_cfg([*FAST, "trainer.max_epochs=7"]), [], False)[1]
+    assert build_callbacks(run_of(make_cfg([*FAST, "callbacks=none"])), ["a logger"], True) == []
+    stopping = build_callbacks(run_of(make_cfg([*FAST, "trainer.max_epochs=7"])), [], False)[1]
     assert (stopping.monitor, stopping.patience) == ("val/acc", 7)
-    kinds = [type(c) for c in build_callbacks(cfg, ["a logger"], False, validation=False)]
+    kinds = [type(c) for c in build_callbacks(run_of(cfg), ["a logger"], False, validation=False)]
     assert kinds == [LearningRateMonitor]  # nothing to monitor without a validation split
 
 
@@ -272,7 +273,7 @@ def test_callbacks_default_runs_without_a_validation_split_and_stops_mid_epoch(m
     """A run stopped by max_steps mid-epoch (approach=full_steps) or without validation rows
     still runs with the default callbacks."""
     overrides = ["selector=full", "dataset.val_size=0", "++trainer.max_steps=5"]
-    summary = train_stage.run(make_cfg([*FAST, *overrides]))
+    summary = train_stage.run(validate(make_cfg([*FAST, *overrides])))
     assert summary["stages"]["train"]["samples"] == 5 * 32 and summary["val_accuracy"] is None
 
 
@@ -281,7 +282,7 @@ def test_callbacks_default_runs_without_a_validation_split_and_stops_mid_epoch(m
 
 def test_logger_tensorboard_writes_event_files_in_the_run_folder(make_cfg, tmp_path):
     overrides = [o for o in FAST if o != "logger=none"]
-    train_stage.run(make_cfg([*overrides, "logger=tensorboard"]))
+    train_stage.run(validate(make_cfg([*overrides, "logger=tensorboard"])))
     events = list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
     assert events and all(tmp_path in e.parents for e in events)
 
@@ -298,7 +299,7 @@ def test_debug_fdr_runs_every_stage_on_a_few_batches(make_cfg, tmp_path):
         ]
     )
     assert cfg.pretrain.name == "jigsaw"  # the default
-    summary = train_stage.run(cfg)
+    summary = train_stage.run(validate(cfg))
     stages = summary["stages"]
     assert stages["pretrain"]["learners_merged"] == 10
     assert stages["pretrain"]["samples"] == 10 * 2 * 32  # every learner stopped after 2 steps
@@ -362,7 +363,7 @@ def test_the_groups_are_listed_in_help():
 
 
 def test_summary_json_records_the_optimizer_and_scheduler(make_cfg, tmp_path):
-    summary = train_stage.run(make_cfg([*FAST, "optimizer=adamw", "scheduler=constant"]))
+    summary = train_stage.run(validate(make_cfg([*FAST, "optimizer=adamw", "scheduler=constant"])))
     config = summary["config"]
     assert config["optimizer"]["_target_"] == "torch.optim.AdamW"
     assert config["scheduler"]["_target_"] == "lipt.models.schedules.constant"

@@ -78,13 +78,25 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_graph_sees_lazy_imports_and_finds_a_planted_circle(tmp_path):
+def planted(tmp_path: Path, modules: dict[str, str]) -> Path:
+    """A package `lipt` of the given modules (file name -> source)."""
     pkg = tmp_path / "lipt"
     pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("from lipt.b import f\n")
-    (pkg / "b.py").write_text("def f():\n    from lipt import a\n")
-    (pkg / "c.py").write_text("import lipt.a\n")
+    for name, source in modules.items():
+        (pkg / name).write_text(source)
+    return pkg
+
+
+def test_the_graph_sees_lazy_imports_and_finds_a_planted_circle(tmp_path):
+    pkg = planted(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from lipt.b import f\n",
+            "b.py": "def f():\n    from lipt import a\n",
+            "c.py": "import lipt.a\n",
+        },
+    )
     graph = import_graph(pkg)
     assert graph["lipt.a"] == {"lipt.b"} and graph["lipt.b"] == {"lipt.a"}
     assert cycles(graph) == [["lipt.a", "lipt.b"]]
@@ -138,3 +150,59 @@ def test_the_pure_rooms_and_the_bottom_row_import_nothing_above_them():
     for name in sorted(pure | BOTTOM):
         above = graph[name] - allowed
         assert not above, f"{name} imports {sorted(above)}"
+
+
+# The build layer: the modules that read the composed config (omegaconf's DictConfig) and turn it
+# into the run's typed settings (lipt.run.config.validate -> lipt.run.settings.Run) or check it.
+# Everything else, the stages included, takes the typed settings.
+BUILD_LAYER = {
+    f"lipt.run.{m}"
+    for m in (
+        "cli",
+        "config",
+        "checks",
+        "preflight",
+        "groups",
+        "training_groups",
+        "config_doc",
+        "hydra_callbacks",
+    )
+}
+
+
+def importers_of(library: str, root: Path = SRC / "lipt") -> set[str]:
+    """The lipt modules that import `library`, at module level or inside a function."""
+    found = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(n == library or n.startswith(library + ".") for n in names):
+                found.add(module_name(path, root.parent))
+    return found
+
+
+def test_importers_of_sees_lazy_imports(tmp_path):
+    lazy = "def f():\n    from omegaconf.errors import MissingMandatoryValue\n"
+    pkg = planted(tmp_path, {"a.py": lazy, "b.py": "import omegaconfig\n"})
+    assert importers_of("omegaconf", pkg) == {"lipt.a"}
+
+
+def test_only_the_build_layer_reads_the_composed_config():
+    importers = importers_of("omegaconf")
+    assert "lipt.run.config" in importers
+    assert importers <= BUILD_LAYER, sorted(importers - BUILD_LAYER)
+
+
+def test_the_stages_take_the_typed_settings():
+    """Each entry script's stage is called with lipt.run.settings.Run, built by the build layer."""
+    import inspect
+
+    from lipt.stages import pretrain, select, train
+
+    for stage in (pretrain, select, train):
+        (parameter,) = inspect.signature(stage.run).parameters.values()
+        assert parameter.annotation == "Run", stage.__name__

@@ -18,11 +18,11 @@ from lipt.jigsaw import learner as jigsaw_learner
 from lipt.jigsaw import stage as jigsaw_stage
 from lipt.jigsaw.learner import Learner, learner_shards, state_digest
 from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
-from lipt.jigsaw.soup_callback import learner_sweep
 from lipt.jigsaw.weights import recompute_batchnorm_stats
 from lipt.run.build import build_datamodule, build_model, build_part, build_pretrain_context
-from lipt.run.config import validate
+from lipt.run.config import run_of, validate
 from lipt.run.errors import UserError
+from lipt.run.hydra_callbacks import learner_sweep
 from lipt.stages.pretrain import pretrain_model
 from lipt.stages.pretrain import run as pretrain_run
 from lipt.stages.results import heads_from_payload
@@ -89,7 +89,7 @@ def test_stage_writes_learners_with_disjoint_shards_and_counts_samples(
         return original(self, positions, randaugment)
 
     monkeypatch.setattr(DataModule, "shard_dataloader", spy)
-    summary = pretrain_run(cfg)
+    summary = pretrain_run(validate(cfg))
 
     stats = summary["stages"]["pretrain"]
     assert stats["samples"] == n * K * m * B  # the shard divides evenly into minibatches
@@ -100,7 +100,7 @@ def test_stage_writes_learners_with_disjoint_shards_and_counts_samples(
     assert 0 < stats["learner_seconds"] < stats["seconds"]
     assert stats["merge_seconds"] + stats["learner_seconds"] <= stats["seconds"]
 
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     shards = []
     for i in range(n):
         ckpt = _load(tmp_path / "learners" / f"learner_{i}.ckpt")
@@ -114,7 +114,7 @@ def test_stage_writes_learners_with_disjoint_shards_and_counts_samples(
 
     # select.py ckpt_path=pretrain.ckpt reads the soup.
     soup = _load(tmp_path / "pretrain.ckpt")
-    model = load_pretrained(cfg, dm, tmp_path / "pretrain.ckpt")
+    model = load_pretrained(run_of(cfg), dm, tmp_path / "pretrain.ckpt")
     assert all(torch.equal(model.state_dict()[k], v) for k, v in soup["state_dict"].items())
     # ... and the learners' heads, for the coverage selector's ensemble (no second training).
     heads = heads_from_payload(soup)
@@ -133,7 +133,7 @@ def test_stage_writes_learners_with_disjoint_shards_and_counts_samples(
 
 def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, monkeypatch):
     cfg = jigsaw_cfg()
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     starts: list[dict[str, torch.Tensor]] = []
     original = lipt.run.build.build_classifier
 
@@ -142,9 +142,9 @@ def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, m
         return original(cfg, model, **optim)
 
     monkeypatch.setattr(lipt.run.build, "build_classifier", spy)
-    result = pretrain_model(cfg, dm, seed=0)
+    result = pretrain_model(run_of(cfg), dm, seed=0)
 
-    init = build_model(cfg, 0).state_dict()
+    init = build_model(run_of(cfg), 0).state_dict()
     assert len(starts) == N
     for start in starts:
         assert start.keys() == init.keys()
@@ -169,8 +169,8 @@ def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, m
 def test_greedy_soup_never_scores_below_its_best_learner(jigsaw_cfg, merge, search):
     interp = merge == "greedy_interp"
     cfg = jigsaw_cfg(f"merge={merge}", *([FEW_RATIOS, f"merge.search={search}"] if interp else []))
-    dm = build_datamodule(cfg)
-    result = pretrain_model(cfg, dm, seed=0)
+    dm = build_datamodule(run_of(cfg))
+    result = pretrain_model(run_of(cfg), dm, seed=0)
     report = result.report
     scores = [le["accuracy"] for le in report["learners"]]
     assert report["soup_accuracy"] >= max(scores)
@@ -209,9 +209,12 @@ def test_held_out_scores_in_channels_last_as_the_model_does_and_the_soup_keeps_i
         ],
         config_name="pretrain",
     )
-    dm = build_datamodule(cfg)
-    init = build_model(cfg, 0)
-    ctx, settings = build_pretrain_context(cfg, dm), build_part(cfg.pretrain)
+    dm = build_datamodule(run_of(cfg))
+    init = build_model(run_of(cfg), 0)
+    ctx, settings = (
+        build_pretrain_context(run_of(cfg), dm),
+        build_part(run_of(cfg).node("pretrain")),
+    )
     evaluate = HeldOut(ctx.merge, ctx.device, dm, init, 0, bn_positions(settings, ctx.merge, dm, 0))
     assert evaluate.model.features[0].weight.is_contiguous(memory_format=torch.channels_last)
     digest = state_digest(init.state_dict())
@@ -241,8 +244,8 @@ def test_held_out_scores_in_channels_last_as_the_model_does_and_the_soup_keeps_i
 
 def test_uniform_soup_without_bn_recompute_averages_all_learners(jigsaw_cfg):
     cfg = jigsaw_cfg("merge=uniform", "merge.recompute_bn=false", "prune=none", "augment=none")
-    dm = build_datamodule(cfg)
-    result = pretrain_model(cfg, dm, seed=0)
+    dm = build_datamodule(run_of(cfg))
+    result = pretrain_model(run_of(cfg), dm, seed=0)
     assert result.report["kept"] == list(range(N))
     learners = [p["state_dict"] for p in result.checkpoints.values()]
     for key, value in result.model.state_dict().items():
@@ -254,9 +257,12 @@ def test_uniform_soup_without_bn_recompute_averages_all_learners(jigsaw_cfg):
 
 def test_learner_depends_on_seed_and_id_not_on_global_rng(jigsaw_cfg):
     cfg = jigsaw_cfg()
-    dm = build_datamodule(cfg)
-    init = build_model(cfg, 0)
-    ctx, settings = build_pretrain_context(cfg, dm), build_part(cfg.pretrain)
+    dm = build_datamodule(run_of(cfg))
+    init = build_model(run_of(cfg), 0)
+    ctx, settings = (
+        build_pretrain_context(run_of(cfg), dm),
+        build_part(run_of(cfg).node("pretrain")),
+    )
     shard = jigsaw_learner.learner_shard(settings, dm, 0, 2)
     assert torch.equal(shard, jigsaw_learner.learner_shards(settings, dm, 0)[2])
     torch.manual_seed(123)
@@ -284,7 +290,7 @@ def _poison(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def test_diverged_and_failed_learners_are_left_out_with_a_warning(jigsaw_cfg, monkeypatch, caplog):
     cfg = jigsaw_cfg()
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     calls = {"state": 0, "prune": 0}
     state_dict_cpu, prune = jigsaw_learner.state_dict_cpu, jigsaw_learner.prune_learner
 
@@ -301,7 +307,7 @@ def test_diverged_and_failed_learners_are_left_out_with_a_warning(jigsaw_cfg, mo
     monkeypatch.setattr(jigsaw_learner, "state_dict_cpu", nan_for_learner_1)
     monkeypatch.setattr(jigsaw_learner, "prune_learner", raise_for_learner_3)
     with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
-        result = pretrain_model(cfg, dm, seed=0)
+        result = pretrain_model(run_of(cfg), dm, seed=0)
     report = result.report
     status = {le["id"]: le["status"] for le in report["learners"]}
     assert status == {0: "ok", 1: "diverged", 2: "ok", 3: "failed"}
@@ -318,17 +324,17 @@ def test_diverged_and_failed_learners_are_left_out_with_a_warning(jigsaw_cfg, mo
 
 def test_no_learner_left_is_a_clear_error(jigsaw_cfg, monkeypatch):
     cfg = jigsaw_cfg()
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     monkeypatch.setattr(jigsaw_learner, "state_dict_cpu", lambda model: _poison(model.state_dict()))
     with pytest.raises(UserError, match=r"no jigsaw learner is left to merge: all 4 diverged"):
-        pretrain_model(cfg, dm, seed=0)
+        pretrain_model(run_of(cfg), dm, seed=0)
 
 
 def test_shards_larger_than_the_pool_are_a_clear_error(jigsaw_cfg):
     cfg = jigsaw_cfg("pretrain.num_learners=20")  # 20 * 1 * 32 > the pool of 500
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     with pytest.raises(UserError, match=r"pretrain\.num_learners"):
-        pretrain_model(cfg, dm, seed=0)
+        pretrain_model(run_of(cfg), dm, seed=0)
 
 
 @pytest.mark.parametrize(
@@ -383,13 +389,13 @@ def test_a_bad_learner_sweep_fails_before_any_job(tmp_path):
 def test_learner_ids_are_for_multirun_jobs_only(jigsaw_cfg):
     cfg = jigsaw_cfg("pretrain.learners=1")
     with pytest.raises(UserError, match=r"pretrain\.learners selects learners"):
-        pretrain_model(cfg, build_datamodule(cfg), seed=0)
+        pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed=0)
 
 
 def test_snip_and_random_pruning_run(jigsaw_cfg):
     for method in ("snip", "random"):
         cfg = jigsaw_cfg(f"prune={method}", "pretrain.num_learners=2", "merge=uniform")
-        result = pretrain_model(cfg, build_datamodule(cfg), seed=0)
+        result = pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed=0)
         extra = B if method == "snip" else 0  # SNIP's one forward+backward batch per learner
         assert result.samples == 2 * (K * M * B + extra)
         assert all(0.85 <= p["density"] <= 0.95 for p in result.checkpoints.values())
@@ -405,7 +411,7 @@ def _run_jobs(cfg: DictConfig, folder: Path) -> None:
         job.pretrain.learners = i
         job.pretrain.learner_dir = str(folder)
         job.paths.output_dir = str(folder.parent / f"job{i}")
-        jigsaw_stage.run_learner_job(job)
+        jigsaw_stage.run_learner_job(run_of(job))
 
 
 def test_merge_of_job_checkpoints_leaves_out_missing_and_nan(jigsaw_cfg, tmp_path, caplog):
@@ -422,7 +428,7 @@ def test_merge_of_job_checkpoints_leaves_out_missing_and_nan(jigsaw_cfg, tmp_pat
     torch.save(bad, folder / "learner_1.ckpt")
     out = tmp_path / "sweep"
     with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
-        summary = jigsaw_stage.merge_learner_dir(cfg, folder, out)
+        summary = jigsaw_stage.merge_learner_dir(run_of(cfg), folder, out)
     report = json.loads((out / "merge_report.json").read_text())
     assert report["left_out"] == [1, 2]
     assert [le["status"] for le in report["learners"]] == ["ok", "diverged", "missing", "ok"]
@@ -435,17 +441,17 @@ def test_merge_of_job_checkpoints_leaves_out_missing_and_nan(jigsaw_cfg, tmp_pat
         if path.name != "learner_1.ckpt":
             path.unlink()
     with pytest.raises(UserError, match="no jigsaw learner is left"):
-        jigsaw_stage.merge_learner_dir(cfg, folder, out)
+        jigsaw_stage.merge_learner_dir(run_of(cfg), folder, out)
 
 
 def test_merge_from_saved_learners_equals_the_sweep_merge(jigsaw_cfg, tmp_path):
     cfg = jigsaw_cfg()
     folder = tmp_path / "sweep" / "learners"
     _run_jobs(cfg, folder)
-    summary = jigsaw_stage.merge_learner_dir(cfg, folder, tmp_path / "sweep")
+    summary = jigsaw_stage.merge_learner_dir(run_of(cfg), folder, tmp_path / "sweep")
     again = jigsaw_cfg(f"pretrain.merge_from={folder}")
     validate(again)
-    result = pretrain_model(again, build_datamodule(again), seed=0)
+    result = pretrain_model(run_of(again), build_datamodule(run_of(again)), seed=0)
     merged = _load(tmp_path / "sweep" / "pretrain.ckpt")["state_dict"]
     assert all(torch.equal(merged[k], v) for k, v in result.model.state_dict().items())
     assert result.samples == summary["stages"]["pretrain"]["samples"] == N * K * M * B
@@ -460,7 +466,7 @@ def test_merge_refuses_checkpoints_of_another_recipe(jigsaw_cfg, tmp_path):
     _run_jobs(cfg, folder)
     other = jigsaw_cfg("seed=1")
     with pytest.raises(UserError, match="seed"):
-        jigsaw_stage.merge_learner_dir(other, folder, tmp_path)
+        jigsaw_stage.merge_learner_dir(run_of(other), folder, tmp_path)
 
 
 def _sweep_config(*task: str) -> DictConfig:
@@ -515,7 +521,7 @@ def _multirun(tmp_path: Path, *launcher: str) -> Path:
 
 def test_multirun_jobs_and_soup_callback_match_the_in_process_soup(jigsaw_cfg, tmp_path):
     sweep = _multirun(tmp_path)  # the basic launcher: jobs one after the other
-    pretrain_run(jigsaw_cfg())  # in-process, in tmp_path
+    pretrain_run(validate(jigsaw_cfg()))  # in-process, in tmp_path
     assert sorted(p.name for p in (sweep / "learners").iterdir()) == [
         f"learner_{i}.ckpt" for i in range(N)
     ]
@@ -530,7 +536,7 @@ def test_submitit_local_multirun_matches_the_in_process_soup(jigsaw_cfg, tmp_pat
         "hydra.launcher.timeout_min=10",
         "hydra.launcher.cpus_per_task=1",
     )
-    pretrain_run(jigsaw_cfg())
+    pretrain_run(validate(jigsaw_cfg()))
     _same_soup(tmp_path, sweep)
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import csv
 
+from lipt.run.config import validate
 from lipt.stages import train as train_stage
 from tests.helpers import FAST
 
 
 def test_csv_logger_gets_stage_times_and_test_accuracy(make_cfg, tmp_path):
     cfg = make_cfg([o for o in FAST if o != "logger=none"] + ["selector=el2n"])
-    summary = train_stage.run(cfg)
+    summary = train_stage.run(validate(cfg))
     metrics = next((tmp_path / "csv").rglob("metrics.csv"))
     rows = list(csv.DictReader(metrics.open()))
     logged = {k: v for row in rows for k, v in row.items() if v}
@@ -24,6 +25,6 @@ def test_csv_logger_gets_stage_times_and_test_accuracy(make_cfg, tmp_path):
 def test_wandb_logger_runs_offline_inside_the_run_dir(make_cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = make_cfg([o for o in FAST if o != "logger=none"] + ["logger=wandb"])
-    train_stage.run(cfg)
+    train_stage.run(validate(cfg))
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))

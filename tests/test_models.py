@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from lipt.run.build import build_model
+from lipt.run.config import run_of
 
 
 @pytest.mark.parametrize(
@@ -18,10 +19,10 @@ def test_models_give_relu_features_to_a_final_linear_layer(make_cfg, name, size)
     `classifier` takes, the last layer's gradient is (softmax - onehot) x features as the
     selectors compute it, and the loss's gradient reaches the first layer."""
     overrides = ["model=" + name, "dataset=synthetic", f"dataset.image_size={size}"]
-    overrides.append("dataset.channels=3")
+    overrides += ["dataset.channels=3", "dataset.mean=[0.5,0.5,0.5]", "dataset.std=[0.5,0.5,0.5]"]
     if name == "wrn_28_10":
         overrides += ["model.k=1", "model.depth=10"]  # the real width is too big for a unit test
-    model = build_model(make_cfg(overrides), seed=0)
+    model = build_model(run_of(make_cfg(overrides)), seed=0)
     assert isinstance(model.classifier, torch.nn.Linear) and model.classifier.out_features == 4
     x, y = torch.randn(16, 3, size, size), torch.arange(16) % 4
     model.eval()  # fixed batch-norm statistics: embed and forward see the same features
@@ -38,8 +39,12 @@ def test_models_give_relu_features_to_a_final_linear_layer(make_cfg, name, size)
 
 
 def test_full_size_models_have_the_published_parameter_counts(make_cfg):
-    resnet = build_model(make_cfg(["model=resnet18", "dataset=cifar10", "dataset.data_dir=/"]), 0)
-    wrn = build_model(make_cfg(["model=wrn_28_10", "dataset=cifar10", "dataset.data_dir=/"]), 0)
+    resnet = build_model(
+        run_of(make_cfg(["model=resnet18", "dataset=cifar10", "dataset.data_dir=/"])), 0
+    )
+    wrn = build_model(
+        run_of(make_cfg(["model=wrn_28_10", "dataset=cifar10", "dataset.data_dir=/"])), 0
+    )
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert abs(count(resnet) - 11.17e6) < 0.05e6  # ResNet-18 (CIFAR): 11.17M
     assert abs(count(wrn) - 36.48e6) < 0.1e6  # WRN-28-10: 36.5M

@@ -10,6 +10,7 @@ import pytest
 
 from lipt.report.pictures import subset_figure
 from lipt.run.build import build_datamodule
+from lipt.run.config import run_of
 
 
 def tick_labels(axes: Any, axis: str) -> list[str]:
@@ -31,7 +32,7 @@ def test_subset_picture_names_the_classes(make_cfg, request, dataset, fixture, n
     overrides = [f"dataset={dataset}", f"dataset.data_dir={root}", "dataset.val_size=20"]
     if dataset == "imagenet":
         overrides += ["dataset.num_classes=3", "dataset.image_size=32", "dataset.resize=36"]
-    dm = build_datamodule(make_cfg(overrides))
+    dm = build_datamodule(run_of(make_cfg(overrides)))
     assert dm.class_names[:3] == names and len(dm.class_names) == dm.num_classes
     indices = dm.pool_indices[::2].sort().values
     bars, grid = subset_figure(dm, indices).axes
@@ -55,7 +56,7 @@ def test_cifar_names_come_from_its_meta_file_when_there(cifar10_dir, tmp_path):
 
 
 def test_a_data_set_without_names_is_labelled_by_its_class_numbers(make_cfg):
-    dm = build_datamodule(make_cfg(["dataset=synthetic"]))
+    dm = build_datamodule(run_of(make_cfg(["dataset=synthetic"])))
     assert dm.class_names == ["0", "1", "2", "3"]
     bars, _ = subset_figure(dm, dm.pool_indices[::5].sort().values).axes
     assert tick_labels(bars, "x") == ["0", "1", "2", "3"]

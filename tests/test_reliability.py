@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lipt.run.artifacts import save_checkpoint, save_subset
+from lipt.run.config import run_of, validate
 from tests.helpers import FAST, run_entry
 
 SLOW = pytest.mark.slow  # these load torch and data before they fail: a few seconds each
@@ -239,9 +240,9 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
                 f"paths.output_dir={tmp_path / str(attempt)}",
             ]
         )
-        dm = build_datamodule(cfg)
-        models = ranking_models(cfg, dm).models
-        results.append(choose_subset(cfg, dm, models, seed=0))
+        dm = build_datamodule(run_of(cfg))
+        models = ranking_models(run_of(cfg), dm).models
+        results.append(choose_subset(run_of(cfg), dm, models, seed=0))
     (i0, w0), (i1, w1) = results
     assert torch.equal(i0, i1)
     assert torch.equal(w0, w1)  # bit for bit, not allclose
@@ -255,8 +256,8 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
             f"paths.output_dir={tmp_path / 'other'}",
         ]
     )
-    dm = build_datamodule(other)
-    i2, _ = choose_subset(other, dm, ranking_models(other, dm).models, seed=1)
+    dm = build_datamodule(run_of(other))
+    i2, _ = choose_subset(run_of(other), dm, ranking_models(run_of(other), dm).models, seed=1)
     assert not torch.equal(i0, i2)
 
 
@@ -274,7 +275,7 @@ def test_same_config_and_seed_give_the_same_soup_bit_for_bit(make_cfg, tmp_path)
                 f"paths.output_dir={tmp_path / attempt}",
             ]
         )
-        result = pretrain_model(cfg, build_datamodule(cfg), seed)
+        result = pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed)
         return result.model.state_dict()
 
     first, second, other = soup(0, "a"), soup(0, "b"), soup(1, "c")
@@ -290,7 +291,11 @@ def test_same_config_and_seed_give_the_same_trained_model_bit_for_bit(make_cfg, 
 
     def trained(seed: int, attempt: str) -> dict[str, torch.Tensor]:
         out = tmp_path / attempt
-        run(make_cfg([*FAST, "selector=random", f"seed={seed}", f"paths.output_dir={out}"]))
+        run(
+            validate(
+                make_cfg([*FAST, "selector=random", f"seed={seed}", f"paths.output_dir={out}"])
+            )
+        )
         ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
         return ckpt["state_dict"]
 
@@ -328,7 +333,7 @@ def test_a_resumed_run_trains_bit_for_bit_as_an_uninterrupted_one(
         f"reselect_every={reselect_every}",  # 2: random re-drawn, the loader reloaded at epoch 2
     ]
     clean, stopped = tmp_path / "clean", tmp_path / "stopped"
-    run(make_cfg([*args, f"paths.output_dir={clean}"]))
+    run(validate(make_cfg([*args, f"paths.output_dir={clean}"])))
 
     def preempt(self: Classifier) -> None:
         if self.current_epoch == 2:
@@ -337,9 +342,9 @@ def test_a_resumed_run_trains_bit_for_bit_as_an_uninterrupted_one(
     with monkeypatch.context() as patch:
         patch.setattr(Classifier, "on_train_epoch_start", preempt, raising=False)
         with pytest.raises(PreemptedError):
-            run(make_cfg([*args, f"paths.output_dir={stopped}"]))
+            run(validate(make_cfg([*args, f"paths.output_dir={stopped}"])))
     torch.rand(5)  # whatever the global RNG went through in between must not matter
-    run(make_cfg([*args, f"paths.output_dir={stopped}", "ckpt_path=last"]))
+    run(validate(make_cfg([*args, f"paths.output_dir={stopped}", "ckpt_path=last"])))
 
     def model(out: Path) -> dict[str, torch.Tensor]:
         ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)

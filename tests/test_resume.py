@@ -99,21 +99,23 @@ def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
 
 
 def test_resume_without_a_checkpoint_is_a_user_error(make_cfg):
+    from lipt.run.config import validate
     from lipt.run.errors import UserError
     from lipt.stages import train as train_stage
 
     with pytest.raises(UserError, match="ckpt_path=last"):
-        train_stage.run(make_cfg([*FAST, "ckpt_path=last"]))
+        train_stage.run(validate(make_cfg([*FAST, "ckpt_path=last"])))
 
 
 def test_resume_of_a_finished_run_keeps_its_summary_and_trains_nothing(make_cfg, tmp_path):
+    from lipt.run.config import validate
     from lipt.stages import train as train_stage
 
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"test_accuracy": 0.5, "stages": {"train": {"seconds": 9.0}}}))
     before = _stamp(summary)
     # selector=el2n without a pre-trained model would need one: nothing of the run may start.
-    got = train_stage.run(make_cfg([*FAST, "ckpt_path=last", "selector=el2n"]))
+    got = train_stage.run(validate(make_cfg([*FAST, "ckpt_path=last", "selector=el2n"])))
     assert got == {"test_accuracy": 0.5, "stages": {"train": {"seconds": 9.0}}}
     assert _stamp(summary) == before
     assert not (tmp_path / "checkpoints").exists()

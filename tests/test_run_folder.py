@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from lipt.run.artifacts import AtomicCheckpointIO, save_checkpoint, save_subset
+from lipt.run.config import run_of, validate
 from lipt.run.errors import UserError
 from lipt.run.lock import RunDirLockedError, lock_run_dir
 from lipt.stages import select as select_stage
@@ -71,12 +72,12 @@ def test_the_lock_is_released_when_its_run_is_killed(make_cfg, tmp_path):
     holder = _hold(folder)
     cfg = make_cfg([*FAST, "selector=random", f"paths.output_dir={folder}"])
     with pytest.raises(RunDirLockedError, match="in use by another lipt run"):
-        train_stage.run(cfg)  # the stage itself refuses too (not only the entry script)
+        train_stage.run(validate(cfg))  # the stage itself refuses too (not only the entry script)
     assert folder.is_dir()  # the other run's folder is left alone
     os.kill(holder.pid, signal.SIGKILL)  # no clean-up runs: the kernel drops the lock
     holder.wait()
     lock_run_dir(folder)  # free again
-    train_stage.run(cfg)
+    train_stage.run(validate(cfg))
     assert (folder / "summary.json").is_file()
 
 
@@ -152,11 +153,11 @@ def test_a_run_whose_disk_fills_keeps_its_last_checkpoint_and_resumes(
 
     monkeypatch.setattr("lipt.run.artifacts.os.fsync", fsync)
     with pytest.raises(UserError, match="no space left"):
-        train_stage.run(cfg)
+        train_stage.run(validate(cfg))
     assert torch.load(last, weights_only=True)["epoch"] == 0  # epoch 1's, intact
     monkeypatch.undo()  # space freed: resume
     resumed = make_cfg([*FAST, "selector=random", "trainer.max_epochs=2", "ckpt_path=last"])
-    summary = train_stage.run(resumed)
+    summary = train_stage.run(validate(resumed))
     assert torch.load(last, weights_only=True)["epoch"] == 1
     assert summary["stages"]["train"]["samples"] == 2 * summary["subset_size"]
 
@@ -168,7 +169,7 @@ def test_a_subset_smaller_than_the_classes_is_warned_about_and_counted(make_cfg,
     # 0.004 of the 500-image pool: 2 images for 4 classes.
     cfg = make_cfg([*FAST, "selector=random", "fraction=0.004"], config_name="select")
     with caplog.at_level(logging.WARNING, logger="lipt.stages.summary"):
-        summary = select_stage.run(cfg)
+        summary = select_stage.run(validate(cfg))
     counts = summary["subset_class_counts"]
     assert len(counts) == 4 and sum(counts) == 2 and counts.count(0) >= 2
     assert "fewer than the 4 classes" in caplog.text
@@ -184,10 +185,10 @@ def test_a_healthy_subset_records_its_class_counts_without_a_warning(make_cfg, t
 
     cfg = make_cfg([*FAST, "selector=random", "fraction=0.2"])
     with caplog.at_level(logging.WARNING, logger="lipt.stages.summary"):
-        summary = train_stage.run(cfg)
+        summary = train_stage.run(validate(cfg))
     assert caplog.text == ""
     with np.load(tmp_path / "subset.npz") as data:
         indices = torch.from_numpy(data["indices"])
-    labels = build_datamodule(cfg).train_source.labels[indices]
+    labels = build_datamodule(run_of(cfg)).train_source.labels[indices]
     assert summary["subset_class_counts"] == torch.bincount(labels, minlength=4).tolist()
     assert sum(summary["subset_class_counts"]) == 100 and min(summary["subset_class_counts"]) > 0

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lipt.run.build import build_datamodule, build_model
+from lipt.run.config import run_of, validate
 from lipt.run.errors import UserError
 from lipt.run.selector import WHOLE_POOL
 from lipt.selection import split_budget
@@ -30,12 +31,12 @@ MODEL_SELECTORS = sorted(
 @pytest.mark.parametrize("selector", MODEL_SELECTORS)
 def test_default_selection_is_class_balanced(make_cfg, selector: str) -> None:
     cfg = make_cfg([*FAST, f"selector={selector}", "fraction=0.3"])
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     labels = dm.train_source.labels
     pool_counts = torch.bincount(labels[dm.pool_indices]).tolist()
     budget = round(0.3 * len(dm.pool_indices))
-    model = build_model(cfg, 0)
-    indices, _ = choose_subset(cfg, dm, [model], 0)
+    model = build_model(run_of(cfg), 0)
+    indices, _ = choose_subset(run_of(cfg), dm, [model], 0)
     counts = torch.bincount(labels[indices], minlength=len(pool_counts)).tolist()
     assert counts == split_budget(pool_counts, budget), (selector, counts, pool_counts)
 
@@ -43,8 +44,8 @@ def test_default_selection_is_class_balanced(make_cfg, selector: str) -> None:
 @pytest.mark.parametrize("selector", ["glister", "gradmatch"])
 def test_summary_reports_the_selectors_fallbacks(make_cfg, tmp_path, selector: str) -> None:
     overrides = [*FAST, f"selector={selector}", "fraction=0.3"]
-    train_summary = train_stage.run(make_cfg(overrides))
-    select_summary = select_stage.run(make_cfg(overrides, config_name="select"))
+    train_summary = train_stage.run(validate(make_cfg(overrides)))
+    select_summary = select_stage.run(validate(make_cfg(overrides, config_name="select")))
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     for summary in (train_summary, select_summary, on_disk):
         profile = summary["stages"]["select"]["profile"]  # lipt.selection.profile
@@ -58,17 +59,17 @@ def test_summary_reports_the_selectors_fallbacks(make_cfg, tmp_path, selector: s
 def test_no_validation_rows_is_a_user_error_before_any_work(make_cfg, tmp_path) -> None:
     cfg = make_cfg([*FAST, "selector=glister", "dataset.val_size=0", "pretrain=full"])
     with pytest.raises(UserError, match=r"dataset\.val_size"):
-        train_stage.run(cfg)
+        train_stage.run(validate(cfg))
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "subset.npz").exists()
     # a split that comes out empty is caught by the stage itself
     cfg = make_cfg([*FAST, "selector=gradmatch", "dataset.val_size=0"])
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     assert len(dm.val_indices) == 0
     cfg.selector.target = "val"
     with pytest.raises(UserError, match="validation split"):
-        choose_subset(cfg, dm, [build_model(cfg, 0)], 0)
+        choose_subset(run_of(cfg), dm, [build_model(run_of(cfg), 0)], 0)
     with pytest.raises(UserError, match="validation split"):
-        ranking_models(cfg, dm)
+        ranking_models(run_of(cfg), dm)
 
 
 def test_gradmatch_per_batch_runs_from_the_config(make_cfg) -> None:
@@ -76,9 +77,9 @@ def test_gradmatch_per_batch_runs_from_the_config(make_cfg) -> None:
         [*FAST, "selector=gradmatch", "selector.granularity=batch", "selector.balance=false"]
     )
     assert cfg.selector.batch_size == cfg.batch_size == 32  # the training batch, as in CORDS
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     diagnostics: dict[str, int] = {}
-    indices, weights = choose_subset(cfg, dm, [build_model(cfg, 0)], 0, diagnostics)
+    indices, weights = choose_subset(run_of(cfg), dm, [build_model(run_of(cfg), 0)], 0, diagnostics)
     assert len(indices) == 50 and diagnostics["backfill_rows"] <= 50
     # one weight per 32-row batch: 2 batches (the second cut to 18 rows), unless OMP stopped
     assert len(torch.unique(weights)) <= 2 + diagnostics["backfill_rows"]
@@ -88,6 +89,6 @@ def test_full_steps_trains_the_whole_pool_for_the_subset_runs_steps(make_cfg) ->
     """approach=full_steps: the whole pool (500 rows), stopped after the 2 x ceil(100 / 32) = 8
     optimiser steps a 20% subset run makes in 2 epochs: 8 full batches, not 2 epochs of 500."""
     overrides = [*FAST, "+approach=full_steps", "fraction=0.2", "trainer.max_epochs=2"]
-    summary = train_stage.run(make_cfg(overrides))
+    summary = train_stage.run(validate(make_cfg(overrides)))
     assert summary["config"]["selector"]["name"] == "full" and summary["subset_size"] == 500
     assert summary["stages"]["train"]["samples"] == 8 * 32

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from lipt.run.config import run_of
 from lipt.selection import (
     LearnerHeads,
     PoolOutputs,
@@ -193,18 +194,18 @@ def test_the_coverage_pipeline_selects_and_hands_the_selector_the_heads(make_cfg
     from tests.helpers import FAST
 
     cfg = make_cfg([*FAST, "selector=coverage", "fraction=0.3"])
-    dm = build_datamodule(cfg)
-    model = build_model(cfg, 0)
-    indices, weights = choose_subset(cfg, dm, [model], 0)
+    dm = build_datamodule(run_of(cfg))
+    model = build_model(run_of(cfg), 0)
+    indices, weights = choose_subset(run_of(cfg), dm, [model], 0)
     assert len(indices) == round(0.3 * len(dm.pool_indices)) == len(indices.unique())
     assert bool((weights == 1).all())
     # The learner heads reach the selector: heads of the wrong width are refused there.
     width = model.classifier.in_features
     wrong = LearnerHeads(torch.zeros(3, dm.num_classes, width + 1), torch.zeros(3, dm.num_classes))
     with pytest.raises(ValueError, match="do not fit"):
-        choose_subset(cfg, dm, [model], 0, learner_heads=wrong)
+        choose_subset(run_of(cfg), dm, [model], 0, learner_heads=wrong)
     right = LearnerHeads(torch.zeros(3, dm.num_classes, width), torch.zeros(3, dm.num_classes))
-    choose_subset(cfg, dm, [model], 0, learner_heads=right)
+    choose_subset(run_of(cfg), dm, [model], 0, learner_heads=right)
 
 
 def test_cluster_weights_stand_for_their_clusters() -> None:

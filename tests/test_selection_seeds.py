@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lipt.run.build import build_datamodule, build_model
+from lipt.run.config import run_of, validate
 from lipt.run.seeding import repeat_seed, reselect_seed
 from lipt.selection import api as selection_api
 from lipt.selection import split_budget
@@ -33,8 +34,8 @@ def test_streams_of_different_runs_share_nothing() -> None:
 
 def test_initial_random_selection_keeps_the_seed(make_cfg) -> None:
     cfg = make_cfg([*FAST, "selector=random", "fraction=0.2"])
-    dm = build_datamodule(cfg)
-    indices, _ = choose_subset(cfg, dm, [], 3)
+    dm = build_datamodule(run_of(cfg))
+    indices, _ = choose_subset(run_of(cfg), dm, [], 3)
     budget = round(0.2 * len(dm.pool_indices))
     expected = torch.randperm(len(dm.pool_indices), generator=torch.Generator().manual_seed(3))
     assert torch.equal(indices, dm.pool_indices[expected[:budget]].sort().values)
@@ -51,18 +52,20 @@ def no_scoring(monkeypatch):
 def test_random_baselines_never_score_the_pool(make_cfg, no_scoring) -> None:
     for selector in ("random", "random_balanced"):
         cfg = make_cfg([*FAST, f"selector={selector}", "fraction=0.2"])
-        dm = build_datamodule(cfg)
-        choose_subset(cfg, dm, [build_model(cfg, 0)], 5)  # a model is offered, and ignored
+        dm = build_datamodule(run_of(cfg))
+        choose_subset(
+            run_of(cfg), dm, [build_model(run_of(cfg), 0)], 5
+        )  # a model is offered, and ignored
 
 
 def test_class_balanced_random_takes_each_class_share(make_cfg, no_scoring) -> None:
     cfg = make_cfg([*FAST, "selector=random_balanced", "fraction=0.3"])
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     labels = dm.train_source.labels
     pool_counts = torch.bincount(labels[dm.pool_indices]).tolist()
     shares = split_budget(pool_counts, round(0.3 * len(dm.pool_indices)))
     for seed in (0, 1):
-        indices, _ = choose_subset(cfg, dm, [], seed)
+        indices, _ = choose_subset(run_of(cfg), dm, [], seed)
         assert torch.bincount(labels[indices], minlength=len(shares)).tolist() == shares
 
 
@@ -70,7 +73,7 @@ def test_random_online_redraws_without_scoring(make_cfg, tmp_path, no_scoring) -
     cfg = make_cfg(
         [*FAST, "selector=random", "fraction=0.2", "reselect_every=1", "trainer.max_epochs=3"]
     )
-    summary = train_stage.run(cfg)
+    summary = train_stage.run(validate(cfg))
     assert summary["stages"]["train"]["reselections"] == 2
     subsets = [np.load(tmp_path / "subset.npz")["indices"]]
     subsets += [np.load(tmp_path / "subsets" / f"epoch_{e}.npz")["indices"] for e in (1, 2)]

@@ -12,11 +12,12 @@ import torch.nn.functional as F
 
 from lipt.models.classifier import Classifier
 from lipt.run.build import build_datamodule, build_model
+from lipt.run.config import run_of
 from tests.helpers import FAST
 
 
 def _bf16_step_matches_fp32_weighted_loss(device: torch.device, make_cfg) -> None:
-    model = build_model(make_cfg(["model=convnet", *FAST]), seed=0).to(device)
+    model = build_model(run_of(make_cfg(["model=convnet", *FAST])), seed=0).to(device)
     module = Classifier(model, num_classes=4)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(256, 1, 12, 12, generator=g).to(device)
@@ -51,9 +52,9 @@ def test_bf16_mixed_precision_trains_end_to_end_on_resident_batches(make_cfg):
     cfg = make_cfg([*FAST, "trainer.precision=bf16-mixed", "trainer.max_epochs=3"])
     # Shuffling draws from the global RNG: seeded, so the tests run before do not move the result.
     L.seed_everything(0, verbose=False)
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     dm.set_subset(dm.pool_indices[:400], torch.linspace(0.5, 2.0, 400))
-    module = Classifier(build_model(cfg, seed=0), num_classes=4)
+    module = Classifier(build_model(run_of(cfg), seed=0), num_classes=4)
     trainer = L.Trainer(
         accelerator="cpu",
         precision="bf16-mixed",
@@ -75,8 +76,8 @@ def test_bf16_mixed_precision_trains_end_to_end_on_resident_batches(make_cfg):
     ["channels_last", pytest.param("compile", marks=pytest.mark.slow)],  # compile: ~10 s
 )
 def test_model_speed_options_keep_names_and_outputs(make_cfg, option):
-    plain = build_model(make_cfg([*FAST, "model.width=16"]), seed=0)
-    fast = build_model(make_cfg([*FAST, "model.width=16", f"model.{option}=true"]), seed=0)
+    plain = build_model(run_of(make_cfg([*FAST, "model.width=16"])), seed=0)
+    fast = build_model(run_of(make_cfg([*FAST, "model.width=16", f"model.{option}=true"])), seed=0)
     assert list(fast.state_dict()) == list(plain.state_dict())  # checkpoints, soups unchanged
     assert type(fast) is type(plain)
     conv = fast.features[4].weight  # [32, 16, 3, 3]: the layout shows with > 1 input channel

@@ -15,6 +15,7 @@ from torch import nn
 
 from lipt.models.classifier import Classifier
 from lipt.run.build import build_datamodule, build_model, state_dict_cpu
+from lipt.run.config import run_of, validate
 from lipt.run.errors import UserError
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
@@ -24,7 +25,7 @@ from tests.helpers import FAST, run_entry
 
 def test_random_subset_run_writes_summary_and_subset(make_cfg, tmp_path):
     cfg = make_cfg([*FAST, "selector=random", "fraction=0.2", "trainer.max_epochs=2"])
-    summary = train_stage.run(cfg)
+    summary = train_stage.run(validate(cfg))
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["subset_size"] == summary["subset_size"] == 100  # 0.2 * (600 - 100)
     assert on_disk["train_size"] == 500 and on_disk["dataset_train_size"] == 600
@@ -36,7 +37,7 @@ def test_random_subset_run_writes_summary_and_subset(make_cfg, tmp_path):
     with np.load(tmp_path / "subset.npz") as data:
         indices, weights = data["indices"], data["weights"]
     assert indices.dtype == np.int64 and weights.dtype == np.float32
-    dm = build_datamodule(cfg)
+    dm = build_datamodule(run_of(cfg))
     assert len(np.unique(indices)) == 100
     assert np.isin(indices, dm.pool_indices.numpy()).all()  # positions in the original split
     assert not np.isin(indices, dm.val_indices.numpy()).any()
@@ -46,9 +47,9 @@ def test_full_selector_trains_on_the_whole_pool_and_learns(make_cfg, tmp_path):
     cfg = make_cfg(
         [*FAST, "selector=full", "trainer.max_epochs=3", "optimizer.lr=0.05", "record_seen=true"]
     )
-    summary = train_stage.run(cfg)
+    summary = train_stage.run(validate(cfg))
     assert summary["subset_size"] == 500 and summary["stages"]["train"]["samples"] == 1500
-    pool = build_datamodule(cfg).pool_indices.numpy()
+    pool = build_datamodule(run_of(cfg)).pool_indices.numpy()
     for epoch in range(3):  # every pool item once per epoch with weight 1, no validation item
         indices, weights = load_seen(tmp_path, epoch)
         assert np.array_equal(np.sort(indices), pool) and (weights == 1).all()
@@ -89,20 +90,20 @@ def test_trains_on_each_on_disk_format(make_cfg, fmt, request):
             "fraction=0.5",
         ]
     )
-    summary = train_stage.run(cfg)
+    summary = train_stage.run(validate(cfg))
     assert summary["subset_size"] == round(0.5 * summary["train_size"])
     assert summary["test_accuracy"] is not None
 
 
 def test_train_on_a_saved_subset_and_refuse_one_for_other_data(make_cfg, tmp_path):
     cfg = make_cfg([*FAST, "selector=el2n", "fraction=0.1"], config_name="select")
-    select_stage.run(cfg)
+    select_stage.run(validate(cfg))
     saved = tmp_path / "subset.npz"
     with np.load(saved) as data:
         chosen = data["indices"].copy()
     run2 = tmp_path / "second"
     cfg2 = make_cfg([*FAST, f"subset_path={saved}", f"paths.output_dir={run2}", "record_seen=true"])
-    summary = train_stage.run(cfg2)
+    summary = train_stage.run(validate(cfg2))
     assert summary["subset_size"] == len(chosen)
     indices, _ = load_seen(run2, 0)
     assert np.array_equal(np.sort(indices), chosen)  # trained on the saved subset
@@ -114,7 +115,7 @@ def test_train_on_a_saved_subset_and_refuse_one_for_other_data(make_cfg, tmp_pat
         [*FAST, f"subset_path={saved}", f"paths.output_dir={run2}", "dataset.num_train=700"]
     )
     with pytest.raises(UserError, match="made for"):
-        train_stage.run(other)
+        train_stage.run(validate(other))
 
 
 def _in_force(run_dir: Path, epoch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -162,10 +163,10 @@ def test_each_epoch_feeds_the_loss_the_subset_in_force_also_after_a_resume(
 
     monkeypatch.setattr(Classifier, "training_step", crash_in_epoch_2)
     with pytest.raises(SimulatedCrashError):
-        train_stage.run(make_cfg(args))
+        train_stage.run(validate(make_cfg(args)))
     monkeypatch.setattr(Classifier, "training_step", real_step)
     assert not (tmp_path / "seen" / "epoch_2.rank0.npz").exists()  # the crash lost epoch 2
-    summary = train_stage.run(make_cfg([*args, "ckpt_path=last"]))
+    summary = train_stage.run(validate(make_cfg([*args, "ckpt_path=last"])))
 
     subsets = [_in_force(tmp_path, e)[0] for e in range(4)]
     # the test has teeth only if each re-selection changed the subset
@@ -187,7 +188,7 @@ def test_each_reselection_records_where_its_subset_sits(make_cfg, tmp_path):
     # ranked by that model, must show the hard tail. Random ranks nothing and records none.
     args = [*FAST, "fraction=0.2", "reselect_every=1", "trainer.max_epochs=3"]
     logged = [o for o in args if o != "logger=none"]  # the default logger, csv
-    train = train_stage.run(make_cfg([*logged, "selector=el2n"]))["stages"]["train"]
+    train = train_stage.run(validate(make_cfg([*logged, "selector=el2n"])))["stages"]["train"]
     profiles = train["reselect_profiles"]
     assert sorted(profiles) == ["1", "2"]  # after epochs 1 and 2, none after the last
     for profile in profiles.values():
@@ -198,7 +199,7 @@ def test_each_reselection_records_where_its_subset_sits(make_cfg, tmp_path):
     assert on_disk["stages"]["train"]["reselect_profiles"] == profiles
     metrics = next((tmp_path / "csv").rglob("metrics.csv")).read_text().splitlines()[0]
     assert "stages/train/reselect_profiles/2/difficulty_percentile" in metrics.split(",")
-    random_run = train_stage.run(make_cfg([*args, "selector=random"]))["stages"]["train"]
+    random_run = train_stage.run(validate(make_cfg([*args, "selector=random"])))["stages"]["train"]
     assert random_run["reselections"] == 2 and "reselect_profiles" not in random_run
 
 
@@ -264,9 +265,9 @@ def test_main_training_starts_from_the_pretrained_or_the_common_init(
         [*FAST, "selector=el2n", "pretrain=full", "pretrain.epochs=1", f"init_from={init_from}"]
     )
     start, pretrained = _watch_main_training(monkeypatch)
-    summary = train_stage.run(cfg)
+    summary = train_stage.run(validate(cfg))
     assert summary["stages"]["pretrain"]["samples"] == 500
-    common_init = state_dict_cpu(build_model(cfg, int(cfg.seed)))
+    common_init = state_dict_cpu(build_model(run_of(cfg), int(cfg.seed)))
     assert len(pretrained) == 1 and not _same(pretrained[0], common_init)
     expected = pretrained[0] if init_from == "pretrained" else common_init
     assert _same(start.state, expected)
@@ -274,7 +275,7 @@ def test_main_training_starts_from_the_pretrained_or_the_common_init(
 
 def test_init_from_pretrained_needs_a_pretrained_model(make_cfg):
     with pytest.raises(UserError, match="init_from=pretrained"):
-        train_stage.run(make_cfg([*FAST, "selector=el2n", "init_from=pretrained"]))
+        train_stage.run(validate(make_cfg([*FAST, "selector=el2n", "init_from=pretrained"])))
 
 
 @pytest.mark.ddp

@@ -23,6 +23,7 @@ from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
 from lipt.report.pictures import sample_grid, write_subset_picture
 from lipt.run import console
 from lipt.run.build import build_datamodule, build_model, build_part, build_pretrain_context
+from lipt.run.config import run_of, validate
 from lipt.selection import PoolOutputs, SelectionInputs, select_balanced, select_glister
 from tests.helpers import CONFIGS, ROOT
 from tests.test_jigsaw import JIGSAW
@@ -282,10 +283,13 @@ def test_pick_progress_counts_the_budget_and_changes_nothing():
 
 def test_learners_scored_as_they_finish_give_the_same_soup(make_cfg):
     cfg = make_cfg([*JIGSAW, "merge.ratios=5"], config_name="pretrain")
-    dm = build_datamodule(cfg)
-    init = build_model(cfg, 0)
+    dm = build_datamodule(run_of(cfg))
+    init = build_model(run_of(cfg), 0)
     digest = state_digest(init.state_dict())
-    ctx, settings = build_pretrain_context(cfg, dm), build_part(cfg.pretrain)
+    ctx, settings = (
+        build_pretrain_context(run_of(cfg), dm),
+        build_part(run_of(cfg).node("pretrain")),
+    )
     shards = learner_shards(settings, dm, 0)
 
     def learners() -> list[Learner]:
@@ -316,7 +320,7 @@ def test_learners_scored_as_they_finish_give_the_same_soup(make_cfg):
 def test_subset_picture_shows_subset_images_by_class(make_cfg, tmp_path):
     from PIL import Image
 
-    dm = build_datamodule(make_cfg(["dataset=synthetic"]))
+    dm = build_datamodule(run_of(make_cfg(["dataset=synthetic"])))
     indices = dm.pool_indices[::5].sort().values  # 100 of the pool of 500
     present, grid = sample_grid(dm, indices)
     labels = dm.train_source.labels
@@ -344,7 +348,7 @@ def test_wandb_run_gets_the_merge_table_class_histogram_and_picture(
         "pretrain=jigsaw",
         "selector=coverage",
     ]
-    train_stage.run(make_cfg(overrides))
+    train_stage.run(validate(make_cfg(overrides)))
     wandb.finish()  # as at the end of the process: the run's records are written out
     (run,) = (tmp_path / "wandb").glob("offline-run-*")
     media = {p.relative_to(run / "files" / "media").as_posix() for p in run.rglob("media/**/*.*")}

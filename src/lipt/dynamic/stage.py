@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
 from torch import Tensor
 
 from lipt.data import DataModule
@@ -17,19 +16,9 @@ from lipt.dynamic.plan import PruningMethod
 from lipt.run import console
 from lipt.run.artifacts import write_json
 from lipt.run.build import build_part, is_ddp_child
-from lipt.run.selector import gives_way_to_saved_subset
+from lipt.run.settings import Run
 from lipt.stages.results import Pretrained
 from lipt.stages.select import STAGES_FILE, Ranking, ranking_models
-
-
-def dynamic_enabled(cfg: DictConfig) -> bool:
-    """`dynamic=infobatch` or `dynamic=lipt` (`dynamic=none` builds nothing; a subset
-    selector has no `dynamic` node). selector=infobatch's pruning gives way to a saved subset
-    (subset_path), as the selector does."""
-    node = cfg.get("dynamic")
-    if node is None or "_target_" not in node:
-        return False
-    return not gives_way_to_saved_subset(cfg)
 
 
 @dataclass
@@ -45,11 +34,11 @@ class DynamicSetup:
     score_stats: dict[str, Any] | None = None
 
 
-def score_with_ensemble(cfg: DictConfig, dm: DataModule) -> tuple[Tensor, Ranking, dict[str, Any]]:
+def score_with_ensemble(run: Run, dm: DataModule) -> tuple[Tensor, Ranking, dict[str, Any]]:
     """Pre-train (the `pretrain` group, jigsaw by default) and score the pool with the soup and
     the learners' heads: each sample's ensemble cross-entropy [N] in pool order, the ranking
     (soup, heads, pre-training's cost) and stages.score (the pool's pass through the soup)."""
-    ranking = ranking_models(cfg, dm)
+    ranking = ranking_models(run, dm)
     start = time.perf_counter()
     soup = ranking.models[0]
     with console.progress("dynamic: pool scored by the ensemble", len(dm.pool_indices)) as step:
@@ -59,16 +48,17 @@ def score_with_ensemble(cfg: DictConfig, dm: DataModule) -> tuple[Tensor, Rankin
     return scores, ranking, score_stats
 
 
-def dynamic_pruning(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None) -> DynamicSetup:
-    """The `dynamic` group's method and its callback. lipt's scores epoch 0 with the ensemble,
-    pre-trained here unless the run resumes (the checkpoint carries the scores) or this is an
-    extra DDP rank (rank 0 broadcasts its scores when the fit starts)."""
-    method: PruningMethod = build_part(cfg.dynamic)
-    audit = out if cfg.get("record_seen", False) else None
-    seed = int(cfg.seed)
+def dynamic_pruning(run: Run, dm: DataModule, out: Path, resume: str | None) -> DynamicSetup:
+    """The `dynamic` group's method and its callback (where Run.dynamic_enabled). lipt's scores
+    epoch 0 with the ensemble, pre-trained here unless the run resumes (the checkpoint carries
+    the scores) or this is an extra DDP rank (rank 0 broadcasts its scores when the fit
+    starts)."""
+    method: PruningMethod = build_part(run.node("dynamic"))
+    audit = out if run.settings.record_seen else None
+    seed = run.settings.seed
     if not method.needs_ensemble or resume is not None or is_ddp_child():
         return DynamicSetup(DynamicPruning(method, dm, seed, audit_dir=audit))
-    scores, ranking, score_stats = score_with_ensemble(cfg, dm)
+    scores, ranking, score_stats = score_with_ensemble(run, dm)
     # stages.json, as a selecting run writes it: a resumed run reports these stages' costs.
     stages = {"score": score_stats}
     if ranking.pretrain_stats is not None:

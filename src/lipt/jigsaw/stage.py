@@ -16,9 +16,9 @@ on the validation split carved from the training set, never the test set.
 Everything random about learner i is a function of (seed, i) alone (lipt.run.seeding.derive_seed),
 never of the global RNG state left by earlier learners, so a learner trained by a job of a
 multirun (`run_learner_job`, one process per job) equals the one trained in-process
-(`pretrain_jigsaw`), and `merge_learner_dir` (called by soup_callback.py when the sweep ends)
-makes the same soup. This module reads top to bottom as the stage runs: learners, soup, and the
-multirun's two halves.
+(`pretrain_jigsaw`), and `merge_learner_dir` (called by the soup callback,
+lipt.run.hydra_callbacks.SoupCallback, when the sweep ends) makes the same soup. This module
+reads top to bottom as the stage runs: learners, soup, and the multirun's two halves.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from lipt.data import DataModule
@@ -54,6 +53,7 @@ from lipt.run.build import (
 )
 from lipt.run.errors import UserError
 from lipt.run.seeding import torch_threads
+from lipt.run.settings import Run
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.results import PretrainContext, Pretrained
 from lipt.stages.summary import summary_payload
@@ -145,19 +145,20 @@ def merge_saved(
 # --------------------------------------------------------------------------- a multirun
 
 
-def run_learner_job(cfg: DictConfig) -> dict[str, Any]:
+def run_learner_job(run: Run) -> dict[str, Any]:
     """`pretrain.py pretrain=jigsaw pretrain.learners=<ids>`: one job of a multirun. Trains only
     its learners, reading only their shards, and writes their checkpoints to the shared learner
-    dir; soup_callback.py merges when the sweep ends. Writes the job's summary.json."""
+    dir; the soup callback (lipt.run.hydra_callbacks) merges when the sweep ends. Writes the
+    job's summary.json."""
     start = time.perf_counter()
-    settings: JigsawSettings = build_part(cfg.pretrain)
+    settings: JigsawSettings = build_part(run.node("pretrain"))
     ids = settings.learner_ids()
     assert ids is not None
-    out = run_dir(cfg)
-    dm = build_datamodule(cfg)
-    ctx = build_pretrain_context(cfg, dm)
-    seed = int(cfg.seed)
-    init = build_model(cfg, seed)
+    out = run_dir(run)
+    dm = build_datamodule(run)
+    ctx = build_pretrain_context(run, dm)
+    seed = run.settings.seed
+    init = build_model(run, seed)
     folder = learner_dir(ctx, settings, shared=True)
     learners = []
     with torch_threads(settings.num_threads):
@@ -171,26 +172,24 @@ def run_learner_job(cfg: DictConfig) -> dict[str, Any]:
         "learners": [le.summary() for le in learners],
         "learner_dir": str(folder),
     }
-    summary = summary_payload(cfg, dm, None, None, {"pretrain": stats})
+    summary = summary_payload(run, dm, None, None, {"pretrain": stats})
     write_json(out / "summary.json", summary)
     return summary
 
 
-def merge_learner_dir(
-    cfg: DictConfig, folder: Path, out: Path, seconds: float = 0.0
-) -> dict[str, Any]:
+def merge_learner_dir(run: Run, folder: Path, out: Path, seconds: float = 0.0) -> dict[str, Any]:
     """Merge the learner checkpoints in `folder` (written by a multirun's jobs) into the soup
     and write pretrain.ckpt, merge_report.json and summary.json to `out`, as pretrain.py does.
-    `seconds` is the wall time of the whole sweep so far (soup_callback.py).
+    `seconds` is the wall time of the whole sweep so far (the soup callback's).
 
     Raises:
         UserError: a checkpoint of another recipe, or no usable learner.
     """
     start = time.perf_counter()
-    dm = build_datamodule(cfg)
-    ctx = build_pretrain_context(cfg, dm)
-    settings: JigsawSettings = build_part(cfg.pretrain)
-    seed = int(cfg.seed)
-    result = merge_saved(ctx, settings, dm, build_model(cfg, seed), seed, folder)
+    dm = build_datamodule(run)
+    ctx = build_pretrain_context(run, dm)
+    settings: JigsawSettings = build_part(run.node("pretrain"))
+    seed = run.settings.seed
+    result = merge_saved(ctx, settings, dm, build_model(run, seed), seed, folder)
     result.seconds = seconds + time.perf_counter() - start
-    return write_pretrain_outputs(cfg, dm, ctx, result, out)
+    return write_pretrain_outputs(run, dm, ctx, result, out)

@@ -1,16 +1,19 @@
-"""Turn config nodes into objects: data module, models, Lightning module, trainer, loggers."""
+"""The build layer's second half: a run's parts, instantiated from its resolved group nodes
+(lipt.run.settings.Run): data module, models, Lightning module, trainer, loggers, callbacks, the
+selector and pre-training's parts. Each group's option names its class or function with
+`_target_` (Hydra's `instantiate`, on plain values: the composed config stays above, in
+lipt.run.config)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from lipt.data import DataModule
@@ -21,13 +24,14 @@ from lipt.run import console
 from lipt.run.artifacts import AtomicCheckpointIO
 from lipt.run.console import shown
 from lipt.run.lock import lock_run_dir
+from lipt.run.settings import Run
 from lipt.stages.results import PretrainContext
 
 
-def run_dir(cfg: DictConfig) -> Path:
+def run_dir(run: Run) -> Path:
     """The run folder, created and locked for this process (lipt.run.lock): a second run
     pointed at it is refused. Extra DDP ranks share their rank 0's folder and lock."""
-    path = Path(str(cfg.paths.output_dir))
+    path = Path(run.settings.paths["output_dir"])
     path.mkdir(parents=True, exist_ok=True)
     if not is_ddp_child():
         lock_run_dir(path)
@@ -39,8 +43,8 @@ def is_ddp_child() -> bool:
     return os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0"
 
 
-def build_datamodule(cfg: DictConfig) -> DataModule:
-    d = cfg.dataset
+def build_datamodule(run: Run) -> DataModule:
+    d = run.dataset
     dm = DataModule(
         load=instantiate(d.load),
         num_classes=d.num_classes,
@@ -50,27 +54,30 @@ def build_datamodule(cfg: DictConfig) -> DataModule:
         std=list(d.std),
         val_size=d.val_size,
         split_seed=d.split_seed,
-        batch_size=cfg.batch_size,
+        batch_size=run.settings.batch_size,
         num_workers=d.num_workers,
         crop_padding=d.crop_padding,
         flip=d.flip,
-        eval_batch_size=d.get("eval_batch_size", 256),
-        resident=d.get("resident", False),
-        pool_size=d.get("pool_size"),
+        eval_batch_size=d.eval_batch_size,
+        resident=d.resident,
+        pool_size=d.pool_size,
     )
     dm.setup()
     return dm
 
 
-def build_model(cfg: DictConfig, seed: int) -> nn.Module:
+def build_model(run: Run, seed: int) -> nn.Module:
     """The seeded random init: the same seed gives the same weights on every rank and job."""
     # channels_last and compile are how the model runs, not constructor arguments.
-    node = {k: v for k, v in cfg.model.items() if k not in ("channels_last", "compile")}
+    model_node = run.node("model")
+    node = {k: v for k, v in model_node.items() if k not in ("channels_last", "compile")}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = instantiate(node)
     return apply_speed_options(
-        model, bool(cfg.model.get("channels_last", False)), bool(cfg.model.get("compile", False))
+        model,
+        bool(model_node.get("channels_last", False)),
+        bool(model_node.get("compile", False)),
     )
 
 
@@ -78,68 +85,61 @@ def build_model(cfg: DictConfig, seed: int) -> nn.Module:
 RESERVED_SELECTOR_KEYS = ("name", "balance", "needs_model", "repeats")
 
 
-def build_part(node: DictConfig, reserved: Sequence[str] = ()) -> Any:
-    """The object a config group's node names with `_target_` (a functools.partial with
+def build_part(node: Mapping[str, Any], reserved: Sequence[str] = ()) -> Any:
+    """The object a group's resolved node names with `_target_` (a functools.partial with
     `_partial_: true`), the `reserved` keys (lipt's own, not the target's) left out. Every group
     is chosen this way: selector, pretrain, merge, prune, augment, model, dataset, trainer. The
-    node is resolved in place first: a copy of it alone cannot see top-level keys (gradmatch's
-    batch_size: ${batch_size}); nested plain nodes arrive as dicts."""
-    resolved = OmegaConf.to_container(node, resolve=True)
-    assert isinstance(resolved, dict)
-    kept = {k: v for k, v in resolved.items() if k not in reserved}
+    node holds plain values (Run.node): resolved with the whole config, it saw the top-level
+    keys it interpolates (gradmatch's batch_size: ${batch_size})."""
+    kept = {k: v for k, v in node.items() if k not in reserved}
     return instantiate(kept, _convert_="all")
 
 
-def build_selector(node: DictConfig) -> Any:
+def build_selector(run: Run) -> Any:
     """The `selector` group's function (a functools.partial), lipt's own keys left out."""
-    return build_part(node, RESERVED_SELECTOR_KEYS)
+    return build_part(run.node("selector"), RESERVED_SELECTOR_KEYS)
 
 
-def build_pretrain_context(cfg: DictConfig, dm: DataModule) -> PretrainContext:
+def build_pretrain_context(run: Run, dm: DataModule) -> PretrainContext:
     """What a pre-training strategy needs of this run (lipt.stages.results.PretrainContext), the
     groups augment, prune and merge instantiated."""
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    assert isinstance(model, dict)
-    model_config = {str(k): v for k, v in model.items()}
     return PretrainContext(
         data_name=dm.data_name,
-        num_classes=int(cfg.dataset.num_classes),
-        model_config=model_config,
-        pretrain_name=str(cfg.pretrain.name),
-        run_seed=int(cfg.seed),
-        fraction=float(cfg.fraction),
-        main_epochs=int(cfg.trainer.max_epochs),
-        device=scoring_device(cfg),
-        run_dir=lambda: run_dir(cfg),
+        num_classes=run.dataset.num_classes,
+        model_config=run.node("model"),
+        pretrain_name=run.pretrain_name,
+        run_seed=run.settings.seed,
+        fraction=float(run.settings.fraction),
+        main_epochs=run.main_epochs,
+        device=scoring_device(run),
+        run_dir=lambda: run_dir(run),
         # Late-bound (looked up when called), so a test can wrap build_classifier.
-        classifier=lambda model, **optim: build_classifier(cfg, model, **optim),
-        optimizer=optimizer_settings(cfg),
-        trainer=lambda **overrides: quiet_trainer(cfg, **overrides),
-        augment=build_part(cfg.augment),
-        prune=build_part(cfg.prune),
-        merge=build_part(cfg.merge),
+        classifier=lambda model, **optim: build_classifier(run, model, **optim),
+        optimizer=optimizer_settings(run),
+        trainer=lambda **overrides: quiet_trainer(run, **overrides),
+        augment=build_part(run.node("augment")),
+        prune=build_part(run.node("prune")),
+        merge=build_part(run.node("merge")),
     )
 
 
-def scoring_device(cfg: DictConfig) -> torch.device:
+def scoring_device(run: Run) -> torch.device:
     """Where held-out scoring of jigsaw soups runs: the GPU unless the trainer is told CPU."""
-    accelerator = str(cfg.trainer.get("accelerator", "auto"))
+    accelerator = str(run.node("trainer").get("accelerator", "auto"))
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         return torch.device("cuda")
     return torch.device("cpu")
 
 
-def optimizer_settings(cfg: DictConfig, **overrides: Any) -> dict[str, Any]:
+def optimizer_settings(run: Run, **overrides: Any) -> dict[str, Any]:
     """The `optimizer` group's node, resolved, with the `overrides` that are not None (a jigsaw
     learner's lr and weight decay, pretrain.optim)."""
-    node = OmegaConf.to_container(cfg.optimizer, resolve=True)
-    assert isinstance(node, dict)
-    settings = {str(k): v for k, v in node.items()}
+    settings = run.node("optimizer")
     return {**settings, **{k: v for k, v in overrides.items() if v is not None}}
 
 
 def build_classifier(
-    cfg: DictConfig,
+    run: Run,
     model: nn.Module,
     lr: float | None = None,
     weight_decay: float | None = None,
@@ -149,12 +149,15 @@ def build_classifier(
     """The Lightning module with the groups `optimizer` and `scheduler` (functools.partials).
     A jigsaw learner passes its own `lr`, `weight_decay` and schedule name (pretrain.optim);
     `options` are the Classifier's (dynamic pruning's loss_norm and schedule_over)."""
-    settings = optimizer_settings(cfg, lr=lr, weight_decay=weight_decay)
+    settings = optimizer_settings(run, lr=lr, weight_decay=weight_decay)
     optimizer = instantiate(settings, _convert_="all")
-    schedule = build_part(cfg.scheduler) if scheduler is None else LEARNER_SCHEDULES[scheduler]
+    if scheduler is None:
+        schedule = build_part(run.node("scheduler"))
+    else:
+        schedule = LEARNER_SCHEDULES[scheduler]
     return Classifier(
         model,
-        num_classes=cfg.dataset.num_classes,
+        num_classes=run.dataset.num_classes,
         optimizer=optimizer,
         scheduler=schedule,
         **options,
@@ -162,7 +165,7 @@ def build_classifier(
 
 
 def build_callbacks(
-    cfg: DictConfig, loggers: Sequence[Any], bars: bool, validation: bool = True
+    run: Run, loggers: Sequence[Any], bars: bool, validation: bool = True
 ) -> list[L.Callback]:
     """Main training's `callbacks` group, beside lipt's own (the rolling last.ckpt, re-selection,
     dynamic pruning). Left out where the run lacks what they need: a progress bar when bars are
@@ -171,7 +174,7 @@ def build_callbacks(
     from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 
     callbacks = []
-    for node in (cfg.get("callbacks") or {}).values():
+    for node in run.node("callbacks").values():
         if node is None or "_target_" not in node:
             continue
         if not validation and str(node.get("monitor", "")).startswith("val/"):
@@ -185,14 +188,14 @@ def build_callbacks(
     return callbacks
 
 
-def build_loggers(cfg: DictConfig) -> list:
+def build_loggers(run: Run) -> list:
     """The `logger` group's loggers; a wandb run of a multirun is grouped by its sweep."""
     loggers = []
-    for node in (cfg.get("logger") or {}).values():
+    for node in run.node("logger").values():
         if node is None or "_target_" not in node:
             continue
         extra = {}
-        if "group" in node and node.group is None and (group := sweep_name()) is not None:
+        if "group" in node and node["group"] is None and (group := sweep_name()) is not None:
             extra["group"] = group
         logger = instantiate(node, **extra)
         # Lightning's WandbLogger always hands wandb.init `anonymous=None`, which wandb >= 0.19
@@ -232,26 +235,27 @@ def sweep_dir_of_job() -> Path | None:
     return Path(str(hc.runtime.output_dir)).parents[depth - 1]
 
 
-def build_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:
-    """The trainer from `cfg.trainer`, with `overrides` winning (e.g. a learner's max_epochs)."""
+def build_trainer(run: Run, **overrides: Any) -> L.Trainer:
+    """The trainer from `trainer.*`, with `overrides` winning (e.g. a learner's max_epochs)."""
+    node = run.node("trainer")
     kwargs = {
-        "default_root_dir": str(run_dir(cfg)),
+        "default_root_dir": str(run_dir(run)),
         "plugins": [AtomicCheckpointIO()],
         **overrides,
     }
-    if kwargs.get("enable_progress_bar", cfg.trainer.get("enable_progress_bar")) is None:
+    if kwargs.get("enable_progress_bar", node.get("enable_progress_bar")) is None:
         kwargs["enable_progress_bar"] = console.bars_enabled()  # null: a bar on a terminal only
-    return instantiate(cfg.trainer, **kwargs)
+    return instantiate(node, **kwargs)
 
 
-def progress_bars(cfg: DictConfig) -> bool:
+def progress_bars(run: Run) -> bool:
     """Whether main training's trainer draws a progress bar (trainer.enable_progress_bar, null:
     on a terminal only)."""
-    setting = cfg.trainer.get("enable_progress_bar")
+    setting = run.node("trainer").get("enable_progress_bar")
     return console.bars_enabled() if setting is None else bool(setting)
 
 
-def quiet_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:
+def quiet_trainer(run: Run, **overrides: Any) -> L.Trainer:
     """A single-device trainer for inner stages (warm-up, learners): no logger, no checkpoints,
     no progress bar clutter."""
     settings = dict(
@@ -265,7 +269,7 @@ def quiet_trainer(cfg: DictConfig, **overrides: Any) -> L.Trainer:
         limit_val_batches=0,
     )
     settings.update(overrides)
-    return build_trainer(cfg, **settings)
+    return build_trainer(run, **settings)
 
 
 def state_dict_cpu(model: nn.Module) -> dict[str, torch.Tensor]:

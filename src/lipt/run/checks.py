@@ -1,5 +1,6 @@
-"""Reading a config key for the checks across keys (lipt.run.config, lipt.jigsaw.checks): a key
-left unset is a one-line UserError naming it. No torch, no Lightning."""
+"""Reading a composed config for the checks (lipt.run.config, lipt.run.preflight): a key left
+unset is a one-line UserError naming it; a node to build is resolved to plain values first.
+No torch, no Lightning."""
 
 from __future__ import annotations
 
@@ -15,3 +16,9 @@ def get_key(cfg: DictConfig, key: str) -> Any:
         return OmegaConf.select(cfg, key, throw_on_missing=True)
     except Exception as e:  # omegaconf raises MissingMandatoryValue / interpolation errors
         raise UserError(f"{key} must be set ({e.__class__.__name__}); pass {key}=...") from e
+
+
+def resolved(node: Any) -> Any:
+    """A composed node as plain values, its interpolations resolved against the whole config
+    (gradmatch's batch_size: ${batch_size}): what lipt.run.build.build_part takes."""
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node

@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lipt.run.errors import UserError, fail, one_line
+from lipt.run.settings import Run
 
 
 def config_dir() -> Path:
@@ -109,15 +110,15 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
                 validate(cfg, deep=False)
                 check_optimized_metric(cfg)
                 configs.append(cfg)
-        for cfg in configs:  # then what builds the Trainer, selector, ... (imports torch)
-            validate(cfg)
-        if not any(cfg.get("dry_run") for cfg in configs):
+        # then what builds the Trainer, selector, ... (imports torch)
+        runs = [validate(cfg) for cfg in configs]
+        if not any(run.settings.dry_run for run in runs):
             return None
         from lipt.run.preflight import build_everything
 
         loaded: dict[str, Any] = {}
-        for cfg in configs:
-            build_everything(cfg, loaded)
+        for run in runs:
+            build_everything(run, loaded)
         jobs = _every_job(overrides, declared)
         for job in jobs:  # each combination of a sweep: the checks across keys
             GlobalHydra.instance().clear()
@@ -175,7 +176,8 @@ def _hint(e: BaseException) -> str:
 
 
 def launch(config_name: str, stage_module: str) -> None:
-    """Check the overrides, then hand over to Hydra, which calls the stage's `run(cfg)`
+    """Check the overrides, then hand over to Hydra, whose task turns the composed config into
+    the run's typed settings (lipt.run.config.validate) and calls the stage's `run` with them
     (`stage_module`: lipt.stages.train, lipt.stages.pretrain or lipt.stages.select). The stage,
     and with it Lightning, is imported only once the overrides pass: a mistake is answered in a
     second."""
@@ -201,13 +203,14 @@ def launch(config_name: str, stage_module: str) -> None:
     def main(cfg: DictConfig) -> Any:
         # First, as when the stage was imported before Hydra started: Lightning sets up its own
         # loggers on import, before console.setup routes them.
-        stage: Callable[[DictConfig], Any] = importlib.import_module(stage_module).run
+        stage: Callable[[Run], Any] = importlib.import_module(stage_module).run
         from lipt.run import console
+        from lipt.run.config import validate
 
         keep_caches_in(Path(str(cfg.paths.output_dir)))
         console.setup(multirun_job=is_multirun())
         try:
-            summary = stage(cfg)
+            summary = stage(validate(cfg))
         except UserError as e:
             from lipt.run.lock import RunDirLockedError
 

@@ -1,8 +1,11 @@
-"""Checks on a composed config, run before anything is computed or written."""
+"""The build layer's first half: a composed config becomes the run's typed settings
+(lipt.run.settings.Run), checked before anything is computed or written. Below this module (and
+lipt.run.build, which instantiates the run's parts), nothing reads the composed config."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +17,22 @@ from lipt.run.checks import get_key
 from lipt.run.errors import UserError
 from lipt.run.schema import check_mapping
 from lipt.run.selector import SelectorSettings, gives_way_to_saved_subset, selector_settings
-from lipt.run.settings import DatasetSettings, RunSettings
+from lipt.run.settings import DatasetSettings, Run, RunSettings, SelectorOptions
 
 
-def _selector(cfg: DictConfig) -> SelectorSettings | None:
-    """The chosen selector's settings; None for a stage without a `selector` group."""
+def _selector(cfg: Mapping[str, Any]) -> SelectorSettings | None:
+    """The chosen selector's settings, its lipt keys (SelectorOptions) checked against their
+    declared types first; None for a stage without a `selector` group."""
     node = cfg.get("selector")
-    return None if node is None else selector_settings(node)
+    if node is None:
+        return None
+    declared = SelectorOptions.keys()
+    own = {k: v for k, v in node.items() if k in declared}
+    try:
+        check_mapping("selector", own, declared, open_keys=False)
+    except UserError as e:
+        raise UserError(f"selector={node.get('name')}: {e}") from e
+    return selector_settings(node)
 
 
 # The `dynamic` group's methods (lipt.dynamic.plan), by _target_; and pretrain=none's.
@@ -126,15 +138,22 @@ def dataset_settings(values: dict[str, Any]) -> DatasetSettings:
     return DatasetSettings(**node)
 
 
-def validate(cfg: DictConfig, deep: bool = True) -> None:
-    """Raise UserError naming the key and the fix for the first problem found: the declared
-    type and range of every top-level and `dataset.*` key here (no torch), then (`deep`) every
-    group option's keys against its `_target_`'s parameters, the checks across keys, and those
-    that build the Trainer, the loggers and the selector and look at the data files
-    (lipt.run.preflight)."""
+def run_of(cfg: DictConfig) -> Run:
+    """The typed settings of a composed config: its top level, `dataset.*` and the selector's,
+    each value checked against its declared type and range, and the whole config resolved. The
+    checks across keys and against the libraries are `validate`'s."""
     values = plain(cfg)
-    run = run_settings(values)
-    dataset = dataset_settings(values)
+    return Run(run_settings(values), dataset_settings(values), _selector(values), values)
+
+
+def validate(cfg: DictConfig, deep: bool = True) -> Run:
+    """The run's typed settings (`run_of`), once every check passes. Raise UserError naming the
+    key and the fix for the first problem found: the declared type and range of every
+    top-level and `dataset.*` key here (no torch), then (`deep`) every group option's keys
+    against its `_target_`'s parameters, the checks across keys, and those that build the
+    Trainer, the loggers and the selector and look at the data files (lipt.run.preflight)."""
+    run = run_of(cfg)
+    values, top, dataset = run.config, run.settings, run.dataset
     if dataset.data_dir is not None:
         _readable_path(
             "dataset.data_dir",
@@ -142,33 +161,34 @@ def validate(cfg: DictConfig, deep: bool = True) -> None:
             f"point it at the {dataset.name} data",
             want_dir=True,
         )
-    if run.subset_path is not None:
-        path = Path(run.subset_path).expanduser()
+    if top.subset_path is not None:
+        path = Path(top.subset_path).expanduser()
         _readable_path("subset_path", path, "give a subset.npz path", want_dir=False)
-    resume_last = run.stage == "train" and run.ckpt_path == "last"
-    if run.ckpt_path is not None and not resume_last:
-        what = "a pretrain.ckpt" if run.stage == "select" else "a checkpoint or last"
-        path = Path(run.ckpt_path).expanduser()
+    resume_last = top.stage == "train" and top.ckpt_path == "last"
+    if top.ckpt_path is not None and not resume_last:
+        what = "a pretrain.ckpt" if top.stage == "select" else "a checkpoint or last"
+        path = Path(top.ckpt_path).expanduser()
         _readable_path("ckpt_path", path, f"give {what}", want_dir=False)
-    selector = _selector(cfg)
+    selector = run.selector
     if selector is not None and selector.needs_held_out and dataset.val_size == 0:
         raise UserError(
             f"selector={selector.label} matches the validation split, but dataset.val_size=0; "
             "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
         )
-    if run.stage == "select" and selector is not None and selector.is_full:
+    if top.stage == "select" and selector is not None and selector.is_full:
         raise UserError(
             f"selector={selector.label} selects nothing; choose a selector, e.g. selector=glister"
         )
     if not deep:
-        return
+        return run
     # Imports the targets (torch); then the checks that build objects (Lightning).
     from lipt.run.groups import check_groups
     from lipt.run.preflight import preflight
 
     check_groups(cfg, values)
-    pretrain = cfg.get("pretrain")
-    if pretrain is not None and "num_learners" in pretrain:  # pretrain=jigsaw
-        validate_jigsaw(cfg)  # and the groups augment, prune, merge: across keys
+    pretrain = values.get("pretrain")
+    if isinstance(pretrain, Mapping) and "num_learners" in pretrain:  # pretrain=jigsaw
+        validate_jigsaw(values)  # and the groups augment, prune, merge: across keys
     validate_dynamic(cfg)
     preflight(cfg)
+    return run

@@ -7,7 +7,7 @@
   Hydra multirun job or in an extra DDP rank; pure code (lipt.selection, lipt.soup) never sees
   rich: callers hand it a plain callback or wrap its inputs (`counted`, `counting_selector`).
 - `closing_block` (a single run) and `job_line` (a multirun job) print the result; `SweepTable`
-  (a Hydra callback) prints a short table when a sweep ends.
+  (lipt.run.hydra_callbacks) prints a short table when a sweep ends.
 
 Nothing here draws random numbers: the same config and seed give the same subset and model
 with or without a terminal.
@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from omegaconf import DictConfig
+from lipt.run.selector import SelectorSettings
+from lipt.run.settings import Run
 
 log = logging.getLogger("lipt")
 # Per-item details (each learner, each candidate): the log file only, never the terminal.
@@ -182,42 +183,42 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
-def describe_pretrain(cfg: DictConfig, pool_size: int) -> str:
-    p = cfg.pretrain
-    if p.name == "none":
+def describe_pretrain(run: Run, pool_size: int) -> str:
+    p, merge = run.node("pretrain"), run.node("merge").get("name")
+    if p["name"] == "none":
         return "pre-training: none (selection ranks with the untrained initial model)"
-    if p.name == "full":
-        return f"pre-training: full, {p.epochs} epochs on the whole pool of {_count(pool_size)}"
+    if p["name"] == "full":
+        return f"pre-training: full, {p['epochs']} epochs on the whole pool of {_count(pool_size)}"
     if p.get("merge_from"):
-        return (
-            f"pre-training: merging the jigsaw learners saved in {p.merge_from} ({cfg.merge.name})"
-        )
-    batches = int(p.batches_per_learner)
+        return f"pre-training: merging the jigsaw learners saved in {p['merge_from']} ({merge})"
+    batches = int(p["batches_per_learner"])
     parts = [
-        f"{p.num_learners} learners x {batches} batch{'es' if batches > 1 else ''} x "
-        f"{p.local_epochs} passes"
+        f"{p['num_learners']} learners x {batches} batch{'es' if batches > 1 else ''} x "
+        f"{p['local_epochs']} passes"
     ]
-    augment, prune = cfg.get("augment"), cfg.get("prune")
-    if augment is not None and augment.name != "none":
-        parts.append({"randaugment": "RandAugment"}.get(augment.name, augment.name))
-    if prune is not None and prune.name != "none":
-        parts.append(f"{prune.name.upper()} {prune.density_low}-{prune.density_high}")
-    parts.append(f"soup {cfg.merge.name}")
+    augment, prune = run.node("augment"), run.node("prune")
+    if augment and augment["name"] != "none":
+        parts.append({"randaugment": "RandAugment"}.get(augment["name"], augment["name"]))
+    if prune and prune["name"] != "none":
+        parts.append(f"{prune['name'].upper()} {prune['density_low']}-{prune['density_high']}")
+    parts.append(f"soup {merge}")
     return "pre-training: jigsaw, " + ", ".join(parts)
 
 
-def describe_selection(cfg: DictConfig, budget: int, pool_size: int) -> str:
-    balanced = " (balanced)" if cfg.selector.get("balance", False) else ""
-    return f"selecting {_count(budget)} of {_count(pool_size)} with {cfg.selector.name}{balanced}"
+def describe_selection(selector: SelectorSettings, budget: int, pool_size: int) -> str:
+    balanced = " (balanced)" if selector.balance else ""
+    return f"selecting {_count(budget)} of {_count(pool_size)} with {selector.label}{balanced}"
 
 
-def describe_training(cfg: DictConfig, train_size: int, pool_size: int, epochs: int) -> str:
+def describe_training(run: Run, train_size: int, pool_size: int, epochs: int) -> str:
     share = f"{train_size / pool_size:.0%} of the pool" if pool_size else "the pool"
-    start = "pre-trained" if cfg.init_from == "pretrained" else "initial"
-    devices = cfg.trainer.get("devices", 1)
-    where = f", {devices} devices ({cfg.trainer.strategy})" if devices not in (1, "1") else ""
+    start = "pre-trained" if run.settings.init_from == "pretrained" else "initial"
+    trainer = run.node("trainer")
+    devices = trainer.get("devices", 1)
+    where = f", {devices} devices ({trainer.get('strategy')})" if devices not in (1, "1") else ""
+    model = str(run.node("model")["_target_"]).rsplit(".", 1)[-1]
     return (
-        f"training: {cfg.model._target_.rsplit('.', 1)[-1]}, {epochs} epoch{'s' * (epochs != 1)} "
+        f"training: {model}, {epochs} epoch{'s' * (epochs != 1)} "
         f"on {_count(train_size)} images ({share}), from the {start} model{where}"
     )
 

@@ -24,8 +24,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lipt.run import console
+from lipt.run.checks import resolved
 from lipt.run.errors import UserError
 from lipt.run.selector import selector_settings
+from lipt.run.settings import Run
 from lipt.run.training_groups import check_callbacks, check_optimizer
 
 # Rows, classes and features of the tiny pool the selector is tried on.
@@ -129,7 +131,7 @@ def check_parts(cfg: DictConfig) -> None:
         if node is None or "_target_" not in node:
             continue
         try:
-            build_part(node)
+            build_part(resolved(node))
         except Exception as e:  # Hydra wraps the TypeError or ValueError of the part's own init
             name = node.get("name", node._target_)
             raise UserError(
@@ -142,7 +144,7 @@ def check_selector(cfg: DictConfig) -> None:
     bad value (an unknown `greedy` mode, a negative `eta`) fails now, not after pre-training."""
     import torch
 
-    from lipt.run.build import build_selector
+    from lipt.run.build import RESERVED_SELECTOR_KEYS, build_part
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     node = cfg.get("selector")
@@ -150,7 +152,7 @@ def check_selector(cfg: DictConfig) -> None:
         return
     name = node.get("name")
     try:
-        fn = build_selector(node)
+        fn = build_part(resolved(node), RESERVED_SELECTOR_KEYS)
         inspect.signature(fn.func).bind_partial(*fn.args, **fn.keywords)
     except Exception as e:
         raise UserError(f"selector={name} settings are invalid: {_cause(e)}") from e
@@ -265,7 +267,7 @@ def preflight(cfg: DictConfig) -> None:
             _BUILT.add(done)
 
 
-def build_everything(cfg: DictConfig, loaded: dict[str, Any]) -> None:
+def build_everything(run: Run, loaded: dict[str, Any]) -> None:
     """`dry_run=true`: past the checks above, build what the run builds first (the data, read
     from its files; the model and its Lightning module) without training or writing anything.
     `loaded` holds the data sets and models this dry run built already, by their settings."""
@@ -273,14 +275,18 @@ def build_everything(cfg: DictConfig, loaded: dict[str, Any]) -> None:
 
     from lipt.run.build import build_classifier, build_model
 
-    data = settings_of(cfg, ("dataset.load",))
-    model = settings_of(cfg, ("model", "optimizer", "scheduler", "seed"))
+    def key(*values: Any) -> str:
+        return json.dumps(values, sort_keys=True, default=str)
+
+    data = key(run.dataset.load)
+    seed = run.settings.seed
+    model = key(run.node("model"), run.node("optimizer"), run.node("scheduler"), seed)
     try:
         if data not in loaded:
-            loaded[data] = instantiate(cfg.dataset.load)()
+            loaded[data] = instantiate(run.dataset.load)()
         if model not in loaded:
             with _quiet():
-                loaded[model] = build_classifier(cfg, build_model(cfg, int(cfg.seed)))
+                loaded[model] = build_classifier(run, build_model(run, seed))
     except UserError:
         raise
     except Exception as e:  # a file that does not parse, a model that cannot be built

@@ -1,15 +1,15 @@
 """What the run needs to know of the chosen selector, read from the `selector` node here alone.
 
 Elsewhere `selector.name` is only a label (messages, subset files, reports): the checks and the
-stages ask a `SelectorSettings` instead. No torch, no Lightning: `lipt.run.config` uses it
-before anything heavy is imported.
+stages ask a `SelectorSettings` instead. No torch, no Lightning, no omegaconf: lipt.run.config
+uses it before anything heavy is imported, on the composed config or on its resolved values.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-
-from omegaconf import DictConfig
+from typing import Any
 
 # The options that train on the whole pool: full, and infobatch (the whole pool, pruned anew each
 # epoch by dynamic=infobatch).
@@ -24,9 +24,11 @@ class SelectorSettings:
     needs_held_out: bool  # it matches the validation split (GLISTER; GradMatch target=val)
     match_subset_steps: bool  # the full-data run takes the subset run's steps (full_steps)
     budget_epochs: bool  # selector=infobatch: the epochs `fraction` of the full run's cost buys
+    balance: bool = False  # per-class budgets (lipt.selection.select_balanced)
+    repeats: int = 1  # rank with this many seeds' models and average
 
 
-def gives_way_to_saved_subset(cfg: DictConfig) -> bool:
+def gives_way_to_saved_subset(cfg: Mapping[str, Any]) -> bool:
     """selector=infobatch with a saved subset (subset_path): the subset replaces the selector,
     as it replaces any selector, and with it the pruning and the budgeted epochs (the subset
     trains trainer.max_epochs, unpruned)."""
@@ -36,7 +38,7 @@ def gives_way_to_saved_subset(cfg: DictConfig) -> bool:
     return selector_settings(node).budget_epochs
 
 
-def budget_epochs(cfg: DictConfig) -> bool:
+def budget_epochs(cfg: Mapping[str, Any]) -> bool:
     """selector=infobatch: main training's epochs from `fraction`, pruned by the `dynamic`
     group; not where a saved subset replaces it."""
     node = cfg.get("selector")
@@ -45,8 +47,8 @@ def budget_epochs(cfg: DictConfig) -> bool:
     return selector_settings(node).budget_epochs and not gives_way_to_saved_subset(cfg)
 
 
-def selector_settings(node: DictConfig) -> SelectorSettings:
-    """The settings of a `selector` config node."""
+def selector_settings(node: Mapping[str, Any]) -> SelectorSettings:
+    """The settings of a `selector` config node (composed, or resolved to plain values)."""
     name = node.get("name")
     is_full = name in WHOLE_POOL
     return SelectorSettings(
@@ -56,4 +58,6 @@ def selector_settings(node: DictConfig) -> SelectorSettings:
         needs_held_out=name == "glister" or (name == "gradmatch" and node.get("target") == "val"),
         match_subset_steps=bool(node.get("match_subset_steps", False)),
         budget_epochs=bool(node.get("budget_epochs", False)),
+        balance=bool(node.get("balance", False)),
+        repeats=int(node.get("repeats", 1)),
     )

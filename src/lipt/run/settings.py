@@ -1,5 +1,6 @@
 """lipt's own settings that no `_target_` takes, declared with their types and bounds: the top
-level of train.yaml, `dataset.*`, the run-time options of `model.*` and a selector's lipt keys.
+level of train.yaml, `dataset.*`, the run-time options of `model.*` and a selector's lipt keys;
+and `Run`, what every stage takes: those settings, built once from the composed config.
 
 A group option's other keys are the parameters of its `_target_` and are declared there
 (lipt.run.schema). Building a settings object checks every field (`Checked`), so a bad value is
@@ -10,6 +11,7 @@ builds them itself. No torch, no omegaconf.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
@@ -24,6 +26,7 @@ from lipt.run.schema import (
     check_value,
     fields_of,
 )
+from lipt.run.selector import SelectorSettings, budget_epochs, gives_way_to_saved_subset
 
 
 class Checked:
@@ -176,3 +179,47 @@ class OptimizerOptions(Checked):
     lr: Annotated[float, POSITIVE] = 0.1
     momentum: Annotated[float, BELOW_ONE] = 0.0
     weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run as the stages and everything under them see it. lipt.run.config builds it once
+    from the composed config (`validate`, `run_of`), every value checked against its declared
+    type and range; below that, nothing reads the composed config. The group nodes (model,
+    optimizer, trainer, pretrain, ...) stay in `config`, resolved to plain values, for
+    lipt.run.build to instantiate, each against its `_target_`'s own signature."""
+
+    settings: RunSettings
+    dataset: DatasetSettings
+    selector: SelectorSettings | None  # None: pretrain.py, which has no selector group
+    config: Mapping[str, Any]  # the whole config, resolved: summary.json records it
+
+    def node(self, group: str) -> dict[str, Any]:
+        """A group's resolved node ({} where this run has none, e.g. `dynamic` beside a subset
+        selector)."""
+        node = self.config.get(group)
+        return dict(node) if isinstance(node, Mapping) else {}
+
+    @property
+    def main_epochs(self) -> int:
+        """trainer.max_epochs: main training's epochs as configured (selector=infobatch trains
+        the share of them that `fraction` buys, lipt.dynamic.plan.infobatch_epochs)."""
+        return int(self.node("trainer")["max_epochs"])
+
+    @property
+    def pretrain_name(self) -> str:
+        return str(self.node("pretrain").get("name"))
+
+    @property
+    def budget_epochs(self) -> bool:
+        """selector=infobatch: main training's epochs from `fraction` (not where a saved subset
+        replaces it)."""
+        return budget_epochs(self.config)
+
+    @property
+    def dynamic_enabled(self) -> bool:
+        """Main training prunes the whole pool anew every epoch: `dynamic=infobatch` or
+        `dynamic=lipt` (`dynamic=none` builds nothing; a subset selector has no `dynamic` node).
+        selector=infobatch's pruning gives way to a saved subset (subset_path), as the selector
+        does."""
+        return "_target_" in self.node("dynamic") and not gives_way_to_saved_subset(self.config)

@@ -91,14 +91,15 @@ def check_optimizer(cfg: DictConfig) -> None:
 
     from lipt.models.schedules import Clock, is_torch_scheduler
     from lipt.run.build import build_part
+    from lipt.run.checks import resolved
 
     try:
         parameter = torch.nn.Parameter(torch.zeros(1))
-        optimizer = build_part(cfg.optimizer)([parameter])
+        optimizer = build_part(resolved(cfg.optimizer))([parameter])
     except Exception as e:  # TypeError (a key it does not take), ValueError (a value it refuses)
         raise UserError(f"optimizer settings are invalid: {_cause(e)}; fix optimizer.*") from e
     try:
-        make = build_part(cfg.scheduler)
+        make = build_part(resolved(cfg.scheduler))
         if is_torch_scheduler(make):
             schedule = make(optimizer)
         else:
@@ -116,12 +117,13 @@ def check_callbacks(cfg: DictConfig) -> None:
     Lightning module logs."""
     from lipt.models.classifier import LOGGED_METRICS
     from lipt.run.build import build_part
+    from lipt.run.checks import resolved
 
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is None or "_target_" not in node:
             continue
         try:
-            build_part(node)
+            build_part(resolved(node))
         except Exception as e:
             raise UserError(
                 f"callbacks.{name} settings are invalid: {_cause(e)}; fix callbacks.{name}.*"

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Protocol
 
 import lightning as L
-from omegaconf import DictConfig
 from torch import nn
 
 from lipt.data import DataModule
@@ -27,9 +26,8 @@ from lipt.run.build import (
     build_pretrain_context,
     run_dir,
 )
-from lipt.run.config import validate
 from lipt.run.schema import POSITIVE, Range
-from lipt.run.settings import Checked
+from lipt.run.settings import Checked, Run
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.results import PretrainContext, Pretrained
 
@@ -85,27 +83,27 @@ class FullWarmup(Checked):
         return Pretrained(model, 0.0, module.samples_seen, len(dm.pool_indices))
 
 
-def pretrain_model(cfg: DictConfig, dm: DataModule, seed: int) -> Pretrained:
+def pretrain_model(run: Run, dm: DataModule, seed: int) -> Pretrained:
     """Run the configured strategy from the common initial model of `seed`."""
     start = time.perf_counter()
-    strategy: Strategy = build_part(cfg.pretrain)
-    ctx = build_pretrain_context(cfg, dm)
-    console.stage(console.describe_pretrain(cfg, len(dm.pool_indices)))
-    result = strategy(ctx, dm, build_model(cfg, seed), seed)
+    strategy: Strategy = build_part(run.node("pretrain"))
+    ctx = build_pretrain_context(run, dm)
+    console.stage(console.describe_pretrain(run, len(dm.pool_indices)))
+    result = strategy(ctx, dm, build_model(run, seed), seed)
     result.seconds = time.perf_counter() - start
     if result.report:
         console.stage(console.soup_line(result.report))
     return result
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """`pretrain.py`: pretrain.ckpt, merge_report.json (jigsaw) and summary.json."""
-    validate(cfg)
-    strategy = build_part(cfg.pretrain)
+def run(run: Run) -> dict[str, Any]:
+    """`pretrain.py`, on the run's typed settings (lipt.run.config.validate builds them):
+    pretrain.ckpt, merge_report.json (jigsaw) and summary.json."""
+    strategy = build_part(run.node("pretrain"))
     if isinstance(strategy, JigsawPretraining) and strategy.learners is not None:
         # One job of a learner multirun: no soup here (the soup callback merges at the end).
-        return run_learner_job(cfg)
-    out = run_dir(cfg)
-    dm = build_datamodule(cfg)
-    result = pretrain_model(cfg, dm, int(cfg.seed))
-    return write_pretrain_outputs(cfg, dm, build_pretrain_context(cfg, dm), result, out)
+        return run_learner_job(run)
+    out = run_dir(run)
+    dm = build_datamodule(run)
+    result = pretrain_model(run, dm, run.settings.seed)
+    return write_pretrain_outputs(run, dm, build_pretrain_context(run, dm), result, out)

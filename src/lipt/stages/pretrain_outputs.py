@@ -6,16 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
 from lipt.data import DataModule
 from lipt.run.artifacts import save_checkpoint, write_json
+from lipt.run.settings import Run
 from lipt.stages.results import PretrainContext, Pretrained, pretrain_payload
 from lipt.stages.summary import summary_payload
 
 
 def write_pretrain_outputs(
-    cfg: DictConfig, dm: DataModule, ctx: PretrainContext, result: Pretrained, out: Path
+    run: Run, dm: DataModule, ctx: PretrainContext, result: Pretrained, out: Path
 ) -> dict[str, Any]:
     """Write pretrain.ckpt, merge_report.json (when the strategy reported) and summary.json to
     `out`; returns the summary."""
@@ -24,6 +23,6 @@ def write_pretrain_outputs(
     )
     if result.report:
         write_json(out / "merge_report.json", result.report)
-    summary = summary_payload(cfg, dm, None, None, {"pretrain": result.stats()})
+    summary = summary_payload(run, dm, None, None, {"pretrain": result.stats()})
     write_json(out / "summary.json", summary)
     return summary

@@ -22,7 +22,7 @@ from lipt.selection.types import LearnerHeads
 @dataclass(frozen=True)
 class PretrainContext:
     """What a pre-training strategy needs of the run, built from the config by the stage
-    (lipt.run.build.build_pretrain_context), so the code below the stage reads no DictConfig."""
+    (lipt.run.build.build_pretrain_context) or by the Python API (lipt.jigsaw.api)."""
 
     data_name: str
     num_classes: int

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from lipt.data import DataModule
@@ -23,10 +22,10 @@ from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
 from lipt.run import console
 from lipt.run.artifacts import load_checkpoint, save_subset, write_json
 from lipt.run.build import build_datamodule, build_model, build_selector, run_dir
-from lipt.run.config import validate
 from lipt.run.errors import UserError
 from lipt.run.seeding import repeat_seed
-from lipt.run.selector import selector_settings
+from lipt.run.selector import SelectorSettings
+from lipt.run.settings import Run
 from lipt.selection import LearnerHeads, PoolOutputs, SelectionInputs
 from lipt.selection.api import pick, rank_pool
 from lipt.stages.pretrain import pretrain_model
@@ -41,25 +40,32 @@ SUBSET_FILE = "subset.npz"
 STAGES_FILE = "stages.json"
 
 
-def budget_for(cfg: DictConfig, pool_size: int) -> int:
-    budget = round(float(cfg.fraction) * pool_size)
+def budget_for(run: Run, pool_size: int) -> int:
+    fraction = run.settings.fraction
+    budget = round(fraction * pool_size)
     if budget < 1:
         raise UserError(
-            f"fraction={cfg.fraction} of a pool of {pool_size} selects nothing; raise fraction"
+            f"fraction={fraction} of a pool of {pool_size} selects nothing; raise fraction"
         )
     return budget
 
 
-def subset_steps(cfg: DictConfig, pool_size: int) -> int:
+def subset_steps(run: Run, pool_size: int) -> int:
     """Optimiser steps of a main training run on a subset of `fraction` (one device): what
     `selector.match_subset_steps` gives the full-data run."""
-    return int(cfg.trainer.max_epochs) * math.ceil(budget_for(cfg, pool_size) / int(cfg.batch_size))
+    batches = math.ceil(budget_for(run, pool_size) / run.settings.batch_size)
+    return run.main_epochs * batches
 
 
-def check_held_out(cfg: DictConfig, dm: DataModule) -> None:
+def selector_of(run: Run) -> SelectorSettings:
+    assert run.selector is not None, "select.py and train.py have a selector group"
+    return run.selector
+
+
+def check_held_out(run: Run, dm: DataModule) -> None:
     """A selector that matches the validation split needs validation rows (else its target
     would silently be the pool)."""
-    selector = selector_settings(cfg.selector)
+    selector = selector_of(run)
     if selector.needs_held_out and len(dm.val_indices) == 0:
         raise UserError(
             f"selector={selector.label} matches the validation split, which is empty here; "
@@ -80,20 +86,21 @@ class Ranking:
     pretrain_stats: dict[str, Any] | None = None
 
 
-def ranking_models(cfg: DictConfig, dm: DataModule) -> Ranking:
+def ranking_models(run: Run, dm: DataModule) -> Ranking:
     """The checkpoint at `ckpt_path` (select.py), or the `pretrain` strategy run
     `selector.repeats` times from `repeat_seed(seed, r)`."""
-    check_held_out(cfg, dm)  # before any pre-training
-    repeats = int(cfg.selector.get("repeats", 1))
-    ckpt_path = cfg.get("ckpt_path") if cfg.get("stage") == "select" else None
+    check_held_out(run, dm)  # before any pre-training
+    repeats = selector_of(run).repeats
+    settings = run.settings
+    ckpt_path = settings.ckpt_path if settings.stage == "select" else None
     if ckpt_path:
         if repeats > 1:
             raise UserError(
                 "selector.repeats > 1 needs several models; drop ckpt_path to pre-train in-process"
             )
-        path = Path(str(ckpt_path))
-        return Ranking([load_pretrained(cfg, dm, path)], heads_from_payload(load_checkpoint(path)))
-    results = [pretrain_model(cfg, dm, repeat_seed(int(cfg.seed), r)) for r in range(repeats)]
+        path = Path(ckpt_path)
+        return Ranking([load_pretrained(run, dm, path)], heads_from_payload(load_checkpoint(path)))
+    results = [pretrain_model(run, dm, repeat_seed(settings.seed, r)) for r in range(repeats)]
     totals: dict[str, Any] = {"seconds": 0.0, "samples": 0, "unique_samples": 0}
     for result in results:
         for key, value in result.stats().items():
@@ -104,24 +111,25 @@ def ranking_models(cfg: DictConfig, dm: DataModule) -> Ranking:
     return Ranking([r.model for r in results], first.learner_heads, first, stats)
 
 
-def load_pretrained(cfg: DictConfig, dm: DataModule, path: Path) -> nn.Module:
+def load_pretrained(run: Run, dm: DataModule, path: Path) -> nn.Module:
     payload = load_checkpoint(path)
     if payload.get("data") != dm.data_name:
         raise UserError(
             f"{path} was pre-trained on {payload.get('data')!r}, this run uses {dm.data_name!r}; "
             "pass a checkpoint for this data set"
         )
-    model = build_model(cfg, int(cfg.seed))
+    model = build_model(run, run.settings.seed)
     try:
         model.load_state_dict(payload["state_dict"], strict=True)
     except RuntimeError as e:
         first = str(e).splitlines()[0]
-        raise UserError(f"{path} does not fit model={cfg.model._target_} ({first})") from e
+        target = run.node("model")["_target_"]
+        raise UserError(f"{path} does not fit model={target} ({first})") from e
     return model
 
 
 def choose_subset(
-    cfg: DictConfig,
+    run: Run,
     dm: DataModule,
     models: list[nn.Module],
     seed: int,
@@ -138,13 +146,13 @@ def choose_subset(
 
     A selector that needs no model (random) never runs `models` over the pool, so random
     online (`selector=random reselect_every=R`) only re-draws."""
-    check_held_out(cfg, dm)
+    check_held_out(run, dm)
+    selector = selector_of(run)
     pool_size = len(dm.pool_indices)
-    budget = budget_for(cfg, pool_size)
-    console.stage(console.describe_selection(cfg, budget, pool_size))
-    node = cfg.selector
-    fn = build_selector(node)
-    if models and selector_settings(node).needs_model:
+    budget = budget_for(run, pool_size)
+    console.stage(console.describe_selection(selector, budget, pool_size))
+    fn = build_selector(run)
+    if models and selector.needs_model:
         rows = pool_size * len(models) + len(dm.val_indices)
         with console.progress("selecting: rows scored", rows) as step:
             val = console.counted(dm.val_dataloader(), step) if len(dm.val_indices) else None
@@ -157,15 +165,13 @@ def choose_subset(
             )
     else:
         inputs = SelectionInputs(pool=labels_only(dm))
-    with console.progress(f"selecting: {node.name} picks", budget) as step:
+    with console.progress(f"selecting: {selector.label} picks", budget) as step:
         picking = console.counting_selector(fn, step)
-        subset = pick(
-            inputs, budget, picking, seed, bool(node.get("balance", False)), profile is not None
-        )
+        subset = pick(inputs, budget, picking, seed, selector.balance, profile is not None)
     if any(subset.diagnostics.values()):
-        log.warning("selector=%s fell back: %s", node.name, subset.diagnostics)
+        log.warning("selector=%s fell back: %s", selector.label, subset.diagnostics)
     elif subset.diagnostics:
-        log.info("selector=%s diagnostics: %s", node.name, subset.diagnostics)
+        log.info("selector=%s diagnostics: %s", selector.label, subset.diagnostics)
     if diagnostics is not None:
         diagnostics.update(subset.diagnostics)
     if profile is not None and subset.profile:
@@ -192,29 +198,29 @@ def labels_only(dm: DataModule) -> PoolOutputs:
     )
 
 
-def subset_meta(cfg: DictConfig, dm: DataModule) -> dict[str, Any]:
+def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
     """What a later run checks before it trusts a subset file."""
     return {
         "dataset": dm.data_name,
         "dataset_train_size": len(dm.train_source),
         "val_size": len(dm.val_indices),
-        "split_seed": int(cfg.dataset.split_seed),
-        "selector": str(cfg.selector.name),
-        "pretrain": str(cfg.pretrain.name),
-        "fraction": float(cfg.fraction),
-        "seed": int(cfg.seed),
+        "split_seed": run.dataset.split_seed,
+        "selector": selector_of(run).label,
+        "pretrain": run.pretrain_name,
+        "fraction": float(run.settings.fraction),
+        "seed": run.settings.seed,
     }
 
 
-def select_subset(cfg: DictConfig, dm: DataModule) -> Selected:
+def select_subset(run: Run, dm: DataModule) -> Selected:
     """Stage 2 as select.py and train.py run it: the ranking model(s), then the subset."""
-    needs_model = selector_settings(cfg.selector).needs_model
-    ranking = ranking_models(cfg, dm) if needs_model else Ranking([])
+    needs_model = selector_of(run).needs_model
+    ranking = ranking_models(run, dm) if needs_model else Ranking([])
     start = time.perf_counter()
     diagnostics: dict[str, int] = {}
     profile: dict[str, float] = {}
     indices, weights = choose_subset(
-        cfg, dm, ranking.models, int(cfg.seed), diagnostics, ranking.heads, profile
+        run, dm, ranking.models, run.settings.seed, diagnostics, ranking.heads, profile
     )
     return Selected(
         indices=indices,
@@ -227,11 +233,11 @@ def select_subset(cfg: DictConfig, dm: DataModule) -> Selected:
     )
 
 
-def write_selection(cfg: DictConfig, dm: DataModule, out: Path, selected: Selected) -> None:
+def write_selection(run: Run, dm: DataModule, out: Path, selected: Selected) -> None:
     """subset.npz, its picture, stages.json and the jigsaw merge report of a soup made here."""
     # stages.json first: a run killed between the two has no subset.npz and selects again.
     write_json(out / STAGES_FILE, selection_stages(selected))
-    save_subset(out / SUBSET_FILE, selected.indices, selected.weights, subset_meta(cfg, dm))
+    save_subset(out / SUBSET_FILE, selected.indices, selected.weights, subset_meta(run, dm))
     write_subset_picture(dm, selected.indices, out / SUBSET_PICTURE)
     if selected.pretrained is not None and selected.pretrained.report:
         write_json(out / "merge_report.json", selected.pretrained.report)
@@ -243,17 +249,17 @@ def selection_stages(selected: Selected) -> dict[str, dict[str, Any]]:
     return {**stages, "select": selected.stats()}
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    """`select.py`: subset.npz, merge_report.json (a soup made here) and summary.json."""
-    validate(cfg)
-    if selector_settings(cfg.selector).is_full:
+def run(run: Run) -> dict[str, Any]:
+    """`select.py`, on the run's typed settings (lipt.run.config.validate builds them):
+    subset.npz, merge_report.json (a soup made here) and summary.json."""
+    if selector_of(run).is_full:
         raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
-    out = run_dir(cfg)
-    dm = build_datamodule(cfg)
-    selected = select_subset(cfg, dm)
-    write_selection(cfg, dm, out, selected)
+    out = run_dir(run)
+    dm = build_datamodule(run)
+    selected = select_subset(run, dm)
+    write_selection(run, dm, out, selected)
     counts = subset_class_counts(dm, selected.indices)
     stages = selection_stages(selected)
-    summary = summary_payload(cfg, dm, None, len(selected.indices), stages, class_counts=counts)
+    summary = summary_payload(run, dm, None, len(selected.indices), stages, class_counts=counts)
     write_json(out / "summary.json", summary)
     return summary

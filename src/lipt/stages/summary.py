@@ -6,10 +6,10 @@ import logging
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from lipt.data import DataModule
+from lipt.run.settings import Run
 
 log = logging.getLogger(__name__)
 
@@ -42,20 +42,20 @@ def subset_class_counts(dm: DataModule, indices: Tensor) -> list[int]:
 
 
 def summary_payload(
-    cfg: DictConfig,
+    run: Run,
     dm: DataModule,
     test_accuracy: float | None,
     subset_size: int | None,
     stages: dict[str, dict[str, Any]],
     class_counts: list[int] | None = None,
 ) -> dict[str, Any]:
-    payload = {
+    payload: dict[str, Any] = {
         "test_accuracy": None if test_accuracy is None else float(test_accuracy),
         "train_size": len(dm.pool_indices),
         "dataset_train_size": len(dm.train_source),
         "subset_size": subset_size,
         "stages": stages,
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": dict(run.config),
     }
     if class_counts is not None:
         payload["subset_class_counts"] = class_counts

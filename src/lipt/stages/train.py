@@ -20,12 +20,11 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
-from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from lipt.data import DataModule
 from lipt.dynamic.plan import infobatch_epochs
-from lipt.dynamic.stage import DynamicSetup, describe, dynamic_enabled, dynamic_pruning
+from lipt.dynamic.stage import DynamicSetup, describe, dynamic_pruning
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.pictures import log_to_wandb
 from lipt.run import console
@@ -42,10 +41,9 @@ from lipt.run.build import (
     run_dir,
     sweep_dir_of_job,
 )
-from lipt.run.config import validate
 from lipt.run.errors import UserError
 from lipt.run.seeding import reselect_seed
-from lipt.run.selector import budget_epochs, selector_settings
+from lipt.run.settings import Run
 from lipt.stages.reselect import Reselect, latest_subset
 from lipt.stages.results import Pretrained, Selected, Trained
 from lipt.stages.seen import SeenSamples
@@ -64,8 +62,8 @@ from lipt.stages.summary import subset_class_counts, summary_payload
 log = logging.getLogger(__name__)
 
 
-def resume_path(cfg: DictConfig, out: Path) -> str | None:
-    ckpt = cfg.get("ckpt_path")
+def resume_path(run: Run, out: Path) -> str | None:
+    ckpt = run.settings.ckpt_path
     if not ckpt:
         return None
     if ckpt == "last":
@@ -85,7 +83,7 @@ def resume_path(cfg: DictConfig, out: Path) -> str | None:
     return str(ckpt)
 
 
-def load_checked_subset(cfg: DictConfig, dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
+def load_checked_subset(dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
     indices, weights, meta = load_subset(path)
     expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
     check_subset(path, indices, weights, meta, expected, len(dm.train_source), dm.val_indices)
@@ -111,61 +109,64 @@ def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
     return json.loads(path.read_text()) if path.is_file() else None  # None: an older run
 
 
-def obtain_subset(cfg: DictConfig, dm: DataModule, out: Path, resume: str | None) -> TrainingSet:
+def obtain_subset(run: Run, dm: DataModule, out: Path, resume: str | None) -> TrainingSet:
     """The subset to train on: given (subset_path), none (selector=full), the one a resumed or
     restarted run already chose, or selected now exactly as select.py selects."""
-    if cfg.subset_path:
-        return TrainingSet(load_checked_subset(cfg, dm, Path(str(cfg.subset_path))))
-    selector = selector_settings(cfg.selector)
+    settings, selector = run.settings, run.selector
+    if settings.subset_path:
+        return TrainingSet(load_checked_subset(dm, Path(settings.subset_path)))
+    assert selector is not None  # train.yaml has a selector group
     if selector.is_full:
         return TrainingSet(None)
     saved = out / SUBSET_FILE
     if resume is not None and saved.is_file():
         # A resumed run trains on what the first attempt chose (re-selected ones included).
         completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
-        subset = load_checked_subset(cfg, dm, latest_subset(out, completed) or saved)
+        subset = load_checked_subset(dm, latest_subset(out, completed) or saved)
         return TrainingSet(subset, earlier_stages=earlier_stages(out))
-    if cfg.get("ckpt_path") == "last" and saved.is_file():
+    if settings.ckpt_path == "last" and saved.is_file():
         # Killed after selection, before main training saved an epoch: keep the subset; the
         # pre-trained model (init_from=pretrained) is merged again from the saved learners.
-        subset = load_checked_subset(cfg, dm, saved)
+        subset = load_checked_subset(dm, saved)
         log.info("resuming: the subset in %s is kept (not selected again)", saved)
         earlier = earlier_stages(out)
-        if cfg.init_from != "pretrained" or not selector.needs_model or is_ddp_child():
+        if settings.init_from != "pretrained" or not selector.needs_model or is_ddp_child():
             return TrainingSet(subset, earlier_stages=earlier)
-        ranking = ranking_models(cfg, dm)
+        ranking = ranking_models(run, dm)
         return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
     if is_ddp_child():  # extra DDP ranks read what rank 0 chose before it started them
-        return TrainingSet(load_checked_subset(cfg, dm, saved))
-    selected = select_subset(cfg, dm)
-    write_selection(cfg, dm, out, selected)
+        return TrainingSet(load_checked_subset(dm, saved))
+    selected = select_subset(run, dm)
+    write_selection(run, dm, out, selected)
     subset = (selected.indices, selected.weights)
     return TrainingSet(subset, selected, selected.pretrained, selected.pretrain_stats)
 
 
 def reselect_quietly(
-    cfg: DictConfig, dm: DataModule, model: nn.Module, seed: int, profile: dict[str, float]
+    run: Run, dm: DataModule, model: nn.Module, seed: int, profile: dict[str, float]
 ) -> tuple[Tensor, Tensor]:
     with console.no_bars():  # Lightning's own bar is live during training
-        return choose_subset(cfg, dm, [model], seed, profile=profile)
+        return choose_subset(run, dm, [model], seed, profile=profile)
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
-    validate(cfg)
-    out = run_dir(cfg)
+def run(run: Run) -> dict[str, Any]:
+    """`train.py`, on the run's typed settings (lipt.run.config.validate builds them): returns
+    summary.json's payload."""
+    settings = run.settings
+    out = run_dir(run)
     finished = out / "summary.json"
-    if cfg.get("ckpt_path") == "last" and finished.is_file() and not is_ddp_child():
+    if settings.ckpt_path == "last" and finished.is_file() and not is_ddp_child():
         # Resuming a sweep re-runs its every job: one that finished keeps its results as they
         # are (a second test pass would overwrite its stage timings with a resume's).
         console.stage(f"{console.shown(out)} finished already: its summary.json stands")
         summary: dict[str, Any] = json.loads(finished.read_text())
         return summary
-    dm = build_datamodule(cfg)
-    resume = resume_path(cfg, out)
-    training_set = obtain_subset(cfg, dm, out, resume)
+    dm = build_datamodule(run)
+    resume = resume_path(run, out)
+    training_set = obtain_subset(run, dm, out, resume)
     dynamic: DynamicSetup | None = None
-    if dynamic_enabled(cfg):  # the whole pool (selector=full), pruned anew every epoch
-        dynamic = dynamic_pruning(cfg, dm, out, resume)
+    if run.dynamic_enabled:  # the whole pool (selector=full), pruned anew every epoch
+        dynamic = dynamic_pruning(run, dm, out, resume)
         training_set.pretrained = dynamic.pretrained
         training_set.pretrain_stats = dynamic.pretrain_stats
         training_set.score_stats = dynamic.score_stats
@@ -183,8 +184,8 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
     # Main training starts from the common initial model (paper, appendix A) unless asked.
     # Extra DDP ranks keep the init: DDP copies rank 0's weights to them when fit starts.
-    model = build_model(cfg, int(cfg.seed))
-    if cfg.init_from == "pretrained" and not is_ddp_child() and resume is None:
+    model = build_model(run, settings.seed)
+    if settings.init_from == "pretrained" and not is_ddp_child() and resume is None:
         if pretrained is None:
             raise UserError(
                 "init_from=pretrained needs a model pre-trained in this run: use a pretrain "
@@ -196,7 +197,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     dynamic_optim: dict[str, Any] = (
         {"loss_norm": "batch", "schedule_over": "epochs"} if dynamic is not None else {}
     )
-    module = build_classifier(cfg, model, **dynamic_optim)
+    module = build_classifier(run, model, **dynamic_optim)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
         ModelCheckpoint(
@@ -207,39 +208,39 @@ def run(cfg: DictConfig) -> dict[str, Any]:
             enable_version_counter=False,
         )
     ]
-    if cfg.get("record_seen", False):
+    if settings.record_seen:
         callbacks.append(SeenSamples(out))
     extra: dict[str, Any] = {}
     reselect = None
-    if cfg.reselect_every > 0 and subset is not None and cfg.subset_path is None:
+    if settings.reselect_every > 0 and subset is not None and settings.subset_path is None:
         reselect = Reselect(
-            int(cfg.reselect_every),
+            settings.reselect_every,
             dm,
             lambda module, epoch, profile: reselect_quietly(
-                cfg, dm, cast(nn.Module, module.model), reselect_seed(int(cfg.seed), epoch), profile
+                run, dm, cast(nn.Module, module.model), reselect_seed(settings.seed, epoch), profile
             ),
             out,
-            subset_meta(cfg, dm),
+            subset_meta(run, dm),
         )
         callbacks.append(reselect)
-        extra["reload_dataloaders_every_n_epochs"] = int(cfg.reselect_every)
+        extra["reload_dataloaders_every_n_epochs"] = settings.reselect_every
     if dynamic is not None:
         callbacks.append(dynamic.callback)
         extra["reload_dataloaders_every_n_epochs"] = 1  # each epoch's loader asks for its plan
-    selector = selector_settings(cfg.selector)
-    if selector.is_full and selector.match_subset_steps:
-        extra["max_steps"] = subset_steps(cfg, len(dm.pool_indices))  # approach=full_steps
-    epochs = int(cfg.trainer.max_epochs)
-    if budget_epochs(cfg):  # selector=infobatch: the epochs `fraction` of the cost buys
-        epochs = extra["max_epochs"] = infobatch_epochs(float(cfg.fraction), epochs)
-    loggers = build_loggers(cfg)
+    selector = run.selector
+    if selector is not None and selector.is_full and selector.match_subset_steps:
+        extra["max_steps"] = subset_steps(run, len(dm.pool_indices))  # approach=full_steps
+    epochs = run.main_epochs
+    if run.budget_epochs:  # selector=infobatch: the epochs `fraction` of the cost buys
+        epochs = extra["max_epochs"] = infobatch_epochs(float(settings.fraction), epochs)
+    loggers = build_loggers(run)
     # The `callbacks` group: those the run has what they need for.
-    callbacks += build_callbacks(cfg, loggers, progress_bars(cfg), len(dm.val_indices) > 0)
-    trainer = build_trainer(cfg, logger=loggers, callbacks=callbacks, **extra)
+    callbacks += build_callbacks(run, loggers, progress_bars(run), len(dm.val_indices) > 0)
+    trainer = build_trainer(run, logger=loggers, callbacks=callbacks, **extra)
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
-    L.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    L.seed_everything(settings.seed, workers=True, verbose=False)
     train_size = len(dm.pool_indices) if subset is None else len(subset[0])
-    line = console.describe_training(cfg, train_size, len(dm.pool_indices), epochs)
+    line = console.describe_training(run, train_size, len(dm.pool_indices), epochs)
     console.stage(line if dynamic is None else f"{line}; {describe(dynamic.callback.method)}")
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     samples = module.total_samples_seen()
@@ -263,7 +264,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         dynamic=None if dynamic is None else dynamic.callback.ledger(samples, epochs_trained),
     )
     stages = training_stages(training_set, trained)
-    summary = summary_payload(cfg, dm, test_accuracy, subset_size, stages, class_counts)
+    summary = summary_payload(run, dm, test_accuracy, subset_size, stages, class_counts)
     summary["val_accuracy"] = val_accuracy
     if trainer.is_global_zero:
         write_json(out / "summary.json", summary)

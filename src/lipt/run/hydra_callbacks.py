@@ -1,14 +1,19 @@
-"""The Hydra callback that turns a multirun of jigsaw learner jobs into one soup.
+"""lipt's Hydra callbacks (configs/hydra): Hydra hands them the composed config, so they belong
+to the build layer, beside lipt.run.config.
 
-    python pretrain.py -m pretrain=jigsaw 'pretrain.learners=range(10)' hydra/callbacks=soup \
-        [hydra/launcher=joblib | hydra/launcher=submitit_slurm ...]
+- `SweepTable` (configs/hydra/default.yaml): at the end of a multirun, a short table of its runs
+  on the terminal.
+- `SoupCallback` (`hydra/callbacks=soup`) turns a multirun of jigsaw learner jobs into one soup:
 
-Each job (lipt.jigsaw.stage.run_learner_job) trains its learners on their own shards and writes
-learner_{i}.ckpt to <sweep dir>/learners (or pretrain.learner_dir). When the sweep ends, this
-callback merges them exactly as the in-process path does (lipt.jigsaw.stage.merge_learner_dir),
-leaving out missing or diverged learners with a warning, and writes pretrain.ckpt,
-merge_report.json and summary.json into the sweep dir.
-LiPT: https://proceedings.mlr.press/v202/ro23a.html, section 3.2.
+      python pretrain.py -m pretrain=jigsaw 'pretrain.learners=range(10)' hydra/callbacks=soup \\
+          [hydra/launcher=joblib | hydra/launcher=submitit_slurm ...]
+
+  Each job (lipt.jigsaw.stage.run_learner_job) trains its learners on their own shards and
+  writes learner_{i}.ckpt to <sweep dir>/learners (or pretrain.learner_dir). When the sweep
+  ends, the callback merges them exactly as the in-process path does
+  (lipt.jigsaw.stage.merge_learner_dir), leaving out missing or diverged learners with a
+  warning, and writes pretrain.ckpt, merge_report.json and summary.json into the sweep dir.
+  LiPT: https://proceedings.mlr.press/v202/ro23a.html, section 3.2.
 """
 
 from __future__ import annotations
@@ -24,9 +29,52 @@ from omegaconf import DictConfig, open_dict
 
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.jigsaw.stage import merge_learner_dir
+from lipt.report.pictures import log_sweep_report
+from lipt.report.render import MARKDOWN_COLUMNS
+from lipt.report.sweep import aggregate, load_summaries, varying_keys
+from lipt.run import console
+from lipt.run.config import run_of
+from lipt.run.console import shown
 from lipt.run.errors import UserError, fail, one_line
 
 log = logging.getLogger(__name__)
+
+
+class SweepTable(Callback):
+    """At the end of a multirun: a short table of the sweep's summaries (lipt.report.sweep's
+    grouping: one row per swept setting, mean over seeds) and where the sweep folder is."""
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        console.jobs_ended()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if learner_sweep(config):  # jigsaw learner jobs: the soup callback reports the merge
+            return
+        sweep = Path(str(config.hydra.sweep.dir))
+        runs, _ = load_summaries(sweep) if sweep.is_dir() else ([], [])
+        if not runs:
+            return
+        keys = varying_keys([run.config for run in runs])
+        columns = [c for c in MARKDOWN_COLUMNS if c[0] in SWEEP_COLUMNS]
+        header = [*keys, *(name for name, _ in columns)]
+        rows = [
+            [str(row[key]) for key in keys] + [show(row) for _, show in columns]
+            for row in aggregate(runs, keys)
+        ]
+        widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+        lines = [f"sweep of {len(runs)} runs: {shown(sweep)}"]
+        for cells in [header, *rows]:
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
+        report = log_sweep_report(config, sweep)  # with logger=wandb: also into wandb
+        made = f"in {shown(report)}" if report else f"with make report SWEEP={shown(sweep)}"
+        lines.append(f"  (tables and plots {made})")
+        print("\n".join(lines), flush=True)
+
+
+SWEEP_COLUMNS = ("runs", "test acc. (%)", "subset", "total (s)")
+
+
+# ---------------------------------------------------------------------- a learner multirun
 
 LEARNERS_KEY = "pretrain.learners"
 
@@ -54,7 +102,7 @@ class SoupCallback(Callback):
             explicit = cfg.pretrain.get("learner_dir")
             folder = Path(str(explicit)).expanduser() if explicit else sweep_dir / LEARNERS_DIR
             seconds = 0.0 if self.start is None else time.perf_counter() - self.start
-            summary = merge_learner_dir(cfg, folder, sweep_dir, seconds)
+            summary = merge_learner_dir(run_of(cfg), folder, sweep_dir, seconds)
         except UserError as e:
             _fail(e)
         stats = summary["stages"]["pretrain"]
