@@ -148,8 +148,9 @@ def run_lipt(cfg, model: nn.Module, dm, seed: int) -> tuple[float, torch.Tensor]
     from lipt.run.config import run_of
     from lipt.stages.select import choose_subset
 
+    run = run_of(cfg)  # before the clock: resolving the config is not selection
     start = time.perf_counter()
-    indices, _ = choose_subset(run_of(cfg), dm, [model], seed=seed)
+    indices, _ = choose_subset(run, dm, [model], seed=seed)
     return time.perf_counter() - start, indices
 
 
@@ -180,12 +181,13 @@ def main() -> None:
 
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
         cfg = compose("train", overrides=["paths.output_dir=/tmp/lipt-bench", f"seed={args.seed}"])
-    dm = build_datamodule(run_of(cfg))
+    run = run_of(cfg)
+    dm = build_datamodule(run)
     pretrained = args.ckpt is not None
     if pretrained:
-        model = load_pretrained(run_of(cfg), dm, Path(args.ckpt)).eval()
+        model = load_pretrained(run, dm, Path(args.ckpt)).eval()
     else:
-        model = build_model(run_of(cfg), args.seed).eval()
+        model = build_model(run, args.seed).eval()
     budget = round(FRACTION * len(dm.pool_indices))
     what = f"the model of {args.ckpt}" if pretrained else "untrained convnet"
     print(f"CPU ({torch.get_num_threads()} threads), Fashion-MNIST pool {len(dm.pool_indices):,}")

@@ -186,9 +186,9 @@ def run_strategy(
     tag = f"{name}_{label}" if label else name
     run_dir = out / f"{tag}_seed{seed}"
     overrides = [*base, f"pretrain={name}", f"seed={seed}", *extra.get(name, [])]
-    cfg = compose(overrides, run_dir)
+    run = run_of(compose(overrides, run_dir))
     log(f"{tag} seed {seed}: pre-training")
-    result = pretrain_model(run_of(cfg), dm, seed)
+    result = pretrain_model(run, dm, seed)
     row: dict[str, Any] = {"strategy": name, "variant": label, "seed": seed, **result.stats()}
     if result.report:
         row["merge_seconds"] = result.report.get("merge_seconds")
@@ -205,10 +205,10 @@ def run_strategy(
     if args.tax_only:
         return row
     start = time.perf_counter()
-    indices, weights = choose_subset(run_of(cfg), dm, [result.model], seed)
+    indices, weights = choose_subset(run, dm, [result.model], seed)
     row["select_seconds"] = round(time.perf_counter() - start, 3)
     subset = run_dir / "subset.npz"
-    save_subset(subset, indices, weights, subset_meta(run_of(cfg), dm))
+    save_subset(subset, indices, weights, subset_meta(run, dm))
     log(f"{name} seed {seed}: main training on {len(indices)} samples")
     summary = train_run(validate(compose([*overrides, f"subset_path={subset}"], run_dir)))
     row["test_accuracy"] = summary["test_accuracy"]

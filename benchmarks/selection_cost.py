@@ -112,9 +112,10 @@ def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
                 "train",
                 overrides=["paths.output_dir=/tmp/lipt-bench", f"selector={name}", "fraction=0.1"],
             )
+        run = run_of(cfg)
         if model is None:  # one data module and model for every selector (the data is shared)
-            dm = build_datamodule(run_of(cfg))
-            model = build_model(run_of(cfg), 0)
+            dm = build_datamodule(run)
+            model = build_model(run, 0)
             model_outputs(model, dm.pool_dataloader())  # warm-up
         heads = None
         if name == "coverage":  # as if from pretrain.ckpt: one head per jigsaw learner
@@ -127,7 +128,7 @@ def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
             inference.append(time.perf_counter() - start)
             with PeakRSS() as memory:
                 start = time.perf_counter()
-                choose_subset(run_of(cfg), dm, [model], seed=0, learner_heads=heads)
+                choose_subset(run, dm, [model], seed=0, learner_heads=heads)
                 selection.append(time.perf_counter() - start)
         ratio = min(selection) / min(inference)
         rows.append(
@@ -149,6 +150,7 @@ def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     from hydra import compose, initialize_config_dir
 
     from lipt.run.build import build_selector
+    from lipt.run.config import run_of
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     g = torch.Generator().manual_seed(0)
@@ -164,11 +166,12 @@ def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     heads = learner_heads(classes, dim, g) if name == "coverage" else None
     inputs = SelectionInputs(outputs(n), outputs(n // 50), (), weight, bias, heads)
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        node = compose("train", overrides=["paths.output_dir=/tmp", f"selector={name}"]).selector
-    fn = build_selector(node)
+        run = run_of(compose("train", overrides=["paths.output_dir=/tmp", f"selector={name}"]))
+    fn = build_selector(run)
+    assert run.selector is not None
     start = time.perf_counter()
     budget = n // 10
-    if node.get("balance", False):
+    if run.selector.balance:
         selection = select_balanced(fn, inputs, budget, generator=g)
     else:
         selection = fn(inputs, budget, generator=g)

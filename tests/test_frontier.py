@@ -161,13 +161,13 @@ def test_the_main_jobs_default_is_the_frontiers_infobatch_at_its_budget(make_cfg
     """`python train.py fraction=b trainer.max_epochs=E_ref` (selector=infobatch, the default)
     trains the frontier's infobatch method: the same epochs and the same InfoBatch node."""
     from lipt.dynamic.plan import infobatch_epochs
-    from lipt.run.selector import budget_epochs
+    from lipt.run.config import run_of
 
     ref = fr.Reference(epochs=12, steps_per_epoch=215, reselect_every=1)
     for budget in (0.1, 0.2, 0.3, 0.5):
         default = make_cfg([f"fraction={budget}", f"trainer.max_epochs={ref.epochs}"])
         method = make_cfg(fr.infobatch(budget, ref))
-        assert budget_epochs(default) and not budget_epochs(method)
+        assert run_of(default).budget_epochs and not run_of(method).budget_epochs
         assert infobatch_epochs(budget, ref.epochs) == method.trainer.max_epochs
         assert default.dynamic == method.dynamic
     # The default at its own budget: 10% of a 15-epoch run is 2 epochs of InfoBatch.

@@ -16,7 +16,7 @@ from lipt.jigsaw.checks import validate_jigsaw
 from lipt.run.checks import get_key
 from lipt.run.errors import UserError
 from lipt.run.schema import check_mapping
-from lipt.run.selector import SelectorSettings, gives_way_to_saved_subset, selector_settings
+from lipt.run.selector import SelectorSettings, selector_settings
 from lipt.run.settings import DatasetSettings, Run, RunSettings, SelectorOptions
 
 
@@ -28,7 +28,7 @@ def _selector(cfg: Mapping[str, Any]) -> SelectorSettings | None:
         return None
     declared = SelectorOptions.keys()
     own = {k: v for k, v in node.items() if k in declared}
-    try:
+    try:  # only the keys present: an option need not set every one
         check_mapping("selector", own, declared, open_keys=False)
     except UserError as e:
         raise UserError(f"selector={node.get('name')}: {e}") from e
@@ -40,11 +40,11 @@ INFOBATCH, LIPT_BUDGET = "lipt.dynamic.InfoBatch", "lipt.dynamic.LiptBudget"
 NO_PRETRAINING = "lipt.stages.pretrain.NoPretraining"
 
 
-def validate_dynamic(cfg: DictConfig) -> None:
+def validate_dynamic(cfg: DictConfig, run: Run) -> None:
     """dynamic=infobatch / lipt: the whole pool (selector=full), and lipt's ensemble (a
     pre-training). Each knob's range is declared on its plan (lipt.dynamic.plan)."""
     node = cfg.get("dynamic")
-    selector = _selector(cfg)
+    selector = run.selector
     if selector is not None and selector.budget_epochs:
         if node is None or node.get("_target_") != INFOBATCH:
             chosen = "none" if node is None else node.get("name", node.get("_target_"))
@@ -76,7 +76,7 @@ def validate_dynamic(cfg: DictConfig) -> None:
             f"dynamic={name} prunes the whole pool every epoch, so selector={selector.label} "
             "cannot choose a subset too; use selector=full (or dynamic=none)"
         )
-    if cfg.get("subset_path") is not None and not gives_way_to_saved_subset(cfg):
+    if run.settings.subset_path is not None and not run.gives_way_to_saved_subset:
         raise UserError(f"dynamic={name} prunes the whole pool; drop subset_path")
     if selector is not None and selector.match_subset_steps:
         raise UserError(
@@ -189,6 +189,6 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
     pretrain = values.get("pretrain")
     if isinstance(pretrain, Mapping) and "num_learners" in pretrain:  # pretrain=jigsaw
         validate_jigsaw(values)  # and the groups augment, prune, merge: across keys
-    validate_dynamic(cfg)
+    validate_dynamic(cfg, run)
     preflight(cfg)
     return run

@@ -28,25 +28,6 @@ class SelectorSettings:
     repeats: int = 1  # rank with this many seeds' models and average
 
 
-def gives_way_to_saved_subset(cfg: Mapping[str, Any]) -> bool:
-    """selector=infobatch with a saved subset (subset_path): the subset replaces the selector,
-    as it replaces any selector, and with it the pruning and the budgeted epochs (the subset
-    trains trainer.max_epochs, unpruned)."""
-    node = cfg.get("selector")
-    if node is None or not cfg.get("subset_path"):
-        return False
-    return selector_settings(node).budget_epochs
-
-
-def budget_epochs(cfg: Mapping[str, Any]) -> bool:
-    """selector=infobatch: main training's epochs from `fraction`, pruned by the `dynamic`
-    group; not where a saved subset replaces it."""
-    node = cfg.get("selector")
-    if node is None:
-        return False
-    return selector_settings(node).budget_epochs and not gives_way_to_saved_subset(cfg)
-
-
 def selector_settings(node: Mapping[str, Any]) -> SelectorSettings:
     """The settings of a `selector` config node (composed, or resolved to plain values)."""
     name = node.get("name")

@@ -26,7 +26,7 @@ from lipt.run.schema import (
     check_value,
     fields_of,
 )
-from lipt.run.selector import SelectorSettings, budget_epochs, gives_way_to_saved_subset
+from lipt.run.selector import SelectorSettings
 
 
 class Checked:
@@ -211,10 +211,20 @@ class Run:
         return str(self.node("pretrain").get("name"))
 
     @property
+    def gives_way_to_saved_subset(self) -> bool:
+        """selector=infobatch with a saved subset (subset_path): the subset replaces the selector,
+        as it replaces any selector, and with it the pruning and the budgeted epochs (the subset
+        trains trainer.max_epochs, unpruned)."""
+        selector = self.selector
+        return selector is not None and selector.budget_epochs and bool(self.settings.subset_path)
+
+    @property
     def budget_epochs(self) -> bool:
-        """selector=infobatch: main training's epochs from `fraction` (not where a saved subset
-        replaces it)."""
-        return budget_epochs(self.config)
+        """selector=infobatch: main training's epochs from `fraction`, pruned by the `dynamic`
+        group; not where a saved subset replaces it."""
+        selector = self.selector
+        budgeted = selector is not None and selector.budget_epochs
+        return budgeted and not self.gives_way_to_saved_subset
 
     @property
     def dynamic_enabled(self) -> bool:
@@ -222,4 +232,4 @@ class Run:
         `dynamic=lipt` (`dynamic=none` builds nothing; a subset selector has no `dynamic` node).
         selector=infobatch's pruning gives way to a saved subset (subset_path), as the selector
         does."""
-        return "_target_" in self.node("dynamic") and not gives_way_to_saved_subset(self.config)
+        return "_target_" in self.node("dynamic") and not self.gives_way_to_saved_subset
