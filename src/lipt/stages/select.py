@@ -58,6 +58,7 @@ def subset_steps(run: Run, pool_size: int) -> int:
 
 
 def selector_of(run: Run) -> SelectorSettings:
+    """The chosen selector's settings, in the stages that have a `selector` group."""
     assert run.selector is not None, "select.py and train.py have a selector group"
     return run.selector
 

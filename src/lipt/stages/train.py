@@ -53,6 +53,7 @@ from lipt.stages.select import (
     choose_subset,
     ranking_models,
     select_subset,
+    selector_of,
     subset_meta,
     subset_steps,
     write_selection,
@@ -112,10 +113,9 @@ def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
 def obtain_subset(run: Run, dm: DataModule, out: Path, resume: str | None) -> TrainingSet:
     """The subset to train on: given (subset_path), none (selector=full), the one a resumed or
     restarted run already chose, or selected now exactly as select.py selects."""
-    settings, selector = run.settings, run.selector
+    settings, selector = run.settings, selector_of(run)
     if settings.subset_path:
         return TrainingSet(load_checked_subset(dm, Path(settings.subset_path)))
-    assert selector is not None  # train.yaml has a selector group
     if selector.is_full:
         return TrainingSet(None)
     saved = out / SUBSET_FILE
@@ -227,8 +227,8 @@ def run(run: Run) -> dict[str, Any]:
     if dynamic is not None:
         callbacks.append(dynamic.callback)
         extra["reload_dataloaders_every_n_epochs"] = 1  # each epoch's loader asks for its plan
-    selector = run.selector
-    if selector is not None and selector.is_full and selector.match_subset_steps:
+    selector = selector_of(run)
+    if selector.is_full and selector.match_subset_steps:
         extra["max_steps"] = subset_steps(run, len(dm.pool_indices))  # approach=full_steps
     epochs = run.main_epochs
     if run.budget_epochs:  # selector=infobatch: the epochs `fraction` of the cost buys
