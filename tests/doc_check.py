@@ -179,6 +179,12 @@ def check_stage(stage: str, args: list[str], session: Session) -> str | None:
             else:
                 stand_in.parent.mkdir(parents=True, exist_ok=True)
                 stand_in.touch()
+    # A config folder on Hydra's search path is named from the repository root, where the
+    # docs' commands run; the check runs in a scratch folder.
+    overrides = [
+        re.sub(r"file://(?!/)", f"file://{ROOT}/", o) if o.startswith("hydra.searchpath=") else o
+        for o in overrides
+    ]
     stderr = io.StringIO()
     with contextlib.chdir(session.workdir), contextlib.redirect_stderr(stderr):
         try:

@@ -33,7 +33,10 @@ FAST = [
     "trainer.max_epochs=1",
     "trainer.enable_progress_bar=false",
     "logger=none",
-    "pretrain=none",  # tests that exercise the jigsaw stage ask for it
+    # The whole pool pruned by InfoBatch, which needs no pre-training; tests that exercise the
+    # jigsaw stage or lipt's default (selector=lipt) ask for them.
+    "selector=infobatch",
+    "pretrain=none",
 ]
 
 

@@ -38,6 +38,7 @@ BASE = [
     "model.width=8",
     "trainer.accelerator=cpu",
     "logger=none",
+    "selector=infobatch",  # the whole pool without pre-training (the default, lipt, needs one)
     "pretrain=none",
 ]
 ADDED_BASE = ["trainer.accelerator=cpu", "logger=none"]
@@ -51,6 +52,7 @@ NEEDS = {
     ("dynamic", "none"): ["selector=full"],
     ("dynamic", "lipt"): ["selector=full", "pretrain=jigsaw"],
     ("selector", "full"): [],
+    ("selector", "lipt"): ["pretrain=jigsaw"],
 }
 # Groups added to the config with `+` (no default option in train.yaml).
 ADDED = ("approach", "experiment", "scale")

@@ -93,7 +93,10 @@ def test_the_checker_passes_a_chain_of_commands_that_write_and_read_a_run(tmp_pa
     assert check_shell("python select.py ckpt_path=outputs/soup/pretrain.ckpt", session) is None
     assert check_shell(". .venv/bin/activate", session) is None
     assert check_shell("make report SWEEP=multirun/x", session) is None
-    assert check_shell("python benchmarks/frontier.py --small  # a comment", session) is None
+    assert (
+        check_shell("python benchmarks/selection_cost.py --skip-large  # a comment", session)
+        is None
+    )
 
 
 def test_the_checker_runs_python_blocks_for_real():
@@ -120,9 +123,9 @@ def test_config_doc_lists_every_option_key_and_comment(tmp_path):
     )
     for group in ("dataset", "model", "pretrain", "selector", "experiment", "hydra/callbacks"):
         assert f"## Group `{group}`" in text
-    assert "### `selector=coverage`" in text and "`infobatch` (default)" in text
+    assert "### `selector=coverage`" in text and "`lipt` (default)" in text
     # dynamic's default is named after the selector's choice (train.yaml's `${selector}`)
-    assert "- [`dynamic`](#group-dynamic): `infobatch` (default), `lipt`, `none`" in text
+    assert "- [`dynamic`](#group-dynamic): `infobatch`, `lipt` (default), `none`" in text
 
 
 def test_config_doc_needs_neither_hydra_nor_torch_and_no_stage_imports_it():

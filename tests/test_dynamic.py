@@ -399,15 +399,16 @@ def test_dynamic_configs_compose_and_pass_every_check(make_cfg):
     validate(make_cfg([*FAST, "selector=full", "dynamic=infobatch"]))
     validate(make_cfg(["selector=full", "dynamic=lipt", "dynamic.budget=0.3"]))  # jigsaw default
     assert "_target_" not in make_cfg(["selector=full", "dynamic=none"]).dynamic  # none built
-    # The dynamic option is the one named after the selector: infobatch for the default, no
-    # node for a subset selector or the unpruned whole pool.
-    assert make_cfg([]).dynamic._target_ == "lipt.dynamic.InfoBatch"
+    # The dynamic option is the one named after the selector: lipt for the default, infobatch
+    # for selector=infobatch, no node for a subset selector or the unpruned whole pool.
+    assert make_cfg([]).dynamic._target_ == "lipt.dynamic.LiptBudget"
+    assert make_cfg(["selector=infobatch"]).dynamic._target_ == "lipt.dynamic.InfoBatch"
     assert make_cfg(["selector=coverage"]).get("dynamic") is None
     assert make_cfg(["selector=full"]).get("dynamic") is None
 
 
 def test_the_frontier_sweeps_pass_the_cli_precheck_and_a_bad_budget_fails_it(capsys):
-    # As benchmarks/frontier.py calls train.py: every job's config composed as the sweeper does.
+    # The frontier's methods as overrides: every job's config composed as the sweeper does.
     infobatch = ["selector=full", "pretrain=none", "dynamic=infobatch", "trainer.max_epochs=2"]
     precheck("train", [*infobatch, "seed=0,1"], multirun=True)
     lipt = ["selector=full", "dynamic=lipt", "trainer.max_epochs=2", "seed=0"]

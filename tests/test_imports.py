@@ -166,6 +166,7 @@ BUILD_LAYER = {
         "training_groups",
         "config_doc",
         "hydra_callbacks",
+        "frontier_sweep",
     )
 }
 

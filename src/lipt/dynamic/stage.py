@@ -39,6 +39,11 @@ def score_with_ensemble(run: Run, dm: DataModule) -> tuple[Tensor, Ranking, dict
     the learners' heads: each sample's ensemble cross-entropy [N] in pool order, the ranking
     (soup, heads, pre-training's cost) and stages.score (the pool's pass through the soup)."""
     ranking = ranking_models(run, dm)
+    scorers = "the soup" if ranking.heads is None else f"the soup and {len(ranking.heads)} heads"
+    console.stage(
+        f"selection: {scorers} score the pool of {len(dm.pool_indices):,}; each pruned epoch "
+        "keeps a sample with a probability that follows its score"
+    )
     start = time.perf_counter()
     soup = ranking.models[0]
     with console.progress("dynamic: pool scored by the ensemble", len(dm.pool_indices)) as step:

@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-import torch
-from torch import Tensor, nn
+from torch import Generator, Tensor, nn
 
 from lipt.jigsaw.pruning import prune_magnitude, prune_random, prune_snip
 from lipt.jigsaw.soup import (
@@ -32,6 +31,10 @@ from lipt.run.settings import Checked, LearnerOptim
 
 # --------------------------------------------------------------------------- prune=
 
+# A learner's first minibatch (inputs, targets), for the methods that score weights on one
+# (`needs_batch`); None for the others.
+Batch = tuple[Tensor, Tensor] | None
+
 
 @dataclass(frozen=True)
 class Pruning(Checked):
@@ -47,13 +50,7 @@ class Pruning(Checked):
     prunes: ClassVar[bool] = True
     needs_batch: ClassVar[bool] = False
 
-    def apply(
-        self,
-        model: nn.Module,
-        density: float,
-        generator: torch.Generator,
-        batch: tuple[Tensor, Tensor] | None,
-    ) -> None:
+    def apply(self, model: nn.Module, density: float, generator: Generator, batch: Batch) -> None:
         raise NotImplementedError
 
 
@@ -61,13 +58,7 @@ class Pruning(Checked):
 class NoPruning(Pruning):
     prunes: ClassVar[bool] = False
 
-    def apply(
-        self,
-        model: nn.Module,
-        density: float,
-        generator: torch.Generator,
-        batch: tuple[Tensor, Tensor] | None,
-    ) -> None:
+    def apply(self, model: nn.Module, density: float, generator: Generator, batch: Batch) -> None:
         """Dense learners: nothing to do."""
 
 
@@ -75,13 +66,7 @@ class NoPruning(Pruning):
 class MagnitudePruning(Pruning):
     """One-shot global magnitude pruning (OMP), LiPT's choice."""
 
-    def apply(
-        self,
-        model: nn.Module,
-        density: float,
-        generator: torch.Generator,
-        batch: tuple[Tensor, Tensor] | None,
-    ) -> None:
+    def apply(self, model: nn.Module, density: float, generator: Generator, batch: Batch) -> None:
         prune_magnitude(model, density)
 
 
@@ -89,13 +74,7 @@ class MagnitudePruning(Pruning):
 class RandomPruning(Pruning):
     """Global random pruning from the learner's own generator (paper, appendix D)."""
 
-    def apply(
-        self,
-        model: nn.Module,
-        density: float,
-        generator: torch.Generator,
-        batch: tuple[Tensor, Tensor] | None,
-    ) -> None:
+    def apply(self, model: nn.Module, density: float, generator: Generator, batch: Batch) -> None:
         prune_random(model, density, generator=generator)
 
 
@@ -105,13 +84,7 @@ class SnipPruning(Pruning):
 
     needs_batch: ClassVar[bool] = True
 
-    def apply(
-        self,
-        model: nn.Module,
-        density: float,
-        generator: torch.Generator,
-        batch: tuple[Tensor, Tensor] | None,
-    ) -> None:
+    def apply(self, model: nn.Module, density: float, generator: Generator, batch: Batch) -> None:
         if batch is None:
             raise ValueError("snip pruning needs batch=(inputs, targets) to compute saliencies")
         prune_snip(model, density, batch[0], batch[1])

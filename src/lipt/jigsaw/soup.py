@@ -163,6 +163,36 @@ def uniform_soup(state_dicts: Sequence[StateDict], evaluate: Evaluate) -> SoupRe
     )
 
 
+# How a greedy soup tries one later candidate: try_candidate(candidate, kept, soup, soup_score,
+# trials) scores the soups it could make with the candidate in, appends each to `trials` (not
+# accepted) and returns the best one: its index in `trials` and its state dict.
+TryCandidate = Callable[
+    [int, list[int], StateDict, float, list[dict[str, Any]]], tuple[int, StateDict]
+]
+
+
+def _greedy(
+    state_dicts: Sequence[StateDict], evaluate: Evaluate, try_candidate: TryCandidate, method: str
+) -> SoupResult:
+    """The greedy loop both greedy soups share: start from the best ingredient, visit the others
+    from best to worst, and keep a candidate when its best trial scores >= the current soup."""
+    scores = _score_ingredients(state_dicts, evaluate)
+    order = _by_score(scores)
+    kept = [order[0]]
+    ratios = [1.0]
+    soup = _clone(state_dicts[order[0]])
+    soup_score = scores[order[0]]
+    trials: list[dict[str, Any]] = []
+    for i in order[1:]:
+        best, best_soup = try_candidate(i, kept, soup, soup_score, trials)
+        if trials[best]["score"] >= soup_score:
+            trials[best]["accepted"] = True
+            kept.append(i)
+            ratios.append(trials[best]["alpha"])
+            soup, soup_score = best_soup, trials[best]["score"]
+    return SoupResult(soup, kept, ratios, scores, soup_score, method=method, trials=trials)
+
+
 def greedy_soup(state_dicts: Sequence[StateDict], evaluate: Evaluate) -> SoupResult:
     """The greedy soup of Wortsman et al. (2022, Algorithm 1 / recipe "greedy soup").
 
@@ -172,24 +202,17 @@ def greedy_soup(state_dicts: Sequence[StateDict], evaluate: Evaluate) -> SoupRes
     scores below the best ingredient. ``evaluate`` runs once per ingredient and once per later
     candidate (2n - 1 calls).
     """
-    scores = _score_ingredients(state_dicts, evaluate)
-    order = _by_score(scores)
-    kept = [order[0]]
-    ratios = [1.0]
-    soup = _clone(state_dicts[order[0]])
-    soup_score = scores[order[0]]
-    trials: list[dict[str, Any]] = []
-    for i in order[1:]:
+
+    def average_in(
+        i: int, kept: list[int], soup: StateDict, soup_score: float, trials: list[dict[str, Any]]
+    ) -> tuple[int, StateDict]:
         trial = average_state_dicts([state_dicts[j] for j in [*kept, i]])
         score = _score(evaluate, trial)
-        accepted = score >= soup_score
-        alpha = 1.0 / (len(kept) + 1)
-        trials.append({"candidate": i, "alpha": alpha, "score": score, "accepted": accepted})
-        if accepted:
-            kept.append(i)
-            ratios.append(1.0 / len(kept))
-            soup, soup_score = trial, score
-    return SoupResult(soup, kept, ratios, scores, soup_score, method="greedy", trials=trials)
+        alpha = 1.0 / (len(kept) + 1)  # the running mean's share of the newcomer
+        trials.append({"candidate": i, "alpha": alpha, "score": score, "accepted": False})
+        return len(trials) - 1, trial
+
+    return _greedy(state_dicts, evaluate, average_in, method="greedy")
 
 
 def alpha_grid(num_steps: int = 20) -> list[float]:
@@ -284,21 +307,17 @@ def greedy_interp_soup(
         raise ValueError(f"unknown search {search!r}; choose from {SEARCHES}")
     running_mean = isinstance(ratios, str) and ratios == RUNNING_MEAN
     grid = [] if running_mean else _check_ratios(ratios)
-    scores = _score_ingredients(state_dicts, evaluate)
-    order = _by_score(scores)
-    kept = [order[0]]
-    used = [1.0]
-    soup = _clone(state_dicts[order[0]])
-    soup_score = scores[order[0]]
-    trials: list[dict[str, Any]] = []
-    for i in order[1:]:
+
+    def best_blend(
+        i: int, kept: list[int], soup: StateDict, soup_score: float, trials: list[dict[str, Any]]
+    ) -> tuple[int, StateDict]:
         share = 1.0 / (len(kept) + 1)
         # (sort key, index into trials, soup) of the best alpha so far
         best: tuple[tuple[float, float], int, StateDict] | None = None
 
-        def blend(alpha: float, i: int = i, share: float = share, base: StateDict = soup) -> float:
+        def blend(alpha: float) -> float:
             nonlocal best
-            trial = interpolate(base, state_dicts[i], alpha)
+            trial = interpolate(soup, state_dicts[i], alpha)
             score = _score(evaluate, trial)
             trials.append({"candidate": i, "alpha": alpha, "score": score, "accepted": False})
             key = (score, -abs(alpha - share))
@@ -314,10 +333,7 @@ def greedy_interp_soup(
             for alpha in grid:
                 blend(alpha)
         assert best is not None
-        (best_score, _), best_trial, best_soup = best
-        if best_score >= soup_score:
-            trials[best_trial]["accepted"] = True
-            kept.append(i)
-            used.append(trials[best_trial]["alpha"])
-            soup, soup_score = best_soup, best_score
-    return SoupResult(soup, kept, used, scores, soup_score, method="greedy_interp", trials=trials)
+        _, best_trial, best_soup = best
+        return best_trial, best_soup
+
+    return _greedy(state_dicts, evaluate, best_blend, method="greedy_interp")

@@ -48,6 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from lipt.report.frontier import reference_approach
+from lipt.report.frontier_render import write_frontier
 from lipt.report.paired import paired_rows, parse_baseline
 from lipt.report.render import (
     STAGES,
@@ -353,7 +355,12 @@ def write_report(args: argparse.Namespace) -> str:
     plot_stage_times(rows, keys, out / "stage_times.png")
     by = ", ".join(keys) or "nothing"
     against = "" if baseline is None else f", paired against {baseline}"
-    return f"{len(rows)} groups from {len(runs)} runs, grouped by {by}{against}: {out}"
+    line = f"{len(rows)} groups from {len(runs)} runs, grouped by {by}{against}: {out}"
+    reference = reference_approach(args.sweep_dir)
+    if reference is not None:  # a frontier sweep (hydra/sweeper=frontier)
+        summaries = [(run.path.parent.name, run.summary) for run in runs]
+        line += f"\nfrontier: {write_frontier(args.sweep_dir, summaries, reference)}"
+    return line
 
 
 def main(argv: Sequence[str] | None = None) -> None:

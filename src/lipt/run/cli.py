@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from lipt.run.errors import UserError, fail, one_line
+from lipt.run.frontier_sweep import with_reference
 from lipt.run.settings import Run
 
 
@@ -54,7 +56,23 @@ def _candidate_overrides(args: list[str], declared: list[str]) -> list[list[str]
     return candidates
 
 
-def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> list[str]:
+@dataclass(frozen=True)
+class DeclaredSweep:
+    """What the config's sweeper declares: `params` as overrides, and the frontier sweeper's
+    reference job (`hydra/sweeper=frontier`; empty for Hydra's basic sweeper)."""
+
+    params: list[str]
+    reference: list[str]
+    point_keys: list[str]
+
+    def with_reference(self, jobs: list[list[str]]) -> list[list[str]]:
+        """`jobs` and the reference jobs the frontier sweeper adds to them."""
+        if not self.reference:
+            return jobs
+        return with_reference(jobs, self.reference, self.point_keys)
+
+
+def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> DeclaredSweep:
     """The config's `hydra.sweeper.params` as overrides, composed from the command line's
     single-valued overrides (`hydra.sweeper.params.*` ones included); empty when the config
     declares none or the run is not a multirun (`-m`, or `hydra.mode: MULTIRUN` in the config)."""
@@ -66,12 +84,17 @@ def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> list[s
     parsed = OverridesParser.create().parse_overrides(args)
     fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
     cfg = compose(config_name, overrides=fixed, return_hydra_config=True)
-    declared = cfg.hydra.sweeper.get("params")
-    if not declared or (not multirun and cfg.hydra.mode != RunMode.MULTIRUN):
-        return []
-    params = OmegaConf.to_container(declared)
+    sweeper = cfg.hydra.sweeper
+    if not multirun and cfg.hydra.mode != RunMode.MULTIRUN:
+        return DeclaredSweep([], [], [])
+    declared = sweeper.get("params")
+    params = OmegaConf.to_container(declared) if declared else {}
     assert isinstance(params, dict)
-    return [f"{key!s}={value}" for key, value in params.items()]
+    return DeclaredSweep(
+        [f"{key!s}={value}" for key, value in params.items()],
+        [str(o) for o in sweeper.get("reference") or []],
+        [str(k) for k in sweeper.get("point_keys") or []],
+    )
 
 
 def precheck(config_name: str, args: list[str], multirun: bool = False) -> int | None:
@@ -86,7 +109,12 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
     from lipt.run.config import validate
     from lipt.run.training_groups import check_optimized_metric, check_renamed
 
-    overrides = [a for a in args if not a.startswith("hydra.") and not a.startswith("hydra/")]
+    # Hydra's own settings are not the run's, but its search path finds a user's config files.
+    overrides = [
+        a
+        for a in args
+        if a.startswith("hydra.searchpath=") or not a.startswith(("hydra.", "hydra/"))
+    ]
     try:
         check_renamed(overrides)
         from lipt.run.lock import check_unlocked  # before Hydra writes .hydra/ into it
@@ -100,7 +128,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         GlobalHydra.instance().clear()
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
             declared = _declared_sweep(config_name, args, multirun)
-        candidates = _candidate_overrides(overrides, declared)
+        candidates = declared.with_reference(_candidate_overrides(overrides, declared.params))
         configs = []
         for candidate in candidates:
             GlobalHydra.instance().clear()
@@ -119,7 +147,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         loaded: dict[str, Any] = {}
         for run in runs:
             build_everything(run, loaded)
-        jobs = _every_job(overrides, declared)
+        jobs = declared.with_reference(_every_job(overrides, declared.params))
         for job in jobs:  # each combination of a sweep: the checks across keys
             GlobalHydra.instance().clear()
             with initialize_config_dir(str(config_dir()), version_base="1.3"):

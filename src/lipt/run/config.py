@@ -37,6 +37,7 @@ def _selector(cfg: Mapping[str, Any]) -> SelectorSettings | None:
 
 # The `dynamic` group's methods (lipt.dynamic.plan), by _target_; and pretrain=none's.
 INFOBATCH, LIPT_BUDGET = "lipt.dynamic.InfoBatch", "lipt.dynamic.LiptBudget"
+PRUNING_TARGETS = {"infobatch": INFOBATCH, "lipt": LIPT_BUDGET}  # selector=X prunes with these
 NO_PRETRAINING = "lipt.stages.pretrain.NoPretraining"
 
 
@@ -45,17 +46,19 @@ def validate_dynamic(cfg: DictConfig, run: Run) -> None:
     pre-training). Each knob's range is declared on its plan (lipt.dynamic.plan)."""
     node = cfg.get("dynamic")
     selector = run.selector
-    if selector is not None and selector.budget_epochs:
-        if node is None or node.get("_target_") != INFOBATCH:
+    if selector is not None and selector.prunes_with is not None:
+        wanted = selector.prunes_with
+        if node is None or node.get("_target_") != PRUNING_TARGETS[wanted]:
             chosen = "none" if node is None else node.get("name", node.get("_target_"))
             raise UserError(
-                f"selector={selector.label} prunes with dynamic=infobatch, not dynamic={chosen}; "
+                f"selector={selector.label} prunes with dynamic={wanted}, not dynamic={chosen}; "
                 f"use selector=full dynamic={chosen} (or drop the dynamic override)"
             )
-        if get_key(cfg, "dynamic.budget") is not None:
+        budget = get_key(cfg, "dynamic.budget")
+        if budget is not None and budget != run.settings.fraction:
             raise UserError(
                 f"selector={selector.label} spends `fraction` of the full run's cost, so "
-                "dynamic.budget must stay null; set fraction instead"
+                f"dynamic.budget={budget} must stay as it is; set fraction={budget} instead"
             )
     if node is None or "_target_" not in node:
         return
@@ -67,6 +70,12 @@ def validate_dynamic(cfg: DictConfig, run: Run) -> None:
             "budget; leave dynamic.budget=null or use dynamic=lipt"
         )
     if target == LIPT_BUDGET and str(get_key(cfg, "pretrain._target_")) == NO_PRETRAINING:
+        if selector is not None and selector.prunes_with == "lipt":
+            raise UserError(
+                f"selector={selector.label} scores the pool with the jigsaw soup, but "
+                "pretrain=none trains none; use pretrain=jigsaw (the default), or "
+                "selector=infobatch or selector=full to train without pre-training"
+            )
         raise UserError(
             "dynamic=lipt scores epoch 0 with the jigsaw ensemble, but pretrain=none trains "
             "none; use pretrain=jigsaw (the default) or dynamic=infobatch"
@@ -78,11 +87,9 @@ def validate_dynamic(cfg: DictConfig, run: Run) -> None:
         )
     if run.settings.subset_path is not None and not run.gives_way_to_saved_subset:
         raise UserError(f"dynamic={name} prunes the whole pool; drop subset_path")
-    if selector is not None and selector.match_subset_steps:
-        raise UserError(
-            f"dynamic={name} sets its own cost; drop selector.match_subset_steps "
-            "(approach=full_steps)"
-        )
+    if selector is not None and (selector.match_subset_steps or selector.budget_steps):
+        key = "match_subset_steps" if selector.match_subset_steps else "budget_steps"
+        raise UserError(f"dynamic={name} sets its own cost; drop selector.{key}")
 
 
 def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
@@ -174,6 +181,16 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
         raise UserError(
             f"selector={selector.label} matches the validation split, but dataset.val_size=0; "
             "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
+        )
+    if (
+        selector is not None
+        and selector.budget_steps
+        and (selector.label != "full" or selector.match_subset_steps)
+    ):
+        raise UserError(
+            f"selector.budget_steps=true shortens the whole pool's schedule, so it needs "
+            f"selector=full without match_subset_steps, not selector={selector.label}"
+            + (" with match_subset_steps" if selector.match_subset_steps else "")
         )
     if top.stage == "select" and selector is not None and selector.is_full:
         raise UserError(

@@ -157,6 +157,8 @@ class SelectorOptions(Checked):
     repeats: Annotated[int, Range(1, 1000)] = 1  # rank with this many seeds' models and average
     match_subset_steps: bool = False  # selector=full: the subset run's steps (full_steps)
     budget_epochs: bool = False  # selector=infobatch: the epochs `fraction` of the cost buys
+    # selector=full: round(fraction x max_epochs x steps per epoch) steps, the schedule over them
+    budget_steps: bool = False
 
 
 @dataclass(frozen=True)
@@ -212,11 +214,12 @@ class Run:
 
     @property
     def gives_way_to_saved_subset(self) -> bool:
-        """selector=infobatch with a saved subset (subset_path): the subset replaces the selector,
-        as it replaces any selector, and with it the pruning and the budgeted epochs (the subset
-        trains trainer.max_epochs, unpruned)."""
+        """selector=infobatch or lipt with a saved subset (subset_path): the subset replaces the
+        selector, as it replaces any selector, and with it the pruning and the budgeted epochs
+        (the subset trains trainer.max_epochs, unpruned)."""
         selector = self.selector
-        return selector is not None and selector.budget_epochs and bool(self.settings.subset_path)
+        pruning = selector is not None and selector.prunes_with is not None
+        return pruning and bool(self.settings.subset_path)
 
     @property
     def budget_epochs(self) -> bool:
@@ -230,6 +233,6 @@ class Run:
     def dynamic_enabled(self) -> bool:
         """Main training prunes the whole pool anew every epoch: `dynamic=infobatch` or
         `dynamic=lipt` (`dynamic=none` builds nothing; a subset selector has no `dynamic` node).
-        selector=infobatch's pruning gives way to a saved subset (subset_path), as the selector
-        does."""
+        selector=infobatch's or lipt's pruning gives way to a saved subset (subset_path), as the
+        selector does."""
         return "_target_" in self.node("dynamic") and not self.gives_way_to_saved_subset

@@ -57,6 +57,14 @@ def subset_steps(run: Run, pool_size: int) -> int:
     return run.main_epochs * batches
 
 
+def schedule_steps(fraction: float, epochs: int, steps_per_epoch: int) -> int:
+    """Optimiser steps of the whole pool on `fraction` of a schedule of `epochs` epochs
+    (`selector.budget_steps`: the whole pool for fewer epochs, fractional ones included)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    return max(1, round(fraction * epochs * steps_per_epoch))
+
+
 def selector_of(run: Run) -> SelectorSettings:
     """The chosen selector's settings, in the stages that have a `selector` group."""
     assert run.selector is not None, "select.py and train.py have a selector group"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -42,6 +43,7 @@ from lipt.run.build import (
     sweep_dir_of_job,
 )
 from lipt.run.errors import UserError
+from lipt.run.host import core_ticks, host, load_average, other_cores_busy
 from lipt.run.seeding import reselect_seed
 from lipt.run.settings import Run
 from lipt.stages.reselect import Reselect, latest_subset
@@ -52,6 +54,7 @@ from lipt.stages.select import (
     SUBSET_FILE,
     choose_subset,
     ranking_models,
+    schedule_steps,
     select_subset,
     selector_of,
     subset_meta,
@@ -161,6 +164,7 @@ def run(run: Run) -> dict[str, Any]:
         console.stage(f"{console.shown(out)} finished already: its summary.json stands")
         summary: dict[str, Any] = json.loads(finished.read_text())
         return summary
+    ticks, load_before = core_ticks(), load_average()  # was the machine shared? (summary.json)
     dm = build_datamodule(run)
     resume = resume_path(run, out)
     training_set = obtain_subset(run, dm, out, resume)
@@ -231,6 +235,11 @@ def run(run: Run) -> dict[str, Any]:
     if selector.is_full and selector.match_subset_steps:
         extra["max_steps"] = subset_steps(run, len(dm.pool_indices))  # approach=full_steps
     epochs = run.main_epochs
+    if selector.budget_steps and subset is None:  # the whole pool on `fraction` of the schedule
+        # Lightning stops at max_steps; the cosine spans min(max_steps, epochs x steps) of them.
+        per_epoch = math.ceil(len(dm.pool_indices) / settings.batch_size)
+        steps = extra["max_steps"] = schedule_steps(settings.fraction, epochs, per_epoch)
+        epochs = extra["max_epochs"] = math.ceil(steps / per_epoch)
     if run.budget_epochs:  # selector=infobatch: the epochs `fraction` of the cost buys
         epochs = extra["max_epochs"] = infobatch_epochs(float(settings.fraction), epochs)
     loggers = build_loggers(run)
@@ -266,6 +275,9 @@ def run(run: Run) -> dict[str, Any]:
     stages = training_stages(training_set, trained)
     summary = summary_payload(run, dm, test_accuracy, subset_size, stages, class_counts)
     summary["val_accuracy"] = val_accuracy
+    summary["host"] = host()
+    summary["other_cores_busy"] = other_cores_busy(ticks, core_ticks())
+    summary["load_average"] = [load_before, load_average()]
     if trainer.is_global_zero:
         write_json(out / "summary.json", summary)
     for logger in trainer.loggers:  # so a dashboard can compare runs of a sweep

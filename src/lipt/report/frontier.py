@@ -1,0 +1,273 @@
+"""The frontier: test accuracy against end-to-end cost, from a frontier sweep's summary.json files.
+
+`make report SWEEP=multirun/frontier_cpu` (lipt.report.sweep) writes it beside the sweep's
+tables when the sweep ran with `hydra/sweeper=frontier` (configs/experiment/frontier_cpu.yaml):
+SWEEP/frontier.md, SWEEP/frontier.png and SWEEP/frontier.json. Each job is a point of a method
+(its `approach`) at a budget (`fraction`: the share of the reference's cost it was asked for);
+the reference is the whole pool for trainer.max_epochs epochs (`approach=full_data`, the
+sweeper's `reference`), and its runs at other epochs draw how far the whole pool still climbs.
+
+Cost, per run: end-to-end seconds (summary.json's stages: pre-training + selection + training,
+with re-selection and the per-epoch validation inside training; loading the data and the test
+pass are not counted) and samples passed forward and backward (pre-training's + training's).
+A method is lossless at a budget when its mean test accuracy is at most LOSSLESS_POINTS below
+the reference's; its lossless speed-up is the largest such one. Methods are compared on the
+validation split (never test) per budget, and paired seed by seed against the whole pool on the
+same budget's shorter schedule (`full_schedule`), the user's simplest alternative.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from lipt.run.host import BUSY_SHARE, is_busy_beside, is_loaded, is_pinned
+
+LOSSLESS_POINTS = 0.3  # a method is lossless within this many points of the reference's mean
+REFERENCE = "reference"  # the reference's method name in the tables
+CURVE = "curve"  # the whole pool at other epochs than the reference's
+WHOLE_POOL = "full_schedule"  # the line every method is paired against
+FRONTIER_SWEEPER = "FrontierSweeper"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One job of the sweep, as the frontier sees it."""
+
+    name: str  # its job folder
+    method: str
+    budget: float  # the share of the reference's cost asked for
+    seed: int
+    test: float  # %
+    val: float | None  # %
+    seconds: float  # end to end
+    samples: int  # forward + backward
+    summary: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One method at one budget, over its seeds: accuracy in %, cost as measured."""
+
+    method: str
+    budget: float
+    seeds: tuple[int, ...]
+    accuracy: float  # mean test accuracy, %
+    accuracy_std: float  # sample std over seeds (0 for one seed)
+    seconds: float  # mean end-to-end seconds
+    seconds_std: float
+    samples: float  # mean forward+backward samples
+    val_accuracy: float | None = None  # mean validation accuracy, %
+    speedup: float | None = None  # the reference's mean seconds / this point's
+    sample_speedup: float | None = None
+
+
+def reference_approach(sweep_dir: Path) -> str | None:
+    """The reference's approach if a frontier sweeper ran a sweep under `sweep_dir` (its
+    multirun.yaml), else None: not a frontier."""
+    import yaml
+
+    for path in sorted(sweep_dir.rglob("multirun.yaml")):
+        sweeper = (yaml.safe_load(path.read_text()) or {}).get("hydra", {}).get("sweeper") or {}
+        if str(sweeper.get("_target_", "")).endswith(FRONTIER_SWEEPER):
+            overrides = [str(o) for o in sweeper.get("reference", [])]
+            approaches = [
+                o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("approach=")
+            ]
+            return approaches[0] if approaches else "full_data"
+    return None
+
+
+def costs(summary: Mapping[str, Any]) -> tuple[float, int]:
+    """End-to-end seconds (every stage that ran: pretrain, select, score, train) and
+    forward+backward samples (pretrain + train) of one run."""
+    stages = summary["stages"]
+    seconds = sum(float(stage.get("seconds") or 0) for stage in stages.values())
+    samples = sum(int(stages.get(name, {}).get("samples") or 0) for name in ("pretrain", "train"))
+    return round(seconds, 3), samples
+
+
+def records(
+    summaries: Sequence[tuple[str, Mapping[str, Any]]], reference: str
+) -> tuple[list[Record], int]:
+    """Each finished job as a Record, and E_ref (the epochs most jobs were configured with: the
+    reference's). The reference's jobs at other epochs are the whole pool's curve."""
+    runs = [(n, s) for n, s in summaries if s.get("test_accuracy") is not None]
+    ref_epochs = Counter(int(s["config"]["trainer"]["max_epochs"]) for _, s in runs).most_common(1)
+    epochs_ref = ref_epochs[0][0] if ref_epochs else 1
+    out = []
+    for name, summary in runs:
+        config = summary["config"]
+        method = str(config.get("approach") or config["selector"]["name"])
+        budget = float(config["fraction"])
+        if method == reference:
+            epochs = int(config["trainer"]["max_epochs"])
+            method, budget = (
+                (REFERENCE, 1.0) if epochs == epochs_ref else (CURVE, epochs / epochs_ref)
+            )
+        seconds, samples = costs(summary)
+        val = summary.get("val_accuracy")
+        out.append(
+            Record(
+                name,
+                method,
+                budget,
+                int(config["seed"]),
+                100 * float(summary["test_accuracy"]),
+                None if val is None else 100 * float(val),
+                seconds,
+                samples,
+                summary,
+            )
+        )
+    return out, epochs_ref
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def aggregate(runs: Sequence[Record]) -> list[Point]:
+    """One Point per (method, budget), in the order first seen; speed-ups against the
+    reference's mean cost where the runs hold a reference."""
+    groups: dict[tuple[str, float], list[Record]] = {}
+    for r in runs:
+        groups.setdefault((r.method, r.budget), []).append(r)
+    points = []
+    for (method, budget), group in groups.items():
+        accuracy, accuracy_std = mean_std([r.test for r in group])
+        seconds, seconds_std = mean_std([r.seconds for r in group])
+        vals = [r.val for r in group]
+        val = None if None in vals else statistics.fmean(v for v in vals if v is not None)
+        points.append(
+            Point(
+                method,
+                budget,
+                tuple(sorted(r.seed for r in group)),
+                accuracy,
+                accuracy_std,
+                seconds,
+                seconds_std,
+                statistics.fmean(r.samples for r in group),
+                val,
+            )
+        )
+    ref = reference_of(points)
+    if ref is None:
+        return points
+    return [
+        replace(p, speedup=ref.seconds / p.seconds, sample_speedup=ref.samples / p.samples)
+        for p in points
+    ]
+
+
+def reference_of(points: Sequence[Point]) -> Point | None:
+    return next((p for p in points if p.method == REFERENCE), None)
+
+
+def lossless_speedups(
+    points: Sequence[Point], tolerance: float = LOSSLESS_POINTS
+) -> dict[str, Point | None]:
+    """Per method (not the reference or the curve): the point with the largest speed-up whose
+    mean test accuracy is at most `tolerance` points below the reference's (above counts too);
+    None where no budget qualifies."""
+    ref = reference_of(points)
+    if ref is None:
+        raise ValueError("no reference among the points: no speed-up to compute")
+    best: dict[str, Point | None] = {}
+    for p in points:
+        if p.method in (REFERENCE, CURVE):
+            continue
+        best.setdefault(p.method, None)
+        if p.speedup is None or ref.accuracy - p.accuracy > tolerance + 1e-9:
+            continue
+        current = best[p.method]
+        if current is None or (current.speedup or 0.0) < p.speedup:
+            best[p.method] = p
+    return best
+
+
+def highest_on_validation(points: Sequence[Point]) -> dict[float, list[Point]]:
+    """Per budget, the methods (not the reference or the curve) by mean validation accuracy,
+    highest first: how a default is chosen (never on the test split)."""
+    by_budget: dict[float, list[Point]] = {}
+    for p in points:
+        if p.method not in (REFERENCE, CURVE) and p.val_accuracy is not None:
+            by_budget.setdefault(p.budget, []).append(p)
+    return {
+        budget: sorted(group, key=lambda p: -(p.val_accuracy or 0.0))
+        for budget, group in sorted(by_budget.items())
+    }
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A method's test accuracy minus the whole pool's on the same budget, seed by seed."""
+
+    method: str
+    budget: float
+    seeds: tuple[int, ...]
+    difference: float  # mean, points
+    difference_std: float
+
+
+def paired_with_whole_pool(runs: Sequence[Record], baseline: str = WHOLE_POOL) -> list[Paired]:
+    """Each method and budget against `baseline` at the same budget and seed; the seeds that
+    both ran."""
+    base = {(r.budget, r.seed): r.test for r in runs if r.method == baseline}
+    groups: dict[tuple[str, float], dict[int, float]] = {}
+    for r in runs:
+        if r.method not in (baseline, REFERENCE, CURVE) and (r.budget, r.seed) in base:
+            groups.setdefault((r.method, r.budget), {})[r.seed] = r.test - base[r.budget, r.seed]
+    out = []
+    for (method, budget), by_seed in sorted(groups.items()):
+        mean, std = mean_std(list(by_seed.values()))
+        out.append(Paired(method, budget, tuple(sorted(by_seed)), mean, std))
+    return out
+
+
+def timing_caveats(runs: Sequence[Record]) -> list[str]:
+    """The lines that name the runs whose seconds other work inflated."""
+    lines = []
+    pinned = [r for r in runs if is_pinned(r.summary)]
+    if pinned:
+        lines.append(
+            f"{len(pinned)} of {len(runs)} runs ran pinned to one core with one torch thread "
+            "(`hydra/callbacks=pin`, or `OMP_NUM_THREADS=1 taskset -c 1`); each records how "
+            "busy the other cores were during it."
+        )
+    beside = [r.name for r in pinned if is_busy_beside(r.summary)]
+    if beside:
+        lines.append(
+            f"Timing caveat: {len(beside)} of {len(pinned)} pinned runs had the other cores busy "
+            f"more than {BUSY_SHARE:.0%} of their time (shared cache and memory inflate a pinned "
+            f"run's seconds, by up to ~40% measured here): {', '.join(sorted(beside))}."
+        )
+    loaded = [r.name for r in runs if not is_pinned(r.summary) and is_loaded(r.summary)]
+    if loaded:
+        lines.append(
+            f"Timing caveat: {len(loaded)} of {len(runs)} unpinned runs started or ended with a "
+            "1-minute load average above the core count (other work shared the machine; their "
+            f"seconds are inflated): {', '.join(sorted(loaded))}."
+        )
+    hosts = {json.dumps(r.summary.get("host"), sort_keys=True) for r in runs}
+    if len(hosts) > 1:
+        lines.append(f"The runs were measured on {len(hosts)} machines: {sorted(hosts)}.")
+    return lines
+
+
+def to_json(points: Sequence[Point], runs: Sequence[Record], epochs_ref: int) -> dict[str, Any]:
+    lossless = lossless_speedups(points) if reference_of(points) else {}
+    return {
+        "ref_epochs": epochs_ref,
+        "lossless_points": LOSSLESS_POINTS,
+        "points": [asdict(p) for p in points],
+        "lossless": {m: None if p is None else asdict(p) for m, p in lossless.items()},
+        "paired": [asdict(p) for p in paired_with_whole_pool(runs)],
+        "runs": [{k: v for k, v in asdict(r).items() if k != "summary"} for r in runs],
+    }

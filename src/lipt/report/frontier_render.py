@@ -1,0 +1,210 @@
+"""frontier.md, frontier.png and frontier.json of a frontier sweep (lipt.report.frontier has
+the numbers; this module only lays them out)."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from pathlib import Path
+
+from lipt.report.frontier import (
+    CURVE,
+    LOSSLESS_POINTS,
+    REFERENCE,
+    WHOLE_POOL,
+    Point,
+    Record,
+    aggregate,
+    highest_on_validation,
+    lossless_speedups,
+    paired_with_whole_pool,
+    records,
+    reference_of,
+    timing_caveats,
+    to_json,
+)
+from lipt.run.artifacts import atomic_write_bytes, write_json
+
+
+def accuracy_text(p: Point) -> str:
+    return f"{p.accuracy:.2f} ± {p.accuracy_std:.2f}" if len(p.seeds) > 1 else f"{p.accuracy:.2f}"
+
+
+def label_of(p: Point, epochs_ref: int) -> tuple[str, str]:
+    if p.method == REFERENCE:
+        return f"reference (whole pool, {epochs_ref} epochs)", "1"
+    if p.method == CURVE:
+        return f"whole pool, {round(p.budget * epochs_ref)} epochs", f"{p.budget:.2f}"
+    return p.method, f"{p.budget:g}"
+
+
+def markdown_table(header: Sequence[str], align: str, rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table; `align` has one letter per column: l(eft) or r(ight)."""
+    rule = "|" + "|".join(":---" if a == "l" else "---:" for a in align) + "|"
+    return ["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def table_rows(points: Sequence[Point], epochs_ref: int) -> list[str]:
+    """The reference first, then each method by budget, the curve last."""
+    ordered = sorted(
+        points, key=lambda p: (p.method != REFERENCE, p.method == CURVE, p.method, p.budget)
+    )
+    header = ["method", "budget", "seeds", "test acc. (%)", "val. acc. (%)", "end-to-end (s)",
+              "samples (fwd+bwd)", "speed-up (s)", "speed-up (samples)"]  # fmt: skip
+    rows = []
+    for p in ordered:
+        label, budget = label_of(p, epochs_ref)
+        val = "-" if p.val_accuracy is None else f"{p.val_accuracy:.2f}"
+        speedup = "-" if p.speedup is None else f"{p.speedup:.2f}x"
+        by_samples = "-" if p.sample_speedup is None else f"{p.sample_speedup:.2f}x"
+        rows.append([label, budget, str(len(p.seeds)), accuracy_text(p), val,
+                     f"{p.seconds:.1f}", f"{p.samples:,.0f}", speedup, by_samples])  # fmt: skip
+    return markdown_table(header, "lrrrrrrrr", rows)
+
+
+def lossless_rows(points: Sequence[Point]) -> list[str]:
+    header = ["method", f"lossless speed-up (within {LOSSLESS_POINTS} points)", "at budget",
+              "test acc. (%)"]  # fmt: skip
+    rows = [
+        [method, "none", "-", "-"]
+        if p is None
+        else [method, f"{p.speedup:.2f}x", f"{p.budget:g}", accuracy_text(p)]
+        for method, p in lossless_speedups(points).items()
+    ]
+    return markdown_table(header, "lrrr", rows)
+
+
+def validation_rows(points: Sequence[Point]) -> list[str]:
+    header = ["budget", "highest on validation (%)", "second (%)", "its test acc. (%)",
+              "its seconds"]  # fmt: skip
+    rows = []
+    for budget, ranked in highest_on_validation(points).items():
+        first = ranked[0]
+        second = f"{ranked[1].method} {ranked[1].val_accuracy:.2f}" if len(ranked) > 1 else "-"
+        rows.append([f"{budget:g}", f"{first.method} {first.val_accuracy:.2f}", second,
+                     accuracy_text(first), f"{first.seconds:.1f}"])  # fmt: skip
+    return markdown_table(header, "rllrr", rows)
+
+
+def paired_rows(runs: Sequence[Record]) -> list[str]:
+    header = ["method", "budget", "seeds", f"test acc. minus {WHOLE_POOL}'s, same seed (points)"]
+    rows = []
+    for p in paired_with_whole_pool(runs):
+        spread = f" ± {p.difference_std:.2f}" if len(p.seeds) > 1 else ""
+        rows.append([p.method, f"{p.budget:g}", str(len(p.seeds)), f"{p.difference:+.2f}{spread}"])
+    return markdown_table(header, "lrrr", rows)
+
+
+def markdown(
+    sweep_dir: Path, points: Sequence[Point], runs: Sequence[Record], epochs_ref: int
+) -> str:
+    ref = reference_of(points)
+    lines = [
+        "# Frontier: test accuracy against end-to-end cost",
+        "",
+        f"`make report SWEEP={sweep_dir}`: {len(runs)} finished runs. Reference: the whole pool, "
+        f"{epochs_ref} epochs. Budgets are shares of the reference's cost asked for; the costs "
+        "are measured. Accuracy: mean ± sample std over seeds.",
+        "",
+        *table_rows(points, epochs_ref),
+    ]
+    if ref is not None:
+        floor = ref.accuracy - LOSSLESS_POINTS
+        lines += [
+            "",
+            f"Lossless: the largest speed-up whose mean test accuracy is at least {floor:.2f}% "
+            f"(the reference's {ref.accuracy:.2f}% less {LOSSLESS_POINTS} points).",
+            "",
+            *lossless_rows(points),
+        ]
+    if paired_with_whole_pool(runs):
+        lines += [
+            "",
+            f"Paired with the whole pool on the same budget's shorter schedule ({WHOLE_POOL}), "
+            "seed by seed: mean ± std of the differences.",
+            "",
+            *paired_rows(runs),
+        ]
+    if highest_on_validation(points):
+        lines += [
+            "",
+            "The method highest on the validation split at each budget (the test split is "
+            "never used to choose):",
+            "",
+            *validation_rows(points),
+        ]
+    lines += [
+        "",
+        "Cost. End-to-end seconds: summary.json's stages, pre-training + selection (or the "
+        "soup's scoring) + training (re-selection and the per-epoch validation run inside "
+        "training); loading the data and the test pass are not counted. Samples: passed "
+        "forward and backward, pre-training's + training's; the forward-only passes of "
+        "selection and of the jigsaw merge's held-out scoring are not counted (their time is "
+        "in the seconds).",
+    ]
+    for caveat in timing_caveats(runs):
+        lines += ["", caveat]
+    return "\n".join(lines) + "\n"
+
+
+def plot(points: Sequence[Point], epochs_ref: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ref = reference_of(points)
+    if ref is not None:
+        ax.axhspan(
+            ref.accuracy - ref.accuracy_std,
+            ref.accuracy + ref.accuracy_std,
+            color="0.85",
+            label=f"reference ({epochs_ref} epochs) ± std",
+        )
+        ax.axhline(ref.accuracy - LOSSLESS_POINTS, color="0.5", ls=":", lw=1,
+                   label=f"reference - {LOSSLESS_POINTS} points")  # fmt: skip
+        ax.errorbar([ref.seconds], [ref.accuracy], xerr=[ref.seconds_std],
+                    yerr=[ref.accuracy_std], fmt="*", ms=12, color="black", capsize=3)  # fmt: skip
+    whole = {WHOLE_POOL, REFERENCE, CURVE}  # the whole pool's curve: one line through them all
+    lines = {
+        f"{WHOLE_POOL} (whole pool, shorter schedule)": [p for p in points if p.method in whole]
+    }
+    for method in dict.fromkeys(p.method for p in points):
+        if method not in whole:
+            lines[method] = [p for p in points if p.method == method]
+    for label, group in lines.items():
+        group = sorted(group, key=lambda p: p.budget)  # by budget: noisy costs cross
+        if group:
+            ax.errorbar(
+                [p.seconds for p in group],
+                [p.accuracy for p in group],
+                xerr=[p.seconds_std for p in group],
+                yerr=[p.accuracy_std for p in group],
+                marker="o",
+                capsize=3,
+                label=label,
+            )
+    ax.set_xlabel("end-to-end seconds (pre-training + selection + training), mean over seeds")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"Test accuracy against end-to-end cost (reference: the whole pool, "
+                 f"{epochs_ref} epochs)", fontsize=10)  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def write_frontier(sweep_dir: Path, summaries: Sequence[tuple[str, dict]], reference: str) -> Path:
+    """frontier.md, frontier.png and frontier.json in `sweep_dir`; returns the Markdown's path."""
+    runs, epochs_ref = records(summaries, reference)
+    points = aggregate(runs)
+    path = sweep_dir / "frontier.md"
+    atomic_write_bytes(path, markdown(sweep_dir, points, runs, epochs_ref).encode())
+    write_json(sweep_dir / "frontier.json", to_json(points, runs, epochs_ref))
+    if points:
+        plot(points, epochs_ref, sweep_dir / "frontier.png")
+    return path

@@ -1,0 +1,103 @@
+"""The frontier as a Hydra multirun: a sweeper that adds the reference job, and a callback that
+pins each job to a core of its own. Any launcher runs the jobs (basic, joblib, submitit).
+
+- `FrontierSweeper` (`hydra/sweeper=frontier`; hydra_plugins.lipt_frontier, as Hydra loads
+  sweepers from that namespace only) is Hydra's basic sweeper, the cartesian product
+  of the sweep's axes (`+approach`, `fraction`, `seed`, ...), plus the reference: one more job
+  per combination of the axes that are not a method's point (`point_keys`: the approach and
+  the budget), with `reference`'s overrides in their place. The references come first: every
+  speed-up needs them.
+- `PinToCore` (`hydra/callbacks=pin`) claims a free core for each job (a lock file per core,
+  held while the job runs), pins the job's process to it and gives torch one thread; it undoes
+  both when the job ends. Jobs then pay the same one-core rate whatever launcher runs them
+  (the basic one, one after another, or joblib, as many at once as cores), and each job's
+  summary.json records it (lipt.run.host).
+
+    python train.py -m +experiment=frontier_small hydra/launcher=joblib hydra.launcher.n_jobs=2
+    make report SWEEP=multirun/frontier_small      # -> frontier.md, frontier.png
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from lipt.run.host import allowed_cores
+
+
+def key_of(override: str) -> str:
+    """`+approach=coverage` -> `approach`: the key an override sets, without Hydra's prefix."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def with_reference(
+    jobs: Sequence[Sequence[str]], reference: Sequence[str], point_keys: Sequence[str]
+) -> list[list[str]]:
+    """The reference jobs, one per distinct combination of the overrides outside `point_keys`
+    (in order of first appearance), then `jobs`; a job listed twice runs once."""
+    points = {key_of(k) for k in point_keys}
+    replaced = points | {key_of(o) for o in reference}
+    references: list[list[str]] = []
+    for job in jobs:
+        rest = [o for o in job if key_of(o) not in replaced]
+        references.append([*reference, *rest])
+    unique: dict[tuple[str, ...], list[str]] = {}
+    for job in [*references, *(list(j) for j in jobs)]:
+        unique.setdefault(tuple(sorted(job)), job)
+    return list(unique.values())
+
+
+class PinToCore(Callback):
+    """Each job on a core of its own, with `threads` torch threads (see the module docstring)."""
+
+    def __init__(self, threads: int = 1, lock_dir: str | None = None) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self.threads = threads
+        self.lock_dir = Path(lock_dir or Path(tempfile.gettempdir()) / "lipt-cores")
+        self._held: IO[str] | None = None
+        self._before: tuple[set[int], int] | None = None
+
+    def _claim(self, cores: Sequence[int], job_num: int) -> tuple[int, IO[str]]:
+        """A core no other job holds; when every one is held, wait for this job's turn one."""
+        self.lock_dir.mkdir(parents=True, exist_ok=True)
+        for core in cores:
+            handle = open(self.lock_dir / f"core{core}.lock", "w")  # noqa: SIM115 (held)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return core, handle
+            except BlockingIOError:
+                handle.close()
+        core = cores[job_num % len(cores)]
+        handle = open(self.lock_dir / f"core{core}.lock", "w")  # noqa: SIM115 (held)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        return core, handle
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        import torch
+
+        cores = sorted(allowed_cores())
+        job_num = int(config.hydra.job.get("num") or 0)
+        core, self._held = self._claim(cores, job_num)
+        self._before = (set(cores), torch.get_num_threads())
+        os.sched_setaffinity(0, {core})
+        torch.set_num_threads(self.threads)
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        import torch
+
+        if self._before is not None:
+            cores, threads = self._before
+            os.sched_setaffinity(0, cores)
+            torch.set_num_threads(threads)
+            self._before = None
+        if self._held is not None:
+            self._held.close()  # releases the core's lock
+            self._held = None

@@ -1,0 +1,101 @@
+"""The machine a run's seconds were measured on, and whether other work shared it.
+
+summary.json records `host` (CPU, cores, accelerator, torch threads, the cores the run may use)
+and, over main training's stages, how busy the cores it may not use were: a run pinned to one
+core with one thread (`hydra/callbacks=pin`, or `OMP_NUM_THREADS=1 taskset -c 1`) pays a
+one-core rate, but shared cache and memory still inflate its seconds, by up to ~40% measured
+here, when the other cores work beside it. The frontier's report names those runs. No torch at
+import: `host()` imports it where it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# A pinned run whose other cores were busy more than this share of its time is flagged.
+BUSY_SHARE = 0.25
+
+
+def cpu_model() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def allowed_cores() -> set[int]:
+    """The cores this process may run on (taskset, a pinning callback, SLURM's cgroup)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
+def host() -> dict[str, Any]:
+    """The machine and how this process uses it, now."""
+    import torch
+
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "accelerator": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
+        "torch_threads": torch.get_num_threads(),
+        "cores_allowed": len(allowed_cores()),
+    }
+
+
+def core_ticks() -> dict[int, tuple[int, int]]:
+    """(busy, total) jiffies per core from /proc/stat; empty where there is none."""
+    stat = Path("/proc/stat")
+    if not stat.is_file():
+        return {}
+    ticks = {}
+    for line in stat.read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            values = [int(v) for v in fields[:8]]
+            idle = values[3] + values[4]  # idle + iowait
+            ticks[int(name[3:])] = (sum(values) - idle, sum(values))
+    return ticks
+
+
+def other_cores_busy(
+    before: Mapping[int, tuple[int, int]],
+    after: Mapping[int, tuple[int, int]],
+    allowed: set[int] | None = None,
+) -> float | None:
+    """Busy share of the cores outside `allowed` (default: this process's) between two
+    `core_ticks`; None where every core is allowed or nothing was counted."""
+    mine = allowed_cores() if allowed is None else allowed
+    others = [c for c in after if c not in mine and c in before]
+    if not others:
+        return None
+    busy = sum(after[c][0] - before[c][0] for c in others)
+    total = sum(after[c][1] - before[c][1] for c in others)
+    return round(busy / total, 3) if total > 0 else None
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else 0.0
+
+
+def is_pinned(record: Mapping[str, Any]) -> bool:
+    """Whether a run (its summary.json) ran on one core with one torch thread."""
+    machine = record.get("host") or {}
+    return machine.get("cores_allowed") == 1 and machine.get("torch_threads") == 1
+
+
+def is_busy_beside(record: Mapping[str, Any]) -> bool:
+    """Whether a pinned run's other cores worked beside it (its seconds are inflated)."""
+    return (record.get("other_cores_busy") or 0.0) > BUSY_SHARE
+
+
+def is_loaded(record: Mapping[str, Any]) -> bool:
+    """Whether an unpinned run started or ended with more runnable work than cores."""
+    cores = (record.get("host") or {}).get("cores") or os.cpu_count() or 1
+    return max(record.get("load_average") or [0.0]) > cores
