@@ -30,6 +30,8 @@ lipt's on the same model (docs/results/quality/glister.md).
 
 (CORDS' package __init__ imports its data set builders, which need `load_boston` and
 torchtext; both are stubbed before the import: neither is used by the selection code.)
+
+It prints the machine first and, after the table, a caveat where other work shared it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
+from measure import compose_config, host_line, measured, print_caveat
+
 FRACTION = 0.1
 BATCH = 256
 
@@ -129,19 +133,16 @@ def run_cords(
 
 
 def lipt_cfg(name: str, seed: int, pretrained: bool):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        return compose(
-            "train",
-            overrides=[
-                "paths.output_dir=/tmp/lipt-bench",
-                f"selector={name}",
-                f"fraction={FRACTION}",
-                f"seed={seed}",
-                f"pretrain={'jigsaw' if pretrained else 'none'}",
-            ],
-        )
+    return compose_config(
+        "train",
+        [
+            "paths.output_dir=/tmp/lipt-bench",
+            f"selector={name}",
+            f"fraction={FRACTION}",
+            f"seed={seed}",
+            f"pretrain={'jigsaw' if pretrained else 'none'}",
+        ],
+    )
 
 
 def run_lipt(cfg, model: nn.Module, dm, seed: int) -> tuple[float, torch.Tensor]:
@@ -155,7 +156,7 @@ def run_lipt(cfg, model: nn.Module, dm, seed: int) -> tuple[float, torch.Tensor]
 
 
 def save_picks(path: Path, indices: torch.Tensor, cfg, dm) -> None:
-    from lipt.run.artifacts import save_subset
+    from lipt.core.artifacts import save_subset
     from lipt.run.config import run_of
     from lipt.stages.select import subset_meta
 
@@ -173,15 +174,11 @@ def main() -> None:
     strategies = import_cords()
     if strategies is None:
         return
-    from hydra import compose, initialize_config_dir
-
-    from lipt.run.build import build_datamodule, build_model
+    from lipt.builder.objects import build_datamodule, build_model
     from lipt.run.config import run_of
     from lipt.stages.select import load_pretrained
 
-    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=["paths.output_dir=/tmp/lipt-bench", f"seed={args.seed}"])
-    run = run_of(cfg)
+    run = run_of(compose_config("train", ["paths.output_dir=/tmp/lipt-bench", f"seed={args.seed}"]))
     dm = build_datamodule(run)
     pretrained = args.ckpt is not None
     if pretrained:
@@ -190,28 +187,33 @@ def main() -> None:
         model = build_model(run, args.seed).eval()
     budget = round(FRACTION * len(dm.pool_indices))
     what = f"the model of {args.ckpt}" if pretrained else "untrained convnet"
+    print(host_line())
     print(f"CPU ({torch.get_num_threads()} threads), Fashion-MNIST pool {len(dm.pool_indices):,}")
     print(f"(validation {len(dm.val_indices):,}), {what}, budget {budget:,} (10%)")
     print(f"best of {args.repeats}, CORDS and lipt alternating\n")
     print("| selector | CORDS | lipt | lipt / CORDS |")
     print("|---|---:|---:|---:|")
-    from lipt.run import console
+    from lipt.core import console
 
+    records = []  # one a selector: the machine and how busy it was
     for name in args.selectors:
         selector_cfg = lipt_cfg(name, args.seed, pretrained)
         cords_s, lipt_s = [], []
-        for _ in range(args.repeats):
-            seconds, cords_picks = run_cords(strategies, name, model, dm, budget, args.seed)
-            cords_s.append(seconds)
-            with console.no_bars():
-                seconds, lipt_picks = run_lipt(selector_cfg, model, dm, args.seed)
-            lipt_s.append(seconds)
+        with measured() as record:
+            for _ in range(args.repeats):
+                seconds, cords_picks = run_cords(strategies, name, model, dm, budget, args.seed)
+                cords_s.append(seconds)
+                with console.no_bars():
+                    seconds, lipt_picks = run_lipt(selector_cfg, model, dm, args.seed)
+                lipt_s.append(seconds)
+        records.append(record)
         if args.subsets_dir:
             out = Path(args.subsets_dir)
             save_picks(out / f"cords_{name}.npz", cords_picks, selector_cfg, dm)
             save_picks(out / f"lipt_{name}.npz", lipt_picks, selector_cfg, dm)
         c, lp = min(cords_s), min(lipt_s)
         print(f"| {name} | {c:.1f} s | {lp:.1f} s | {lp / c:.2f} |", flush=True)
+    print_caveat(records)
 
 
 if __name__ == "__main__":

@@ -1,43 +1,36 @@
 """The pre-training tax: LiPT's jigsaw learners against the classic full warm-up.
 
-Fashion-MNIST with `convnet`, in one process, through lipt's own stage functions
-(`pretrain_model`, `choose_subset`, then main training by `lipt.stages.train.run` on the saved
-subset):
-
-1. one run (the first seed): wall time and training samples of `pretrain=jigsaw` (its defaults:
-   n=10, M=1, K=10, greedy interpolation soup) and of `pretrain=full` with E epochs;
-2. for each seed: test accuracy after main training on a `fraction` (10%) subset chosen by the
-   selector (GLISTER) with the model of `none`, `full` and `jigsaw`, plus a random subset
-   beside them; mean and std over the seeds.
-
-It prints a Markdown table with the full/jigsaw ratios of wall time and samples (LiPT, Ro et al.
-ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, reports 15.4x less pre-training time).
+Fashion-MNIST with `convnet`, in one process, through lipt's stage functions (`pretrain_model`,
+`choose_subset`, then `lipt.stages.train.run` on the saved subset): on the first seed, the wall
+time and training samples of `pretrain=jigsaw` (its defaults: n=10, M=1, K=10, greedy
+interpolation soup) and of `pretrain=full` with E epochs; on each seed, the test accuracy after
+main training on a `fraction` (10%) subset chosen by the selector (GLISTER) with the model of
+`none`, `full` and `jigsaw`, beside a random subset (mean and std over the seeds). A Markdown
+table gives the full / jigsaw ratios (LiPT, Ro et al. ICML 2023, reports 15.4x less pre-training
+time) and the merge's seconds apart: on a CPU, scoring every learner and candidate soup on the
+validation split is a large share of the jigsaw stage (about 23 evaluations with `scan`).
 
     python benchmarks/pretrain_tax.py                  # 3 seeds, E=10, the main-training default
     python benchmarks/pretrain_tax.py --seeds 1 --full-epochs 1 --main-epochs 2 \
         --threads 1 --jigsaw merge.eval_size=1000      # reduced: about 10 min on 2 CPU cores
-
-On a CPU a large share of the jigsaw stage's cost is its merge: every learner and distinct
-candidate soup is scored on the validation split (about 23 evaluations for n=10 and 5 ratios
-with the default `merge.search=scan`, 47 with `grid`); the table shows the merge time apart.
-
     python benchmarks/pretrain_tax.py --seeds 1 --threads 1 --tax-only   # pre-training alone
 
-Merge variants side by side (`--variant LABEL:OVERRIDES`, repeatable; OVERRIDES space-separated,
-empty for the defaults): the jigsaw stage runs once per variant and seed, and the pre-training
-table gives each one's wall time, learner and merge seconds, held-out evaluations, the full /
-jigsaw ratio (against the full warm-up of the same seed), and the soup's accuracy on the merge's
-own eval set (which the search maximises, hence biased) and on the validation images no
-variant's merge saw (independent). `--full-seeds 1` runs the full warm-up on the first seed only.
+`--variant LABEL:OVERRIDES` (repeatable; OVERRIDES space-separated, empty for the defaults) runs
+the jigsaw stage once per variant and seed; the pre-training table gives each one's wall time,
+learner and merge seconds, evaluations, full / jigsaw ratio (same seed), and the soup's accuracy
+on the merge's own eval set (the search maximises it: biased) and on the validation images no
+variant's merge saw (independent). `--full-seeds 1`: the full warm-up on the first seed only.
 
     python benchmarks/pretrain_tax.py --tax-only --seeds 3 --full-seeds 1 --threads 1 \
         --variant "grid:merge.search=grid" --variant "scan:merge.search=scan"
+
+`--json` gets every row as it lands, with the machine and how busy it was; a re-run with the
+same arguments measures only the rows missing there. `--core C --threads 1` pins the run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -48,83 +41,42 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
+from measure import ROOT, ResultFile, compose_config, host_line, log, pinned, print_caveat
+
 STRATEGIES = ("none", "full", "jigsaw")
+MERGE_FIELDS = {k: k for k in ("merge_seconds", "evaluations", "eval_forward_samples", "kept")}
+MERGE_FIELDS |= {"soup_val_accuracy": "soup_accuracy", "ratios": "ratios"}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--seeds", type=int, default=3, help="seeds 0..S-1 (default 3)")
-    p.add_argument("--full-epochs", type=int, default=10, help="E of pretrain=full (default 10)")
-    p.add_argument(
-        "--main-epochs", type=int, default=None, help="main-training epochs (default: config)"
-    )
-    p.add_argument("--fraction", type=float, default=0.1, help="subset fraction (default 0.1)")
-    p.add_argument("--selector", default="glister", help="selector config (default glister)")
-    p.add_argument(
-        "--dataset", default="fashion_mnist", help="dataset config (default fashion_mnist)"
-    )
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument(
-        "--jigsaw",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra override for the jigsaw run only, e.g. merge.eval_size=1000 (repeatable)",
-    )
-    p.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="LABEL:OVERRIDES",
-        help='a jigsaw variant, e.g. "scan:merge.search=scan merge.bn_batches=1" (repeatable; '
-        "each runs on every seed, after --jigsaw's overrides)",
-    )
-    p.add_argument(
-        "--full-seeds",
-        type=int,
-        default=None,
-        help="run pretrain=full on the first N seeds only (default: every seed)",
-    )
-    p.add_argument(
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra override for every run, e.g. dataset.data_dir=... (repeatable)",
-    )
-    p.add_argument(
-        "--tax-only",
-        action="store_true",
-        help="pre-training only (wall time, samples, soup held-out accuracy): no selection or "
-        "main training, so no test accuracy",
-    )
-    p.add_argument(
-        "--strategies",
-        default=",".join(STRATEGIES),
-        help=f"comma-separated pre-training strategies to run (default {','.join(STRATEGIES)})",
-    )
-    p.add_argument("--out", type=Path, default=None, help="where runs write (default: a tmp dir)")
-    p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    add = p.add_argument
+    add("--seeds", type=int, default=3, help="seeds 0..S-1 (default 3)")
+    add("--full-epochs", type=int, default=10, help="E of pretrain=full (default 10)")
+    add("--main-epochs", type=int, default=None, help="main-training epochs (default: config)")
+    add("--fraction", type=float, default=0.1, help="subset fraction (default 0.1)")
+    add("--selector", default="glister", help="selector config (default glister)")
+    add("--dataset", default="fashion_mnist", help="dataset config (default fashion_mnist)")
+    add("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    add("--core", type=int, default=None, help="run on this core alone (default: any)")
+    repeat: dict[str, Any] = {"action": "append", "default": []}  # argparse copies the list
+    add("--jigsaw", **repeat, metavar="KEY=VALUE", help="override of the jigsaw runs only")
+    add("--variant", **repeat, metavar="LABEL:OVERRIDES", help="a jigsaw variant (see above)")
+    add("--full-seeds", type=int, default=None, help="pretrain=full on the first N seeds only")
+    add("--override", **repeat, metavar="KEY=VALUE", help="override of every run")
+    add("--tax-only", action="store_true", help="pre-training alone: no selection or training")
+    add("--strategies", default=",".join(STRATEGIES), help="pre-training to run (%(default)s)")
+    add("--out", type=Path, default=None, help="where runs write (default: a tmp dir)")
+    add("--json", type=Path, default=None, help="the rows, as each lands (and resumed from)")
     return p.parse_args(argv)
 
 
-def compose(overrides: Sequence[str], out: Path) -> Any:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
+def validated(overrides: Sequence[str], out: Path) -> Any:
+    """The Run of train's config with `overrides`, writing to `out`, once every check passes."""
     from lipt.run.config import validate
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        cfg = hydra_compose("train", overrides=[*overrides, f"paths.output_dir={out}"])
-    validate(cfg)
-    return cfg
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    return validate(compose_config("train", [*overrides, f"paths.output_dir={out}"]))
 
 
 def parse_variants(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -150,16 +102,6 @@ def independent_positions(dm: Any, seed: int, eval_sizes: Sequence[int | None]) 
     return dm.val_indices[keep] if bool(keep.any()) else None
 
 
-def accuracy_on(model: Any, dm: Any, positions: Any) -> float:
-    """Top-1 accuracy of `model` on training-split `positions`, un-augmented."""
-    from lipt.data import IndexedImages
-    from lipt.selection import model_outputs
-
-    loader = dm.loader(IndexedImages(dm.train_source, positions, dm.eval_transform()), False)
-    outputs = model_outputs(model, loader)  # eval mode, train flags restored after
-    return float((outputs.logits.argmax(dim=1) == outputs.targets).float().mean())
-
-
 def run_strategy(
     args: argparse.Namespace,
     base: list[str],
@@ -172,34 +114,32 @@ def run_strategy(
 ) -> dict[str, Any]:
     """Pre-train with `name` (a jigsaw `variant`: its label and overrides), select with its
     model, train on the subset; returns the costs and the test accuracy."""
-    from lipt.run.artifacts import save_subset
-    from lipt.run.config import run_of, validate
+    from lipt.core.artifacts import save_subset
+    from lipt.data import IndexedImages
+    from lipt.selection import model_outputs
     from lipt.stages.pretrain import pretrain_model
     from lipt.stages.select import choose_subset, subset_meta
     from lipt.stages.train import run as train_run
 
     label, variant_overrides = variant
-    extra = {
-        "full": [f"pretrain.epochs={args.full_epochs}"],
-        "jigsaw": [*args.jigsaw, *variant_overrides],
-    }
+    extra = {"full": [f"pretrain.epochs={args.full_epochs}"], "jigsaw": args.jigsaw}
     tag = f"{name}_{label}" if label else name
     run_dir = out / f"{tag}_seed{seed}"
     overrides = [*base, f"pretrain={name}", f"seed={seed}", *extra.get(name, [])]
-    run = run_of(compose(overrides, run_dir))
+    overrides += variant_overrides if name == "jigsaw" else []
+    run = validated(overrides, run_dir)
     log(f"{tag} seed {seed}: pre-training")
     result = pretrain_model(run, dm, seed)
     row: dict[str, Any] = {"strategy": name, "variant": label, "seed": seed, **result.stats()}
-    if result.report:
-        row["merge_seconds"] = result.report.get("merge_seconds")
-        row["soup_val_accuracy"] = result.report.get("soup_accuracy")
-        row["evaluations"] = result.report.get("evaluations")
-        row["eval_forward_samples"] = result.report.get("eval_forward_samples")
-        row["kept"] = result.report.get("kept")
-        row["ratios"] = result.report.get("ratios")
+    if result.report:  # the merge's (jigsaw): row field <- report field
+        row.update({field: result.report.get(key) for field, key in MERGE_FIELDS.items()})
     if independent is not None:
-        # After the timed stage: the soup as selection uses it, on images its merge never saw.
-        row["independent_val_accuracy"] = accuracy_on(result.model, dm, independent)
+        # After the timed stage: the soup as selection uses it, un-augmented, on images its
+        # merge never saw (model_outputs: eval mode, train flags restored after).
+        images = IndexedImages(dm.train_source, independent, dm.eval_transform())
+        outputs = model_outputs(result.model, dm.loader(images, False))
+        hits = (outputs.logits.argmax(dim=1) == outputs.targets).float()
+        row["independent_val_accuracy"] = float(hits.mean())
         row["independent_size"] = len(independent)
     log(f"{tag} seed {seed}: {result.stats()} {row.get('independent_val_accuracy')}")
     if args.tax_only:
@@ -210,7 +150,7 @@ def run_strategy(
     subset = run_dir / "subset.npz"
     save_subset(subset, indices, weights, subset_meta(run, dm))
     log(f"{name} seed {seed}: main training on {len(indices)} samples")
-    summary = train_run(validate(compose([*overrides, f"subset_path={subset}"], run_dir)))
+    summary = train_run(validated([*overrides, f"subset_path={subset}"], run_dir))
     row["test_accuracy"] = summary["test_accuracy"]
     row["train_seconds"] = summary["stages"]["train"]["seconds"]
     log(f"{name} seed {seed}: test accuracy {summary['test_accuracy']:.4f}")
@@ -218,26 +158,23 @@ def run_strategy(
 
 
 def run_random(base: list[str], seed: int, out: Path) -> dict[str, Any]:
-    from lipt.run.config import validate
     from lipt.stages.train import run as train_run
 
     run_dir = out / f"random_seed{seed}"
     overrides = [*base, "pretrain=none", "selector=random", f"seed={seed}"]
     log(f"random seed {seed}: main training")
-    summary = train_run(validate(compose(overrides, run_dir)))
+    summary = train_run(validated(overrides, run_dir))
     return {"strategy": "random", "seed": seed, "test_accuracy": summary["test_accuracy"]}
 
 
-def mean_std(values: Sequence[float]) -> str:
+def mean_std(accuracies: Sequence[float | None]) -> str:
+    """Mean ± std in percent of the accuracies measured (None: not measured)."""
+    values = [v for v in accuracies if v is not None]
     if not values:
         return "-"
     mean = 100 * statistics.fmean(values)
     std = 100 * statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{mean:.2f} ± {std:.2f}"
-
-
-def pct_mean_std(values: Sequence[float | None]) -> str:
-    return mean_std([v for v in values if v is not None])
 
 
 def tax_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
@@ -265,8 +202,8 @@ def tax_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {title}{f' [{label}]' if label else ''} | {len(group)} | {avg('seconds')} "
             f"| {avg('learner_seconds')} | {avg('merge_seconds')} | {avg('evaluations')} "
-            f"| {ratio} | {pct_mean_std([r.get('soup_val_accuracy') for r in group])} "
-            f"| {pct_mean_std([r.get('independent_val_accuracy') for r in group])} |"
+            f"| {ratio} | {mean_std([r.get('soup_val_accuracy') for r in group])} "
+            f"| {mean_std([r.get('independent_val_accuracy') for r in group])} |"
         )
     sizes = sorted({r["independent_size"] for r in rows if "independent_size" in r})
     lines.append(
@@ -283,11 +220,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         for name in (*STRATEGIES, "random")
     }
     jig_extra = f", {' '.join(args.jigsaw)}" if args.jigsaw else ""
-    labels = {
-        "none": "none (untrained init)",
-        "full": f"full (E={args.full_epochs})",
-        "jigsaw": f"jigsaw (defaults{jig_extra})",
-    }
+    labels = {"none": "none (untrained init)", "full": f"full (E={args.full_epochs})"}
+    labels["jigsaw"] = f"jigsaw (defaults{jig_extra})"
     pct = round(100 * args.fraction)
     lines = [
         f"| pre-training | wall time (s) | of which merge (s) | training samples | unique samples "
@@ -323,52 +257,43 @@ def main(argv: Sequence[str] | None = None) -> None:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if unknown := sorted(set(strategies) - set(STRATEGIES)):
         sys.exit(f"error: unknown --strategies {unknown}; choose from {', '.join(STRATEGIES)}")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     if not (ROOT / "configs" / "selector" / f"{args.selector}.yaml").is_file():
         sys.exit(f"error: no configs/selector/{args.selector}.yaml; pass --selector random")
-    from lipt.run.build import build_datamodule
-    from lipt.run.config import run_of
+    with pinned(args.threads, args.core):
+        log(host_line())
+        rows = measure_all(args, strategies)
+    print(tax_table(args, rows) if args.tax_only else table(args, rows))
+    print_caveat(rows)
 
-    base = [
-        f"dataset={args.dataset}",
-        "model=convnet",
-        "logger=none",
-        "trainer.enable_progress_bar=false",
-        f"fraction={args.fraction}",
-        f"selector={args.selector}",
-        *([f"trainer.max_epochs={args.main_epochs}"] if args.main_epochs else []),
-        *args.override,
-    ]
+
+def measure_all(args: argparse.Namespace, strategies: list[str]) -> list[dict[str, Any]]:
+    """Every strategy, variant and seed: each row to --json as it lands, or from it (resumed)."""
+    from lipt.builder.objects import build_datamodule
+
+    base = [f"dataset={args.dataset}", "model=convnet", "logger=none"]
+    base += ["trainer.enable_progress_bar=false", f"fraction={args.fraction}"]
+    base += [f"selector={args.selector}"]
+    base += [f"trainer.max_epochs={args.main_epochs}"] if args.main_epochs else []
+    base += args.override
+    results = ResultFile(args.json, vars(args))
     with tempfile.TemporaryDirectory(prefix="pretrain_tax_") as tmp:
         out = args.out or Path(tmp)
-        dm = build_datamodule(run_of(compose(base, out)))  # one pool and split for every run
+        dm = build_datamodule(validated(base, out))  # one pool and split for every run
         variants = parse_variants(args)
-        eval_sizes = [
-            compose([*base, "pretrain=jigsaw", *args.jigsaw, *extra], out).merge.eval_size
-            for extra in variants.values()
-        ]
-        rows = []
+        jigsaw_runs = [[*base, "pretrain=jigsaw", *args.jigsaw, *o] for o in variants.values()]
+        eval_sizes = [validated(o, out).node("merge")["eval_size"] for o in jigsaw_runs]
         for seed in range(args.seeds):
             independent = independent_positions(dm, seed, eval_sizes)
             for name in strategies:
                 if name == "full" and args.full_seeds is not None and seed >= args.full_seeds:
                     continue
-                runs = variants.items() if name == "jigsaw" else [("", [])]
-                for variant in runs:
-                    rows.append(run_strategy(args, base, name, seed, out, dm, variant, independent))
-                    save_rows(args, rows)  # as it goes: a long run stopped early keeps its rows
+                for variant in variants.items() if name == "jigsaw" else [("", [])]:
+                    key = {"strategy": name, "variant": variant[0], "seed": seed}
+                    inputs = (args, base, name, seed, out, dm, variant, independent)
+                    results.measure(key, run_strategy, *inputs)
             if not args.tax_only:
-                rows.append(run_random(base, seed, out))
-    report = tax_table(args, rows) if args.tax_only else table(args, rows)
-    print(report)
-    save_rows(args, rows)
-
-
-def save_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    if args.json is not None:
-        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        args.json.write_text(json.dumps({"args": settings, "rows": rows}, indent=2) + "\n")
+                results.measure({"strategy": "random", "seed": seed}, run_random, base, seed, out)
+    return results.rows
 
 
 if __name__ == "__main__":

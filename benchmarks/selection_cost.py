@@ -10,6 +10,9 @@ in its own process, its peak resident memory (the target: within 8 GiB).
     python benchmarks/selection_cost.py                 # both parts
     python benchmarks/selection_cost.py --skip-large    # part 1 only
     python benchmarks/selection_cost.py --selectors coverage   # one selector, both parts
+    python benchmarks/selection_cost.py --selectors random --skip-small --n 20000   # a smoke run
+
+It prints the machine first and, after the tables, a caveat where other work shared it.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from lipt.run.config import run_of
 from lipt.selection.types import LearnerHeads
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
+from measure import compose_config, host_line, measured, print_caveat
+
 TARGET = {
     "random": 2,
     "uncertainty": 2,
@@ -98,21 +104,15 @@ class PeakRSS:
 
 
 def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
-    from hydra import compose, initialize_config_dir
-
-    from lipt.run.build import build_datamodule, build_model
+    from lipt.builder.objects import build_datamodule, build_model
     from lipt.selection import model_outputs
     from lipt.stages.select import choose_subset
 
     rows = []
     dm = model = None
     for name in selectors:
-        with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-            cfg = compose(
-                "train",
-                overrides=["paths.output_dir=/tmp/lipt-bench", f"selector={name}", "fraction=0.1"],
-            )
-        run = run_of(cfg)
+        overrides = ["paths.output_dir=/tmp/lipt-bench", f"selector={name}", "fraction=0.1"]
+        run = run_of(compose_config("train", overrides))
         if model is None:  # one data module and model for every selector (the data is shared)
             dm = build_datamodule(run)
             model = build_model(run, 0)
@@ -147,10 +147,7 @@ def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
 
 def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     """One selector on a synthetic pool; prints its time (peak memory is read by the parent)."""
-    from hydra import compose, initialize_config_dir
-
-    from lipt.run.build import build_selector
-    from lipt.run.config import run_of
+    from lipt.builder.objects import build_selector
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     g = torch.Generator().manual_seed(0)
@@ -165,8 +162,7 @@ def large_worker(name: str, n: int, classes: int, dim: int) -> None:
 
     heads = learner_heads(classes, dim, g) if name == "coverage" else None
     inputs = SelectionInputs(outputs(n), outputs(n // 50), (), weight, bias, heads)
-    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        run = run_of(compose("train", overrides=["paths.output_dir=/tmp", f"selector={name}"]))
+    run = run_of(compose_config("train", ["paths.output_dir=/tmp", f"selector={name}"]))
     fn = build_selector(run)
     assert run.selector is not None
     start = time.perf_counter()
@@ -235,8 +231,12 @@ def main() -> None:
     if args.worker:
         large_worker(args.worker, args.n, args.classes, args.dim)
         return
+    print(host_line())
+    records: list[dict[str, Any]] = []  # one a part: the machine and how busy it was
     if not args.skip_small:
-        rows = fashion_mnist_part(args.selectors, args.repeats)
+        with measured() as record:
+            rows = fashion_mnist_part(args.selectors, args.repeats)
+        records.append(record)
         print("\n| selector | select (s) | inference (s) | ratio | target | peak extra (MiB) |")
         print("| --- | --- | --- | --- | --- | --- |")
         for r in rows:
@@ -246,7 +246,9 @@ def main() -> None:
                 f"{r['ratio']:.2f}x | <= {r['target']}x {ok} | {r['peak_extra_mib']:.0f} |"
             )
     if not args.skip_large:
-        rows = large_part(args.selectors, args.n, args.classes, args.dim, args.timeout)
+        with measured() as record:
+            rows = large_part(args.selectors, args.n, args.classes, args.dim, args.timeout)
+        records.append(record)
         print(f"\n{args.n:,} samples, {args.classes} classes, {args.dim}-wide features:")
         print("| selector | seconds | peak RSS (GiB) | within 8 GiB |")
         print("| --- | --- | --- | --- |")
@@ -256,6 +258,7 @@ def main() -> None:
             secs = "-" if r["seconds"] is None else f"{r['seconds']:.1f}"
             peak_s = "-" if peak is None else f"{peak:.2f}"
             print(f"| {r['selector']} | {secs} | {peak_s} | {within} {r['note']} |")
+    print_caveat(records)
 
 
 if __name__ == "__main__":

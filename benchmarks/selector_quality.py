@@ -13,8 +13,10 @@ ckpt_path=...`, then `train.py subset_path=...`. A selector that needs no model 
 model as `python train.py selector=random`. With --reselect-every R every run is one
 `train.py ... reselect_every=R` (pre-training in-process), random included (re-sampled every R
 epochs). Every stage's summary.json lands under --out, finished runs are not repeated, and the
-final table (and --json: every seed's figures) reports test and validation accuracy, mean ± std
-over seeds, and the paired difference against random with the same seed.
+final table (and --json, rewritten as each run lands: every seed's figures) reports test and
+validation accuracy, mean ± std over seeds, and the paired difference against random with the
+same seed; after it, a caveat where other work shared the machine while a run trained (as its
+summary.json recorded).
 """
 
 from __future__ import annotations
@@ -22,18 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from hydra import compose, initialize_config_dir
-
+from lipt.core.artifacts import write_json
 from lipt.run.config import validate
 from lipt.stages import pretrain as pretrain_stage
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
+from measure import compose_config, print_caveat
+
 SELECTORS = [
     "random",
     "uncertainty",
@@ -46,11 +49,6 @@ SELECTORS = [
     "coverage",
 ]
 MODEL_FREE = ("random",)
-
-
-def compose_cfg(config: str, overrides: list[str]) -> Any:
-    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        return compose(config, overrides=overrides)
 
 
 def cached(path: Path) -> dict | None:
@@ -73,7 +71,7 @@ def pretrained(seed: int, args: argparse.Namespace) -> Path:
     out = Path(args.out) / "pretrain" / f"seed{seed}"
     if cached(out / "summary.json") is None:
         pretrain_stage.run(
-            validate(compose_cfg("pretrain", [f"paths.output_dir={out}", *common(args, seed)]))
+            validate(compose_config("pretrain", [f"paths.output_dir={out}", *common(args, seed)]))
         )
     return out / "pretrain.ckpt"
 
@@ -93,14 +91,16 @@ def run_one(selector: str, fraction: float, seed: int, args: argparse.Namespace)
         if cached(select_dir / "summary.json") is None:
             select_stage.run(
                 validate(
-                    compose_cfg(
+                    compose_config(
                         "select",
                         [f"paths.output_dir={select_dir}", f"ckpt_path={ckpt}", *overrides],
                     )
                 )
             )
         overrides.append(f"subset_path={select_dir / 'subset.npz'}")
-    return train_stage.run(validate(compose_cfg("train", [f"paths.output_dir={out}", *overrides])))
+    return train_stage.run(
+        validate(compose_config("train", [f"paths.output_dir={out}", *overrides]))
+    )
 
 
 def select_seconds(
@@ -112,6 +112,12 @@ def select_seconds(
         Path(args.out) / selector / f"f{fraction}" / f"seed{seed}" / "select" / "summary.json"
     )
     return apart["stages"]["select"]["seconds"] if apart and own is None else own
+
+
+def save(args: argparse.Namespace, results: dict) -> None:
+    """--json, atomically; also without random (--no-baseline): every seed's figures."""
+    if args.json:
+        write_json(Path(args.json), {"args": vars(args), "results": results})
 
 
 def mean_std(values: list[float], sign: str = "") -> str:
@@ -143,6 +149,7 @@ def main() -> None:
         args.selectors = ["random", *args.selectors]  # the baseline every table shows
 
     results: dict[str, dict[str, dict[int, dict[str, float | None]]]] = {}
+    summaries = []  # each run's summary.json: the machine and how busy it was
     for fraction in args.fractions:
         for selector in args.selectors:
             for seed in args.seeds:
@@ -150,6 +157,7 @@ def main() -> None:
                 summary = run_one(selector, fraction, seed, args)
                 if summary is None:  # --cached-only and not run yet
                     continue
+                summaries.append(summary)
                 val = summary.get("val_accuracy")
                 row = {
                     "test": 100 * summary["test_accuracy"],
@@ -170,11 +178,8 @@ def main() -> None:
                     ),
                     flush=True,
                 )
-
-    if args.json:  # also without random (--no-baseline): every seed's figures are kept
-        payload = {"args": vars(args), "results": results}
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(payload, indent=1) + "\n")
+                save(args, results)  # as each run lands: a stopped benchmark keeps its figures
+    save(args, results)  # also where no run landed (--cached-only before any finished)
     if "random" not in results:
         return
     mode = (
@@ -203,6 +208,7 @@ def main() -> None:
                 f"| {selector} | {fraction} | {mean_std(tests)} | {mean_std(diffs, '+')} "
                 f"| {per_seed} | {mean_std(vals) if vals else '-'} |"
             )
+    print_caveat(summaries)
 
 
 if __name__ == "__main__":

@@ -16,23 +16,31 @@ CUDA part (when a GPU is present): the same comparison on synthetic CIFAR-shaped
 
     python benchmarks/throughput.py               # CPU part, and the CUDA part when present
     python benchmarks/throughput.py --repeats 5
+    python benchmarks/throughput.py --repeats 1 --images 2000 --eval-batches 256   # a smoke run
+
+It prints the machine first and, after the tables, a caveat where other work shared it (pin
+with `--core C --threads 1` to learn how busy the other cores were).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
+from measure import host_line, measured, pinned, print_caveat
+
 N_IMAGES = 20_000  # --images for a quick smoke run
 BATCH = 256
 
@@ -261,20 +269,27 @@ def main() -> None:
     parser.add_argument("--skip-cpu", action="store_true")
     parser.add_argument("--images", type=int, default=N_IMAGES)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    parser.add_argument("--core", type=int, default=None, help="run on this core alone")
     parser.add_argument("--eval-batches", type=int, nargs="+", default=[128, 256, 512, 1024])
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     globals()["N_IMAGES"] = args.images
     warnings.filterwarnings("ignore")
     for name in ("lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    if not args.skip_cpu:
-        cpu_part(args.repeats, args.eval_batches)
-    if torch.cuda.is_available():
-        cuda_part(args.repeats)
-    else:
-        print("\nno CUDA device: the GPU part was not run")
+    records: list[dict[str, Any]] = []  # one a part: the machine and how busy it was
+    with pinned(args.threads or None, args.core):
+        print(host_line())
+        if not args.skip_cpu:
+            with measured() as record:
+                cpu_part(args.repeats, args.eval_batches)
+            records.append(record)
+        if torch.cuda.is_available():
+            with measured() as record:
+                cuda_part(args.repeats)
+            records.append(record)
+        else:
+            print("\nno CUDA device: the GPU part was not run")
+    print_caveat(records)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lipt.run.artifacts import (
+from lipt.core.artifacts import (
     atomic_write_bytes,
     check_subset,
     load_checkpoint,
@@ -17,7 +17,7 @@ from lipt.run.artifacts import (
     save_checkpoint,
     save_subset,
 )
-from lipt.run.errors import UserError
+from lipt.core.errors import UserError
 
 
 def test_subset_round_trip_is_plain_numpy(tmp_path):

@@ -1,4 +1,4 @@
-"""The values lipt.run.config.validate (with lipt.run.preflight) and lipt.run.build accept and
+"""The values lipt.run.config.validate (with lipt.run.preflight) and lipt.builder.objects accept and
 refuse.
 
 Configs are composed as the entry points compose them (the real configs/, the stage's config
@@ -14,11 +14,12 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-from lipt.run.build import build_loggers, build_model, build_trainer, quiet_trainer, run_dir
+from lipt.builder.objects import build_loggers, build_model, build_trainer, quiet_trainer
+from lipt.core.errors import UserError
+from lipt.core.job import run_dir
+from lipt.core.lock import RunDirLockedError
+from lipt.core.selector import selector_settings
 from lipt.run.config import run_of, validate
-from lipt.run.errors import UserError
-from lipt.run.lock import RunDirLockedError
-from lipt.run.selector import selector_settings
 from tests.helpers import CONFIGS, FAST
 
 ACCEPTED = [
@@ -183,7 +184,7 @@ def test_every_stage_config_is_checked_the_same(make_cfg):
             validate(make_cfg(["trainer.precision=banana"], config_name=name))
 
 
-# --------------------------------------------------------------------------- lipt.run.build
+# --------------------------------------------------------------------------- lipt.builder.objects
 
 
 @pytest.mark.parametrize(
@@ -202,7 +203,7 @@ def test_build_trainer_takes_the_trainer_group(make_cfg, overrides, expected):
 
 
 def test_build_trainer_overrides_win_and_checkpoints_are_atomic(make_cfg, tmp_path):
-    from lipt.run.artifacts import AtomicCheckpointIO
+    from lipt.core.artifacts import AtomicCheckpointIO
 
     trainer = build_trainer(
         run_of(make_cfg([*FAST, "trainer.max_epochs=9"])), max_epochs=2, logger=False
@@ -249,7 +250,7 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
     folder = run_dir(run_of(cfg))
     assert folder.is_dir() and run_dir(run_of(cfg)) == folder  # this process may call it again
     probe = (
-        "import sys; from pathlib import Path; from lipt.run.lock import lock_run_dir\n"
+        "import sys; from pathlib import Path; from lipt.core.lock import lock_run_dir\n"
         "lock_run_dir(Path(sys.argv[1]))"
     )
     out = subprocess.run(
@@ -259,7 +260,7 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
     assert "in use by another lipt run" in out.stderr
 
 
-# What the stages ask of each selector option (lipt.run.selector: the one place that reads
+# What the stages ask of each selector option (lipt.core.selector: the one place that reads
 # selector.name to choose code): (is_full, needs_model, needs_held_out, match_subset_steps,
 # budget_epochs).
 SELECTOR_SETTINGS = [

@@ -23,13 +23,13 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
+from lipt.core.errors import UserError
+from lipt.core.schema import fields_of
+from lipt.core.settings import RunSettings
 from lipt.run.config import GROUPS as GROUPS_OF_CONFIG
 from lipt.run.config import run_of, validate
-from lipt.run.errors import UserError
 from lipt.run.groups import declared_keys
 from lipt.run.preflight import build_everything
-from lipt.run.schema import fields_of
-from lipt.run.settings import RunSettings
 from tests.helpers import CONFIGS
 
 # Quick settings under every option (an option's own override comes after and wins).
@@ -247,8 +247,8 @@ def test_every_lipt_target_declares_the_type_of_every_setting() -> None:
     every parameter a config can set (a Lightning class's are Lightning's)."""
     from hydra.utils import get_object
 
+    from lipt.core.schema import unannotated
     from lipt.run.groups import CALL_ARGUMENTS
-    from lipt.run.schema import unannotated
 
     def targets(node: Any, group: str) -> Iterator[tuple[str, str]]:
         if isinstance(node, dict):

@@ -11,6 +11,7 @@ import torch
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
+from lipt.builder.objects import build_datamodule
 from lipt.data.batch_transforms import (
     RANDAUGMENT_OPS,
     RandAugmentSettings,
@@ -22,7 +23,6 @@ from lipt.data.batch_transforms import (
 )
 from lipt.data.resident import Augmentation, ResidentBatches, ResidentImages
 from lipt.data.sources import load_fashion_mnist
-from lipt.run.build import build_datamodule
 from lipt.run.config import run_of
 
 FMNIST_MEAN, FMNIST_STD = [0.2860], [0.3530]

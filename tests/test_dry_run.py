@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from lipt.core.errors import UserError
 from lipt.run.config import validate
-from lipt.run.errors import UserError
 from lipt.run.preflight import unwritable
 from tests.helpers import FAST, ROOT, run_entry
 

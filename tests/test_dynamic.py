@@ -12,6 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from lipt.core.errors import UserError
 from lipt.dynamic import (
     InfoBatch,
     LiptBudget,
@@ -25,7 +26,6 @@ from lipt.dynamic.callback import audit_path
 from lipt.models.classifier import Classifier
 from lipt.run.cli import precheck
 from lipt.run.config import validate
-from lipt.run.errors import UserError
 from lipt.selection import LearnerHeads
 from lipt.stages import train as train_stage
 from lipt.stages.seen import load_seen
@@ -301,7 +301,7 @@ def test_lipt_prunes_from_epoch_0_with_the_jigsaw_ensemble_within_its_budget(tmp
 
 
 def test_a_lipt_run_resumes_bit_for_bit_without_pre_training_again(tmp_path, monkeypatch):
-    from lipt.dynamic import stage as dynamic_stage
+    from lipt.stages import dynamic as dynamic_stage
 
     jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
     args = [*FAST, *jigsaw, "merge.ratios=3", "selector=full", "dynamic=lipt"]

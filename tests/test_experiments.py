@@ -13,7 +13,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from lipt.run.build import build_part
+from lipt.builder.objects import build_part
 from lipt.run.cli import precheck
 from lipt.run.config import run_of, validate
 from tests.helpers import CONFIGS, ROOT

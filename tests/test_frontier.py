@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lipt.core.host import other_cores_busy
 from lipt.report.frontier import (
     CURVE,
     REFERENCE,
@@ -30,7 +31,6 @@ from lipt.report.frontier import (
 )
 from lipt.report.frontier_render import table_rows, validation_rows
 from lipt.run.frontier_sweep import PinToCore, with_reference
-from lipt.run.host import other_cores_busy
 from lipt.selection import Selection, SelectionInputs
 from tests.helpers import FAST, ROOT
 
@@ -133,7 +133,7 @@ def test_the_whole_pools_shorter_schedule_anneals_over_its_steps(make_cfg: Any) 
     last of the shorter run's steps, not at the end of max_epochs whole epochs."""
     import lightning as L
 
-    from lipt.run.build import build_classifier, build_datamodule, build_model, build_trainer
+    from lipt.builder.objects import build_classifier, build_datamodule, build_model, build_trainer
     from lipt.run.config import run_of
     from lipt.stages.select import schedule_steps
 

@@ -15,16 +15,16 @@ import pytest
 import torch
 import yaml
 
-from lipt.models.schedules import Clock, cosine, one_cycle
-from lipt.run.build import (
+from lipt.builder.objects import (
     build_callbacks,
     build_classifier,
     build_datamodule,
     build_model,
     build_trainer,
 )
+from lipt.core.errors import UserError
+from lipt.models.schedules import Clock, cosine, one_cycle
 from lipt.run.config import run_of, validate
-from lipt.run.errors import UserError
 from lipt.run.training_groups import check_renamed, task_result
 from lipt.stages import train as train_stage
 from tests.helpers import CONFIGS, FAST, run_entry
@@ -143,10 +143,10 @@ def test_over_epochs_the_schedules_follow_the_share_of_training_done():
 
 
 def test_jigsaw_learners_use_the_optimizer_group_at_their_own_lr(make_cfg, monkeypatch):
-    import lipt.run.build
+    import lipt.builder.objects
 
     made: list[dict[str, Any]] = []
-    real = lipt.run.build.Classifier
+    real = lipt.builder.objects.Classifier
 
     def spy(model: Any, **kwargs: Any) -> Any:
         module = real(model, **kwargs)
@@ -156,7 +156,7 @@ def test_jigsaw_learners_use_the_optimizer_group_at_their_own_lr(make_cfg, monke
         )
         return module
 
-    monkeypatch.setattr(lipt.run.build, "Classifier", spy)
+    monkeypatch.setattr(lipt.builder.objects, "Classifier", spy)
     cfg = make_cfg(["optimizer=adamw", "pretrain.optim.lr=0.004", "scheduler=onecycle"])
     build_classifier(run_of(cfg), build_model(run_of(cfg), 0), **dict(cfg.pretrain.optim))
     assert made[0]["optimizer"] is torch.optim.AdamW

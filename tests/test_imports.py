@@ -104,7 +104,7 @@ def test_the_graph_sees_lazy_imports_and_finds_a_planted_circle(tmp_path):
 
 def test_lipt_has_no_import_circle():
     graph = import_graph()
-    assert graph.get("lipt.jigsaw.stage")
+    assert graph.get("lipt.stages.jigsaw")
     assert cycles(graph) == []
 
 
@@ -113,49 +113,91 @@ def test_the_top_of_the_package_holds_packages_only():
     entries = sorted(p.name for p in (SRC / "lipt").iterdir() if p.name != "__pycache__")
     loose = [n for n in entries if (SRC / "lipt" / n).is_file()]
     assert loose == ["__init__.py", "py.typed"], loose
-    assert len(entries) <= 10, entries
+    # one folder per layer (LAYERS below) and nothing else
+    assert sorted(set(entries) - set(loose)) == sorted(name for names in LAYERS for name in names)
 
 
-# The bottom row (docs/DESIGN.md, "Layers") and the pure rooms above it: these import, of lipt,
-# only one another, never a stage, the build layer, the config checks or a report.
-BOTTOM = {
-    f"lipt.run.{m}"
-    for m in (
-        "errors",
-        "seeding",
-        "checks",
-        "artifacts",
-        "console",
-        "lock",
-        "selector",
-        "schema",
-        "settings",
-    )
-}
+# One layer per folder of src/lipt/, from the bottom (docs/DESIGN.md, "Layers"): a folder
+# imports only folders of a lower layer. core, the foundation, imports nothing else of lipt; run,
+# the entry layer, is imported by nothing. The package's own __init__ (the Python API) is on top.
+LAYERS = (
+    ("core",),
+    ("data", "models"),
+    ("selection",),
+    ("jigsaw", "dynamic", "report"),
+    ("builder",),
+    ("stages",),
+    ("run",),
+)
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Each folder of lipt as one node: folder -> the other folders its modules import."""
+
+    def folder(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in packages) else None
+
+    packages = {p.name for p in (SRC / "lipt").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    folders: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        source = folder(module)
+        if source is None:
+            continue
+        folders.setdefault(source, set())
+        folders[source] |= {t for t in map(folder, targets) if t is not None and t != source}
+    return folders
+
+
+def imports_not_downward(
+    folders: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]
+) -> list[tuple[str, str]]:
+    """(folder, imported folder) pairs where the import does not go to a lower layer."""
+    level = {name: i for i, names in enumerate(layers) for name in names}
+    return sorted((a, b) for a, bs in folders.items() for b in bs if level[b] >= level[a])
+
+
+def test_the_folders_are_layered_and_each_imports_only_lower_ones():
+    folders = folder_graph(import_graph())
+    assert set(folders) == {name for names in LAYERS for name in names}, sorted(folders)
+    assert imports_not_downward(folders, LAYERS) == []
+    assert folders["core"] == set() and not any("run" in bs for bs in folders.values())
+    # the check sees an import that runs back up, and one across a layer
+    planted = {"core": {"data"}, "data": {"models"}, "models": set()}
+    assert imports_not_downward(planted, (("core",), ("data", "models"))) == [
+        ("core", "data"),
+        ("data", "models"),
+    ]
+
+
+# The foundation (lipt.core) and the pure rooms above it: these import, of lipt, only one
+# another, never a stage, the builder, the config checks or a report.
 PURE_PACKAGES = ("lipt.data", "lipt.models", "lipt.selection")
 PURE_MODULES = {"lipt.dynamic.plan"} | {
     f"lipt.jigsaw.{m}" for m in ("soup", "weights", "pruning", "shards")
 }
 
 
-def test_the_pure_rooms_and_the_bottom_row_import_nothing_above_them():
+def test_the_pure_rooms_and_the_foundation_import_nothing_above_them():
     graph = import_graph()
+    core = {name for name in graph if name.startswith("lipt.core.")}
+    assert {"lipt.core.errors", "lipt.core.settings", "lipt.core.console", "lipt.core.job"} <= core
     pure = {
         name
         for name in graph
         if name in PURE_MODULES or any(name == p or name.startswith(p + ".") for p in PURE_PACKAGES)
     }
-    assert pure >= PURE_MODULES and set(graph) >= BOTTOM
-    allowed = pure | BOTTOM | {"lipt.jigsaw", "lipt.run"}  # package __init__s of docstrings only
-    for name in sorted(pure | BOTTOM):
+    assert pure >= PURE_MODULES
+    allowed = pure | core | {"lipt.jigsaw", "lipt.core"}  # package __init__s of docstrings only
+    for name in sorted(pure | core):
         above = graph[name] - allowed
         assert not above, f"{name} imports {sorted(above)}"
 
 
-# The build layer: the modules that read the composed config (omegaconf's DictConfig) and turn it
-# into the run's typed settings (lipt.run.config.validate -> lipt.run.settings.Run) or check it.
-# Everything else, the stages included, takes the typed settings.
-BUILD_LAYER = {
+# The entry layer: the modules that read the composed config (omegaconf's DictConfig) and turn
+# it into the run's typed settings (lipt.run.config.validate -> lipt.core.settings.Run) or check
+# it. Everything else, the stages and the builder included, takes the typed settings.
+ENTRY_LAYER = {
     f"lipt.run.{m}"
     for m in (
         "cli",
@@ -192,14 +234,14 @@ def test_importers_of_sees_lazy_imports(tmp_path):
     assert importers_of("omegaconf", pkg) == {"lipt.a"}
 
 
-def test_only_the_build_layer_reads_the_composed_config():
+def test_only_the_entry_layer_reads_the_composed_config():
     importers = importers_of("omegaconf")
     assert "lipt.run.config" in importers
-    assert importers <= BUILD_LAYER, sorted(importers - BUILD_LAYER)
+    assert importers <= ENTRY_LAYER, sorted(importers - ENTRY_LAYER)
 
 
 def test_the_stages_take_the_typed_settings():
-    """Each entry script's stage is called with lipt.run.settings.Run, built by the build layer."""
+    """Each entry script's stage is called with lipt.core.settings.Run, built by the build layer."""
     import inspect
 
     from lipt.stages import pretrain, select, train

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lipt.run.build import build_model
+from lipt.builder.objects import build_model
 from lipt.run.config import run_of
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from lipt.builder.objects import build_datamodule
 from lipt.report.pictures import subset_figure
-from lipt.run.build import build_datamodule
 from lipt.run.config import run_of
 
 

@@ -27,7 +27,7 @@ import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from lipt.run.artifacts import load_checkpoint, load_subset
+from lipt.core.artifacts import load_checkpoint, load_subset
 from tests.helpers import run_entry
 
 # (soup, subset) hashes per data path, under the AVX2 kernels. The DataLoader path's are those

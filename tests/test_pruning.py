@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import prune
 
+from lipt.core.seeding import torch_threads
 from lipt.jigsaw.pruning import (
     draw_density,
     prunable_parameters,
@@ -20,7 +21,6 @@ from lipt.jigsaw.pruning import (
     prune_random,
     prune_snip,
 )
-from lipt.run.seeding import torch_threads
 
 PRUNABLE = ["conv1.weight", "conv2.weight", "fc.weight"]
 

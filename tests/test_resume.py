@@ -99,8 +99,8 @@ def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
 
 
 def test_resume_without_a_checkpoint_is_a_user_error(make_cfg):
+    from lipt.core.errors import UserError
     from lipt.run.config import validate
-    from lipt.run.errors import UserError
     from lipt.stages import train as train_stage
 
     with pytest.raises(UserError, match="ckpt_path=last"):

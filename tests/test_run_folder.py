@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lipt.run.artifacts import AtomicCheckpointIO, save_checkpoint, save_subset
+from lipt.core.artifacts import AtomicCheckpointIO, save_checkpoint, save_subset
+from lipt.core.errors import UserError
+from lipt.core.lock import RunDirLockedError, lock_run_dir
 from lipt.run.config import run_of, validate
-from lipt.run.errors import UserError
-from lipt.run.lock import RunDirLockedError, lock_run_dir
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
 from tests.helpers import FAST, run_entry
@@ -26,7 +26,7 @@ from tests.helpers import FAST, run_entry
 HOLDER = """
 import sys
 from pathlib import Path
-from lipt.run.lock import lock_run_dir
+from lipt.core.lock import lock_run_dir
 lock_run_dir(Path(sys.argv[1]))
 print("locked", flush=True)
 sys.stdin.read()  # hold it until killed
@@ -104,7 +104,7 @@ def _disk_full_after(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd)
 
-    monkeypatch.setattr("lipt.run.artifacts.os.fsync", fsync)
+    monkeypatch.setattr("lipt.core.artifacts.os.fsync", fsync)
 
 
 @pytest.mark.parametrize("kind", ["subset", "checkpoint", "lightning"])
@@ -132,7 +132,7 @@ def test_other_write_errors_are_not_reported_as_a_full_disk(tmp_path, monkeypatc
     def fsync(fd: int) -> None:
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr("lipt.run.artifacts.os.fsync", fsync)
+    monkeypatch.setattr("lipt.core.artifacts.os.fsync", fsync)
     with pytest.raises(OSError) as caught:
         save_checkpoint(tmp_path / "a.ckpt", {"state_dict": {}})
     assert not isinstance(caught.value, UserError) and caught.value.errno == errno.EIO
@@ -151,7 +151,7 @@ def test_a_run_whose_disk_fills_keeps_its_last_checkpoint_and_resumes(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd)
 
-    monkeypatch.setattr("lipt.run.artifacts.os.fsync", fsync)
+    monkeypatch.setattr("lipt.core.artifacts.os.fsync", fsync)
     with pytest.raises(UserError, match="no space left"):
         train_stage.run(validate(cfg))
     assert torch.load(last, weights_only=True)["epoch"] == 0  # epoch 1's, intact
@@ -181,7 +181,7 @@ def test_a_subset_smaller_than_the_classes_is_warned_about_and_counted(make_cfg,
 def test_a_healthy_subset_records_its_class_counts_without_a_warning(make_cfg, tmp_path, caplog):
     import numpy as np
 
-    from lipt.run.build import build_datamodule
+    from lipt.builder.objects import build_datamodule
 
     cfg = make_cfg([*FAST, "selector=random", "fraction=0.2"])
     with caplog.at_level(logging.WARNING, logger="lipt.stages.summary"):

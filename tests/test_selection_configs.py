@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from lipt.run.build import build_datamodule, build_model
+from lipt.builder.objects import build_datamodule, build_model
+from lipt.core.errors import UserError
+from lipt.core.selector import WHOLE_POOL
 from lipt.run.config import run_of, validate
-from lipt.run.errors import UserError
-from lipt.run.selector import WHOLE_POOL
 from lipt.selection import split_budget
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage

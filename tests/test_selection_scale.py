@@ -12,7 +12,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from lipt.run.seeding import torch_threads
+from lipt.core.seeding import torch_threads
 from lipt.selection import (
     PoolOutputs,
     SelectionInputs,

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from lipt.run.build import build_datamodule, build_model
+from lipt.builder.objects import build_datamodule, build_model
+from lipt.core.seeding import repeat_seed, reselect_seed
 from lipt.run.config import run_of, validate
-from lipt.run.seeding import repeat_seed, reselect_seed
 from lipt.selection import api as selection_api
 from lipt.selection import split_budget
 from lipt.stages import train as train_stage

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lipt.run.errors import UserError
-from lipt.run.seeding import torch_threads
+from lipt.core.errors import UserError
+from lipt.core.seeding import torch_threads
 from lipt.selection import (
     PoolOutputs,
     Selection,

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lipt.core.seeding import torch_threads
 from lipt.jigsaw.pruning import draw_density, prune_magnitude
 from lipt.jigsaw.shards import make_shards
 from lipt.jigsaw.soup import (
@@ -30,7 +31,6 @@ from lipt.jigsaw.weights import (
     is_finite_state_dict,
     recompute_batchnorm_stats,
 )
-from lipt.run.seeding import torch_threads
 
 # --------------------------------------------------------------------------- helpers
 

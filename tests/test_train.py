@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from lipt.builder.objects import build_datamodule, build_model, state_dict_cpu
+from lipt.core.errors import UserError
 from lipt.models.classifier import Classifier
-from lipt.run.build import build_datamodule, build_model, state_dict_cpu
 from lipt.run.config import run_of, validate
-from lipt.run.errors import UserError
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
 from lipt.stages.seen import load_seen

@@ -16,11 +16,11 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from lipt.core.errors import UserError
 from lipt.data.batch_transforms import RandAugmentSettings
 from lipt.data.resident import Augmentation, ResidentBatches, ResidentImages
 from lipt.data.sources import ImageSource, Splits, TensorImages
 from lipt.data.transforms import Transform, eval_transform, train_transform
-from lipt.run.errors import UserError
 
 
 class IndexedImages(Dataset):
@@ -288,13 +288,15 @@ class DataModule(L.LightningDataModule):
         dataset = IndexedImages(self.splits.train, indices, self.train_transform(), weights)
         return self.loader(dataset, shuffle=True, batch_size=self.batch_size)
 
-    def val_dataloader(self) -> DataLoader | ResidentBatches:
+    def _unaugmented_train_split(self, indices: Tensor) -> DataLoader | ResidentBatches:
+        """Rows of the original training split, un-augmented, in the order given."""
         assert self.splits is not None, "call setup() first"
         if self.is_resident:
-            return self._resident_loader(self._resident_train, self.val_indices)
-        return self.loader(
-            IndexedImages(self.splits.train, self.val_indices, self.eval_transform()), False
-        )
+            return self._resident_loader(self._resident_train, indices)
+        return self.loader(IndexedImages(self.splits.train, indices, self.eval_transform()), False)
+
+    def val_dataloader(self) -> DataLoader | ResidentBatches:
+        return self._unaugmented_train_split(self.val_indices)
 
     def test_dataloader(self) -> DataLoader | ResidentBatches:
         assert self.splits is not None, "call setup() first"
@@ -306,12 +308,7 @@ class DataModule(L.LightningDataModule):
 
     def pool_dataloader(self) -> DataLoader | ResidentBatches:
         """The whole pool, un-augmented, in index order: what selectors score."""
-        assert self.splits is not None, "call setup() first"
-        if self.is_resident:
-            return self._resident_loader(self._resident_train, self.pool_indices)
-        return self.loader(
-            IndexedImages(self.splits.train, self.pool_indices, self.eval_transform()), False
-        )
+        return self._unaugmented_train_split(self.pool_indices)
 
     def eval_loader(self, positions: Tensor, batch_size: int | None = None) -> DataLoader:
         """`positions` of the training split, un-augmented, in order, through a DataLoader on

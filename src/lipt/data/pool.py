@@ -162,25 +162,9 @@ class TensorBatches(ResidentBatches):
         batch_size: int,
         device: torch.device,
         shuffle: bool,
-        weights: Tensor | None = None,
-        seed: int = 0,
-        world_size: int = 1,
-        rank: int = 0,
-        epoch_source: Callable[[], int | None] | None = None,
+        **sharding: Any,  # weights, seed, world_size, rank, epoch_source: as ResidentBatches
     ) -> None:
-        super().__init__(
-            tensors,
-            positions,
-            batch_size,
-            device,
-            mean=(),
-            std=(),
-            weights=weights,
-            seed=seed,
-            world_size=world_size,
-            rank=rank,
-            epoch_source=epoch_source,
-        )
+        super().__init__(tensors, positions, batch_size, device, mean=(), std=(), **sharding)
         self.shuffle = shuffle
 
     @property

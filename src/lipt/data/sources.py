@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lipt.core.errors import UserError
+from lipt.core.schema import COUNT, Range
 from lipt.data.class_names import FASHION_MNIST, cifar_names
-from lipt.run.errors import UserError
-from lipt.run.schema import COUNT, Range
 
 FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lipt.core.artifacts import atomic_write_bytes
+from lipt.core.seeding import generator
 from lipt.data import SubsetData
 from lipt.data.pool import check_subset_data
 from lipt.dynamic.plan import EpochPlan, PruningMethod, ensemble_losses
-from lipt.run.artifacts import atomic_write_bytes
-from lipt.run.seeding import generator
 from lipt.selection.gradients import model_outputs
 from lipt.selection.types import LearnerHeads
 

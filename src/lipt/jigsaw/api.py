@@ -5,7 +5,7 @@ folder has the method). Each learner is the model inside lipt's `Classifier` (cr
 with a cosine schedule) on a single device.
 
 `train_and_merge` is the one path of the learners and the soup: lipt's own stage
-(lipt.jigsaw.stage, `pretrain=jigsaw`) calls it too, with learner checkpoints on disk.
+(lipt.stages.jigsaw, `pretrain=jigsaw`) calls it too, with learner checkpoints on disk.
 """
 
 from __future__ import annotations
@@ -17,9 +17,13 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lipt.core import console
+from lipt.core.seeding import torch_threads
+from lipt.core.settings import LearnerOptim
 from lipt.data import LearnerData
+from lipt.jigsaw.context import PretrainContext, Pretrained
 from lipt.jigsaw.learner import Learner, learner_shards, train_learner
-from lipt.jigsaw.merge import HeldOut, bn_positions, learner_counts, learner_heads, merge_learners
+from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners, soup_result
 from lipt.jigsaw.parts import (
     GreedyInterpMerge,
     JigsawSettings,
@@ -30,11 +34,7 @@ from lipt.jigsaw.parts import (
     RandAugment,
 )
 from lipt.models.classifier import Classifier
-from lipt.run import console
-from lipt.run.seeding import torch_threads
-from lipt.run.settings import LearnerOptim
 from lipt.selection.gradients import resolve_head
-from lipt.stages.results import PretrainContext, Pretrained
 
 # (learner id, its shard) -> the trained, pruned learner
 TrainOne = Callable[[int, Tensor], Learner]
@@ -72,18 +72,7 @@ def train_and_merge(
                 console.detail.info("learner %d/%d: %s", i + 1, len(shards), shown)
                 step(info=f"learner {i}: {shown}")
         soup, report = merge_learners(ctx, settings, dm, init, seed, learners, evaluate)
-    report["learner_seconds"] = round(sum(le.seconds for le in learners), 3)
-    result = Pretrained(
-        model=soup,
-        learner_seconds=report["learner_seconds"],
-        merge_seconds=report["merge_seconds"],
-        samples=sum(le.samples for le in learners),
-        unique_samples=sum(len(le.shard) for le in learners),
-        report=report,
-        counts=learner_counts(learners),
-        learner_heads=learner_heads(learners, ctx.head),
-    )
-    return result, learners
+    return soup_result(soup, learners, report, ctx.head, trained_here=True), learners
 
 
 def learner_trainer(accelerator: str, **overrides: Any) -> L.Trainer:
@@ -130,7 +119,7 @@ def jigsaw_pretrain(
     image data only). `head`: the name of the model's final nn.Linear, whose learners' copies
     come back as `learner_heads`. `accelerator`: where learners train and the soup is scored.
 
-    Returns lipt.stages.results.Pretrained: `.model` the soup, `.learner_heads`, `.report`
+    Returns lipt.jigsaw.context.Pretrained: `.model` the soup, `.learner_heads`, `.report`
     (every learner's and candidate soup's held-out score), `.samples`, `.counts`.
 
     Raises:

@@ -12,15 +12,15 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from lipt.core import console
+from lipt.core.artifacts import load_checkpoint, save_checkpoint
+from lipt.core.errors import UserError
+from lipt.core.job import sweep_dir_of_job
 from lipt.data import DataModule
+from lipt.jigsaw.context import PretrainContext
 from lipt.jigsaw.learner import Learner, learner_shards, train_learner
 from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.weights import is_finite_state_dict
-from lipt.run import console
-from lipt.run.artifacts import load_checkpoint, save_checkpoint
-from lipt.run.build import sweep_dir_of_job
-from lipt.run.errors import UserError
-from lipt.stages.results import PretrainContext
 
 log = logging.getLogger(__name__)
 

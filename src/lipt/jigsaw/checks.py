@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from lipt.run.errors import UserError
+from lipt.core.errors import UserError
 
 
 def validate_jigsaw(values: Mapping[str, Any]) -> None:

@@ -3,7 +3,7 @@
 Ro et al., ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, sections 3.2-3.3. Learner i
 trains a copy of the common initial model on its own shard of M minibatches of B samples for K
 passes (RandAugment, `pretrain.optim`), then is pruned once at its own density. Everything
-random about it is a function of (seed, i) alone (lipt.run.seeding.derive_seed), so a multirun job
+random about it is a function of (seed, i) alone (lipt.core.seeding.derive_seed), so a multirun job
 trains the same learner as the in-process stage.
 """
 
@@ -23,15 +23,15 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lipt.core import console
+from lipt.core.errors import UserError
+from lipt.core.seeding import derive_seed, generator, seeded
 from lipt.data import LearnerData
+from lipt.jigsaw.context import PretrainContext
 from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.pruning import draw_density
 from lipt.jigsaw.shards import make_shards, shard_for_learner
 from lipt.jigsaw.weights import StateDict, is_finite_state_dict
-from lipt.run import console
-from lipt.run.errors import UserError
-from lipt.run.seeding import derive_seed, generator, seeded
-from lipt.stages.results import PretrainContext
 
 log = logging.getLogger(__name__)
 

@@ -18,16 +18,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lipt.core import console
+from lipt.core.errors import UserError
+from lipt.core.seeding import generator
 from lipt.data import LearnerData
+from lipt.jigsaw.context import PretrainContext, Pretrained
 from lipt.jigsaw.learner import Learner, learner_shards, state_digest
 from lipt.jigsaw.parts import JigsawSettings, Merge
 from lipt.jigsaw.soup import SoupResult
 from lipt.jigsaw.weights import StateDict, recompute_batchnorm_stats
-from lipt.run import console
-from lipt.run.errors import UserError
-from lipt.run.seeding import generator
 from lipt.selection.types import LearnerHeads
-from lipt.stages.results import PretrainContext
 
 log = logging.getLogger(__name__)
 
@@ -333,4 +333,29 @@ def learner_heads(learners: Sequence[Learner], head: str = "classifier") -> Lear
     return LearnerHeads(
         weight=torch.stack([s[f"{head}.weight"].float() for s in states]),  # [L, C, D]
         bias=torch.stack([s[f"{head}.bias"].float() for s in states]),  # [L, C]
+    )
+
+
+def soup_result(
+    soup: nn.Module,
+    learners: Sequence[Learner],
+    report: dict[str, Any],
+    head: str,
+    trained_here: bool,
+) -> Pretrained:
+    """Stage 1's result from a soup and its learners: the cost of the learners that exist (a
+    "missing" one's job never wrote it), their counts and heads. `trained_here`: the learners
+    trained in this process, so their seconds are part of this stage's (not when merging saved
+    ones: merge_report.json keeps them all the same)."""
+    present = [le for le in learners if le.status != "missing"]
+    report["learner_seconds"] = round(sum(le.seconds for le in present), 3)
+    return Pretrained(
+        model=soup,
+        learner_seconds=report["learner_seconds"] if trained_here else None,
+        merge_seconds=report["merge_seconds"],
+        samples=sum(le.samples for le in present),
+        unique_samples=sum(len(le.shard) for le in present),
+        report=report,
+        counts=learner_counts(learners),
+        learner_heads=learner_heads(learners, head),
     )

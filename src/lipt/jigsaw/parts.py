@@ -1,7 +1,7 @@
 """The parts of a jigsaw pre-training a user chooses by config group, as small typed settings:
 `prune=` (how a learner is pruned), `augment=` (its strong augmentation), `merge=` (how the
 learners become one soup, scored on held-out data). Each group's yaml names one of these classes
-with `_target_`; lipt.run.build.build_part instantiates it, and the stage passes it down.
+with `_target_`; lipt.builder.objects.build_part instantiates it, and the stage passes it down.
 
 Paper: Ro et al., ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, sections 3.2-3.3.
 """
@@ -14,6 +14,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from torch import Generator, Tensor, nn
 
+from lipt.core.errors import UserError
+from lipt.core.schema import COUNT, NON_NEGATIVE, SHARE, UNIT, Range
+from lipt.core.settings import Checked, LearnerOptim
 from lipt.jigsaw.pruning import prune_magnitude, prune_random, prune_snip
 from lipt.jigsaw.soup import (
     RUNNING_MEAN,
@@ -25,9 +28,6 @@ from lipt.jigsaw.soup import (
     greedy_soup,
     uniform_soup,
 )
-from lipt.run.errors import UserError
-from lipt.run.schema import COUNT, NON_NEGATIVE, SHARE, UNIT, Range
-from lipt.run.settings import Checked, LearnerOptim
 
 # --------------------------------------------------------------------------- prune=
 

@@ -15,9 +15,9 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torchmetrics.classification import MulticlassAccuracy
 
+from lipt.core.seeding import global_rng_states, set_global_rng_states
 from lipt.models.loss import weighted_loss
 from lipt.models.schedules import Clock, cosine, is_torch_scheduler
-from lipt.run.seeding import global_rng_states, set_global_rng_states
 
 # What training_step, validation_step and test_step log (what a callback may monitor).
 LOGGED_METRICS = ("val/acc", "val/loss", "train/loss", "train/loss_step", "train/loss_epoch")
@@ -58,8 +58,9 @@ class Classifier(L.LightningModule):
         if schedule_over not in ("steps", "epochs"):
             raise ValueError(f"schedule_over must be 'steps' or 'epochs', not {schedule_over!r}")
         self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"])
-        # (parameters) -> optimiser, and (optimiser, clock) -> schedule: the groups `optimizer`
-        # and `scheduler` (lipt.run.build.build_classifier); the paper's SGD and cosine unless set.
+        # (parameters) -> optimiser, and (optimiser, clock) -> schedule: the groups `optimizer` and
+        # `scheduler` (lipt.builder.objects.build_classifier); the paper's SGD and cosine unless
+        # set.
         self.make_optimizer: Callable[..., Optimizer] = optimizer or PAPER_SGD
         self.make_scheduler: Callable[..., Any] = scheduler or cosine
         self.loss_norm, self.schedule_over = loss_norm, schedule_over

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from torch import Tensor, nn
 
-from lipt.run.schema import COUNT, Range
+from lipt.core.schema import COUNT, Range
 
 
 class ConvNet(nn.Module):

@@ -8,7 +8,7 @@ from typing import Annotated
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lipt.run.schema import BELOW_ONE, COUNT, Range
+from lipt.core.schema import BELOW_ONE, COUNT, Range
 
 
 class BasicBlock(nn.Module):

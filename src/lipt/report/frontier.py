@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lipt.run.host import BUSY_SHARE, is_busy_beside, is_loaded, is_pinned
+from lipt.core.host import BUSY_SHARE, is_busy_beside, is_loaded, is_pinned
 
 LOSSLESS_POINTS = 0.3  # a method is lossless within this many points of the reference's mean
 REFERENCE = "reference"  # the reference's method name in the tables

@@ -7,6 +7,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
+from lipt.core.artifacts import atomic_write_bytes, write_json
 from lipt.report.frontier import (
     CURVE,
     LOSSLESS_POINTS,
@@ -23,7 +24,6 @@ from lipt.report.frontier import (
     timing_caveats,
     to_json,
 )
-from lipt.run.artifacts import atomic_write_bytes, write_json
 
 
 def accuracy_text(p: Point) -> str:

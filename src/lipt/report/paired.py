@@ -17,7 +17,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lipt.run.errors import UserError
+from lipt.core.errors import UserError
 
 # The keys a default baseline is looked for in, in order, and its value there.
 DEFAULT_KEYS = ("approach", "selector.name")

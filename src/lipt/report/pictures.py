@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lipt.core.artifacts import atomic_write_bytes
+from lipt.core.console import shown
 from lipt.data import DataModule
 from lipt.report.render import new_figure
-from lipt.run.artifacts import atomic_write_bytes
-from lipt.run.console import shown
 
 SUBSET_PICTURE = "subset.png"
 GRID_CLASSES = 10  # rows of the sample grid (the first classes, for data sets with many)
@@ -153,7 +153,7 @@ def log_sweep_report(config: Any, sweep: Path) -> Path | None:
     columns: list[str | int] = list(rows[0])
     run = wandb.init(
         project=node.get("project", "lipt"),
-        group=shown(sweep),  # as lipt.run.build.sweep_name names the sweep's runs
+        group=shown(sweep),  # as lipt.builder.objects.sweep_name names the sweep's runs
         name="report",
         dir=str(sweep),
         mode="offline" if node.get("offline", True) else "online",

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from lipt.core.errors import UserError
 from lipt.report.paired import Baseline
-from lipt.run.errors import UserError
 
 # A sweep's stages, in pipeline order; a row of the report: a group's figures.
 STAGES = ("pretrain", "select", "train")

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from lipt.core.errors import UserError, fail
 from lipt.report.frontier import reference_approach
 from lipt.report.frontier_render import write_frontier
 from lipt.report.paired import paired_rows, parse_baseline
@@ -61,7 +62,6 @@ from lipt.report.render import (
     to_csv,
     to_markdown,
 )
-from lipt.run.errors import UserError, fail
 
 # Stages whose unique_samples count towards "data used" (selection reads data but trains on none).
 DATA_STAGES = ("pretrain", "train")

@@ -16,9 +16,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lipt.run.errors import UserError, fail, one_line
+from lipt.core.errors import UserError, fail, one_line
+from lipt.core.settings import Run
 from lipt.run.frontier_sweep import with_reference
-from lipt.run.settings import Run
 
 
 def config_dir() -> Path:
@@ -117,7 +117,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
     ]
     try:
         check_renamed(overrides)
-        from lipt.run.lock import check_unlocked  # before Hydra writes .hydra/ into it
+        from lipt.core.lock import check_unlocked  # before Hydra writes .hydra/ into it
 
         ddp_child = os.environ.get("LOCAL_RANK", "0") != "0"  # shares its rank 0's folder
         for arg in args:
@@ -232,7 +232,7 @@ def launch(config_name: str, stage_module: str) -> None:
         # First, as when the stage was imported before Hydra started: Lightning sets up its own
         # loggers on import, before console.setup routes them.
         stage: Callable[[Run], Any] = importlib.import_module(stage_module).run
-        from lipt.run import console
+        from lipt.core import console
         from lipt.run.config import validate
 
         keep_caches_in(Path(str(cfg.paths.output_dir)))
@@ -240,7 +240,7 @@ def launch(config_name: str, stage_module: str) -> None:
         try:
             summary = stage(validate(cfg))
         except UserError as e:
-            from lipt.run.lock import RunDirLockedError
+            from lipt.core.lock import RunDirLockedError
 
             if not isinstance(e, RunDirLockedError):  # a locked folder is another run's: keep it
                 remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))

@@ -1,6 +1,6 @@
-"""The build layer's first half: a composed config becomes the run's typed settings
-(lipt.run.settings.Run), checked before anything is computed or written. Below this module (and
-lipt.run.build, which instantiates the run's parts), nothing reads the composed config."""
+"""The entry layer's reader of the config: a composed config becomes the run's typed settings
+(lipt.core.settings.Run), checked before anything is computed or written. Below the entry layer,
+nothing reads the composed config: lipt.builder.objects instantiates the parts from the Run."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from lipt.core.errors import UserError
+from lipt.core.schema import check_mapping
+from lipt.core.selector import SelectorSettings, selector_settings
+from lipt.core.settings import DatasetSettings, Run, RunSettings, SelectorOptions
 from lipt.jigsaw.checks import validate_jigsaw
 from lipt.run.checks import get_key
-from lipt.run.errors import UserError
-from lipt.run.schema import check_mapping
-from lipt.run.selector import SelectorSettings, selector_settings
-from lipt.run.settings import DatasetSettings, Run, RunSettings, SelectorOptions
 
 
 def _selector(cfg: Mapping[str, Any]) -> SelectorSettings | None:
@@ -101,7 +101,7 @@ def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
 
 
 # The config groups: each node is checked against its option's declaration (lipt.run.groups);
-# every other top-level key is a field of lipt.run.settings.RunSettings.
+# every other top-level key is a field of lipt.core.settings.RunSettings.
 GROUPS = (
     "dataset",
     "model",

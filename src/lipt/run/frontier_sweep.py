@@ -11,7 +11,7 @@ pins each job to a core of its own. Any launcher runs the jobs (basic, joblib, s
   held while the job runs), pins the job's process to it and gives torch one thread; it undoes
   both when the job ends. Jobs then pay the same one-core rate whatever launcher runs them
   (the basic one, one after another, or joblib, as many at once as cores), and each job's
-  summary.json records it (lipt.run.host).
+  summary.json records it (lipt.core.host).
 
     python train.py -m +experiment=frontier_small hydra/launcher=joblib hydra.launcher.n_jobs=2
     make report SWEEP=multirun/frontier_small      # -> frontier.md, frontier.png
@@ -29,7 +29,7 @@ from typing import IO, Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from lipt.run.host import allowed_cores
+from lipt.core.host import allowed_cores
 
 
 def key_of(override: str) -> str:

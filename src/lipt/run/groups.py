@@ -1,6 +1,6 @@
 """Each config group's node against its option's declaration: the parameters of the option's
-`_target_` (lipt.run.schema.parameters) and, for the groups with lipt keys beside them, the
-fields of lipt.run.settings. Imports the targets, so torch: lipt.run.config calls it in its
+`_target_` (lipt.core.schema.parameters) and, for the groups with lipt keys beside them, the
+fields of lipt.core.settings. Imports the targets, so torch: lipt.run.config calls it in its
 deep checks only.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lipt.run.errors import UserError
-from lipt.run.schema import check_mapping, parameters
-from lipt.run.settings import (
+from lipt.core.errors import UserError
+from lipt.core.schema import check_mapping, parameters
+from lipt.core.settings import (
     Checked,
     ModelOptions,
     OptimizerOptions,
@@ -31,7 +31,7 @@ OPTIONS: dict[str, type[Checked]] = {"model": ModelOptions, "selector": Selector
 NARROWED: dict[str, type[Checked]] = {"trainer": TrainerOptions, "optimizer": OptimizerOptions}
 # Groups whose node holds one target per entry (logger: csv, wandb, ...).
 MULTI = ("logger", "callbacks")
-NOT_SETTINGS = ("hydra", "dataset")  # Hydra's own; dataset.*: lipt.run.settings.DatasetSettings
+NOT_SETTINGS = ("hydra", "dataset")  # Hydra's own; dataset.*: lipt.core.settings.DatasetSettings
 # Groups whose values others interpolate: checked first.
 SOURCES = ("optimizer", "scheduler", "trainer", "model")
 

@@ -1,5 +1,5 @@
 """lipt's Hydra callbacks (configs/hydra): Hydra hands them the composed config, so they belong
-to the build layer, beside lipt.run.config.
+to the entry layer, beside lipt.run.config.
 
 - `SweepTable` (configs/hydra/default.yaml): at the end of a multirun, a short table of its runs
   on the terminal.
@@ -8,10 +8,10 @@ to the build layer, beside lipt.run.config.
       python pretrain.py -m pretrain=jigsaw 'pretrain.learners=range(10)' hydra/callbacks=soup \\
           [hydra/launcher=joblib | hydra/launcher=submitit_slurm ...]
 
-  Each job (lipt.jigsaw.stage.run_learner_job) trains its learners on their own shards and
+  Each job (lipt.stages.jigsaw.run_learner_job) trains its learners on their own shards and
   writes learner_{i}.ckpt to <sweep dir>/learners (or pretrain.learner_dir). When the sweep
   ends, the callback merges them exactly as the in-process path does
-  (lipt.jigsaw.stage.merge_learner_dir), leaving out missing or diverged learners with a
+  (lipt.stages.jigsaw.merge_learner_dir), leaving out missing or diverged learners with a
   warning, and writes pretrain.ckpt, merge_report.json and summary.json into the sweep dir.
   LiPT: https://proceedings.mlr.press/v202/ro23a.html, section 3.2.
 """
@@ -27,15 +27,15 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
 
+from lipt.core import console
+from lipt.core.console import shown
+from lipt.core.errors import UserError, fail, one_line
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
-from lipt.jigsaw.stage import merge_learner_dir
 from lipt.report.pictures import log_sweep_report
 from lipt.report.render import MARKDOWN_COLUMNS
 from lipt.report.sweep import aggregate, load_summaries, varying_keys
-from lipt.run import console
 from lipt.run.config import run_of
-from lipt.run.console import shown
-from lipt.run.errors import UserError, fail, one_line
+from lipt.stages.jigsaw import merge_learner_dir
 
 log = logging.getLogger(__name__)
 

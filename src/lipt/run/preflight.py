@@ -23,11 +23,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lipt.run import console
+from lipt.core import console
+from lipt.core.errors import UserError
+from lipt.core.selector import selector_settings
+from lipt.core.settings import Run
 from lipt.run.checks import resolved
-from lipt.run.errors import UserError
-from lipt.run.selector import selector_settings
-from lipt.run.settings import Run
 from lipt.run.training_groups import check_callbacks, check_optimizer
 
 # Rows, classes and features of the tiny pool the selector is tried on.
@@ -116,7 +116,7 @@ def unwritable(folder: Path) -> str | None:
     return None
 
 
-# The groups built with lipt.run.build.build_part before or during pre-training, and main
+# The groups built with lipt.builder.objects.build_part before or during pre-training, and main
 # training's dynamic pruning.
 PARTS = ("pretrain", "augment", "prune", "merge", "dynamic")
 
@@ -124,7 +124,7 @@ PARTS = ("pretrain", "augment", "prune", "merge", "dynamic")
 def check_parts(cfg: DictConfig) -> None:
     """Build each part once: a key its class does not take (an experiment's `pretrain.epochs`
     reaching pretrain=jigsaw) or a value it refuses fails now, not when its stage starts."""
-    from lipt.run.build import build_part
+    from lipt.builder.objects import build_part
 
     for group in PARTS:
         node = cfg.get(group)
@@ -144,7 +144,7 @@ def check_selector(cfg: DictConfig) -> None:
     bad value (an unknown `greedy` mode, a negative `eta`) fails now, not after pre-training."""
     import torch
 
-    from lipt.run.build import RESERVED_SELECTOR_KEYS, build_part
+    from lipt.builder.objects import RESERVED_SELECTOR_KEYS, build_part
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     node = cfg.get("selector")
@@ -273,7 +273,7 @@ def build_everything(run: Run, loaded: dict[str, Any]) -> None:
     `loaded` holds the data sets and models this dry run built already, by their settings."""
     from hydra.utils import instantiate
 
-    from lipt.run.build import build_classifier, build_model
+    from lipt.builder.objects import build_classifier, build_model
 
     def key(*values: Any) -> str:
         return json.dumps(values, sort_keys=True, default=str)

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lipt.run.errors import UserError
+from lipt.core.errors import UserError
 
 # Old key -> the key that holds its value now.
 RENAMED = {
@@ -89,8 +89,8 @@ def check_optimizer(cfg: DictConfig) -> None:
     a value the optimiser or the schedule refuses fails now, not when training starts."""
     import torch
 
+    from lipt.builder.objects import build_part
     from lipt.models.schedules import Clock, is_torch_scheduler
-    from lipt.run.build import build_part
     from lipt.run.checks import resolved
 
     try:
@@ -115,8 +115,8 @@ def check_optimizer(cfg: DictConfig) -> None:
 def check_callbacks(cfg: DictConfig) -> None:
     """Build each callback of the `callbacks` group; what one monitors must be a metric the
     Lightning module logs."""
+    from lipt.builder.objects import build_part
     from lipt.models.classifier import LOGGED_METRICS
-    from lipt.run.build import build_part
     from lipt.run.checks import resolved
 
     for name, node in (cfg.get("callbacks") or {}).items():

@@ -13,8 +13,8 @@ from typing import Annotated
 
 import torch
 
-from lipt.run.errors import UserError
-from lipt.run.schema import BELOW_ONE, COUNT, Range
+from lipt.core.errors import UserError
+from lipt.core.schema import BELOW_ONE, COUNT, Range
 from lipt.selection.common import check_budget, finish, randperm
 from lipt.selection.gradients import DEFAULT_CHUNK
 from lipt.selection.scores import Score, mean_score

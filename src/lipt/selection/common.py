@@ -17,8 +17,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from lipt.run.errors import UserError
-from lipt.run.seeding import torch_threads
+from lipt.core.errors import UserError
+from lipt.core.seeding import torch_threads
 from lipt.selection.types import PoolOutputs, Selection, SelectionInputs
 
 

@@ -44,8 +44,8 @@ from typing import Annotated, Literal, get_args
 import torch
 from torch import Tensor
 
-from lipt.run.errors import UserError
-from lipt.run.schema import BELOW_ONE, COUNT, NON_NEGATIVE, UNIT, Range
+from lipt.core.errors import UserError
+from lipt.core.schema import BELOW_ONE, COUNT, NON_NEGATIVE, UNIT, Range
 from lipt.selection.common import (
     check_budget,
     check_choice,

@@ -2,7 +2,7 @@
 
 Each option of the group names its strategy with `_target_`: `none` keeps the common initial
 model (`NoPretraining`), `full` is the classic warm-up over the whole pool, the tax lipt cuts
-(`FullWarmup`), `jigsaw` is the paper's method (lipt.jigsaw.stage.JigsawPretraining). A strategy
+(`FullWarmup`), `jigsaw` is the paper's method (lipt.stages.jigsaw.JigsawPretraining). A strategy
 is called as `strategy(ctx, dm, model, seed) -> Pretrained`. `run` is `pretrain.py`'s body.
 """
 
@@ -16,20 +16,15 @@ from typing import Annotated, Any, ClassVar, Protocol
 import lightning as L
 from torch import nn
 
+from lipt.builder.objects import build_datamodule, build_model, build_part, build_pretrain_context
+from lipt.core import console
+from lipt.core.job import run_dir
+from lipt.core.schema import POSITIVE, Range
+from lipt.core.settings import Checked, Run
 from lipt.data import DataModule
-from lipt.jigsaw.stage import JigsawPretraining, run_learner_job
-from lipt.run import console
-from lipt.run.build import (
-    build_datamodule,
-    build_model,
-    build_part,
-    build_pretrain_context,
-    run_dir,
-)
-from lipt.run.schema import POSITIVE, Range
-from lipt.run.settings import Checked, Run
+from lipt.jigsaw.context import PretrainContext, Pretrained
+from lipt.stages.jigsaw import JigsawPretraining, run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
-from lipt.stages.results import PretrainContext, Pretrained
 
 
 class Strategy(Protocol):

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lipt.core.artifacts import save_checkpoint, write_json
+from lipt.core.settings import Run
 from lipt.data import DataModule
-from lipt.run.artifacts import save_checkpoint, write_json
-from lipt.run.settings import Run
-from lipt.stages.results import PretrainContext, Pretrained, pretrain_payload
+from lipt.jigsaw.context import PretrainContext, Pretrained, pretrain_payload
 from lipt.stages.summary import summary_payload
 
 

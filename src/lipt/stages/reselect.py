@@ -22,10 +22,10 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lipt.core.artifacts import atomic_write_bytes, save_subset
+from lipt.core.seeding import reselect_seed
 from lipt.data import SubsetData
 from lipt.data.pool import check_subset_data
-from lipt.run.artifacts import atomic_write_bytes, save_subset
-from lipt.run.seeding import reselect_seed
 from lipt.selection.api import Selector, budget_of, select, selector_of
 from lipt.selection.gradients import resolve_head
 

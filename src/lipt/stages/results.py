@@ -1,107 +1,15 @@
-"""What the stages hand each other: typed results, and what a pre-training strategy needs of
-the run. Low in the import graph (stages, jigsaw and summary.json build on it); docs/DESIGN.md,
-"Stages and their results".
+"""What the stages hand each other: selection's and main training's typed results
+(pre-training's are lipt.jigsaw.context's); docs/DESIGN.md, "Stages and their results".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import lightning as L
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from lipt.jigsaw.parts import Merge, NoAugment, Pruning, RandAugment
-from lipt.models.classifier import Classifier
-from lipt.selection.types import LearnerHeads
-
-
-@dataclass(frozen=True)
-class PretrainContext:
-    """What a pre-training strategy needs of the run, built from the config by the stage
-    (lipt.run.build.build_pretrain_context) or by the Python API (lipt.jigsaw.api)."""
-
-    data_name: str
-    num_classes: int
-    model_config: dict[str, Any]  # the `model` node, resolved: checkpoints record it
-    pretrain_name: str
-    run_seed: int  # `seed` (a strategy may run from another one: selector.repeats)
-    fraction: float
-    main_epochs: int  # trainer.max_epochs of main training
-    device: torch.device  # where held-out scoring runs
-    run_dir: Callable[[], Path]  # the run folder, created and locked on first use
-    classifier: Callable[..., Classifier]  # (model, **optim overrides) -> Lightning module
-    trainer: Callable[..., L.Trainer]  # (**overrides) -> a quiet single-device trainer
-    augment: NoAugment | RandAugment
-    prune: Pruning
-    merge: Merge
-    # The `optimizer` node, resolved: each learner's optimiser is it at pretrain.optim's lr and
-    # weight decay, and its checkpoint records both.
-    optimizer: dict[str, Any] = field(default_factory=dict)
-    head: str = "classifier"  # the model's final nn.Linear, by name: the learners' heads
-
-
-@dataclass
-class Pretrained:
-    """Stage 1's result: a pre-trained model and what it cost."""
-
-    model: nn.Module
-    seconds: float = 0.0
-    samples: int = 0  # training samples passed forward and backward
-    unique_samples: int = 0  # distinct training-set items read
-    report: dict[str, Any] = field(default_factory=dict)  # e.g. the jigsaw merge report
-    # Further checkpoints the strategy wrote as it went, by path, e.g. every jigsaw learner's
-    # (written when each finished, so a killed run keeps them); payloads load with
-    # torch.load(weights_only=True).
-    checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Further counts for summary.json, e.g. jigsaw's learners_merged / learners_failed.
-    counts: dict[str, int] = field(default_factory=dict)
-    # The jigsaw learners' final layers, handed to selection (and saved in pretrain.ckpt) so a
-    # selector can use the learners' ensemble without running them again.
-    learner_heads: LearnerHeads | None = None
-    trained: bool = True  # False: the common initial model as it is (pretrain=none)
-    # Jigsaw's parts of `seconds`: the learners' training (in this process; a learner reused
-    # from a checkpoint counts the seconds it took then) and the merge (held-out scoring of the
-    # learners and candidate soups, BatchNorm re-estimates, the soup). None: not measured here.
-    learner_seconds: float | None = None
-    merge_seconds: float | None = None
-
-    def stats(self) -> dict[str, Any]:
-        """summary.json's stages.pretrain."""
-        parts = {"learner_seconds": self.learner_seconds, "merge_seconds": self.merge_seconds}
-        return {
-            "seconds": round(self.seconds, 3),
-            **{name: round(value, 3) for name, value in parts.items() if value is not None},
-            "samples": self.samples,
-            "unique_samples": self.unique_samples,
-            **self.counts,
-        }
-
-
-def pretrain_payload(
-    ctx: PretrainContext, model: nn.Module, heads: LearnerHeads | None = None
-) -> dict[str, Any]:
-    """pretrain.ckpt: tensors and plain values only (loadable with weights_only=True)."""
-    payload: dict[str, Any] = {
-        "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-        "model": ctx.model_config,
-        "data": ctx.data_name,
-        "num_classes": ctx.num_classes,
-        "pretrain": ctx.pretrain_name,
-        "seed": ctx.run_seed,
-    }
-    if heads is not None:
-        payload["learner_heads"] = {"weight": heads.weight, "bias": heads.bias}
-    return payload
-
-
-def heads_from_payload(payload: dict[str, Any]) -> LearnerHeads | None:
-    """The learner heads a pretrain.ckpt carries (None: not a jigsaw checkpoint)."""
-    heads = payload.get("learner_heads")
-    return None if heads is None else LearnerHeads(heads["weight"], heads["bias"])
+from lipt.jigsaw.context import Pretrained
 
 
 @dataclass

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lipt.run.artifacts import atomic_write_bytes
+from lipt.core.artifacts import atomic_write_bytes
 
 SEEN_DIR = "seen"
 

@@ -17,19 +17,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lipt.builder.objects import build_datamodule, build_model, build_selector
+from lipt.core import console
+from lipt.core.artifacts import load_checkpoint, save_subset, write_json
+from lipt.core.errors import UserError
+from lipt.core.job import run_dir
+from lipt.core.seeding import repeat_seed
+from lipt.core.selector import SelectorSettings
+from lipt.core.settings import Run
 from lipt.data import DataModule
+from lipt.jigsaw.context import Pretrained, heads_from_payload
 from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
-from lipt.run import console
-from lipt.run.artifacts import load_checkpoint, save_subset, write_json
-from lipt.run.build import build_datamodule, build_model, build_selector, run_dir
-from lipt.run.errors import UserError
-from lipt.run.seeding import repeat_seed
-from lipt.run.selector import SelectorSettings
-from lipt.run.settings import Run
 from lipt.selection import LearnerHeads, PoolOutputs, SelectionInputs
 from lipt.selection.api import pick, rank_pool
 from lipt.stages.pretrain import pretrain_model
-from lipt.stages.results import Pretrained, Selected, heads_from_payload
+from lipt.stages.results import Selected
 from lipt.stages.summary import subset_class_counts, summary_payload
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lipt.core.settings import Run
 from lipt.data import DataModule
-from lipt.run.settings import Run
 
 log = logging.getLogger(__name__)
 

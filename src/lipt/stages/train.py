@@ -23,31 +23,30 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor, nn
 
-from lipt.data import DataModule
-from lipt.dynamic.plan import infobatch_epochs
-from lipt.dynamic.stage import DynamicSetup, describe, dynamic_pruning
-from lipt.jigsaw.checkpoints import LEARNERS_DIR
-from lipt.report.pictures import log_to_wandb
-from lipt.run import console
-from lipt.run.artifacts import check_subset, load_subset, write_json
-from lipt.run.build import (
+from lipt.builder.objects import (
     build_callbacks,
     build_classifier,
     build_datamodule,
     build_loggers,
     build_model,
     build_trainer,
-    is_ddp_child,
     progress_bars,
-    run_dir,
-    sweep_dir_of_job,
 )
-from lipt.run.errors import UserError
-from lipt.run.host import core_ticks, host, load_average, other_cores_busy
-from lipt.run.seeding import reselect_seed
-from lipt.run.settings import Run
+from lipt.core import console
+from lipt.core.artifacts import check_subset, load_subset, write_json
+from lipt.core.errors import UserError
+from lipt.core.host import core_ticks, host, load_average, other_cores_busy
+from lipt.core.job import is_ddp_child, run_dir, sweep_dir_of_job
+from lipt.core.seeding import reselect_seed
+from lipt.core.settings import Run
+from lipt.data import DataModule
+from lipt.dynamic.plan import infobatch_epochs
+from lipt.jigsaw.checkpoints import LEARNERS_DIR
+from lipt.jigsaw.context import Pretrained
+from lipt.report.pictures import log_to_wandb
+from lipt.stages.dynamic import DynamicSetup, describe, dynamic_pruning
 from lipt.stages.reselect import Reselect, latest_subset
-from lipt.stages.results import Pretrained, Selected, Trained
+from lipt.stages.results import Selected, Trained
 from lipt.stages.seen import SeenSamples
 from lipt.stages.select import (
     STAGES_FILE,

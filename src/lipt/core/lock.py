@@ -10,7 +10,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from lipt.run.errors import UserError
+from lipt.core.errors import UserError
 
 
 class RunDirLockedError(UserError):

@@ -1,14 +1,12 @@
-"""The build layer's second half: a run's parts, instantiated from its resolved group nodes
-(lipt.run.settings.Run): data module, models, Lightning module, trainer, loggers, callbacks, the
+"""The builder: a run's parts, instantiated from its resolved group nodes
+(lipt.core.settings.Run): data module, models, Lightning module, trainer, loggers, callbacks, the
 selector and pre-training's parts. Each group's option names its class or function with
 `_target_` (Hydra's `instantiate`, on plain values: the composed config stays above, in
 lipt.run.config)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -16,31 +14,16 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
+from lipt.core import console
+from lipt.core.artifacts import AtomicCheckpointIO
+from lipt.core.console import shown
+from lipt.core.job import run_dir, sweep_dir_of_job
+from lipt.core.settings import Run
 from lipt.data import DataModule
+from lipt.jigsaw.context import PretrainContext
 from lipt.models.classifier import Classifier
 from lipt.models.options import apply_speed_options
 from lipt.models.schedules import LEARNER_SCHEDULES
-from lipt.run import console
-from lipt.run.artifacts import AtomicCheckpointIO
-from lipt.run.console import shown
-from lipt.run.lock import lock_run_dir
-from lipt.run.settings import Run
-from lipt.stages.results import PretrainContext
-
-
-def run_dir(run: Run) -> Path:
-    """The run folder, created and locked for this process (lipt.run.lock): a second run
-    pointed at it is refused. Extra DDP ranks share their rank 0's folder and lock."""
-    path = Path(run.settings.paths["output_dir"])
-    path.mkdir(parents=True, exist_ok=True)
-    if not is_ddp_child():
-        lock_run_dir(path)
-    return path
-
-
-def is_ddp_child() -> bool:
-    """True in the extra processes Lightning's DDP launcher starts by re-running the script."""
-    return os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0"
 
 
 def build_datamodule(run: Run) -> DataModule:
@@ -101,7 +84,7 @@ def build_selector(run: Run) -> Any:
 
 
 def build_pretrain_context(run: Run, dm: DataModule) -> PretrainContext:
-    """What a pre-training strategy needs of this run (lipt.stages.results.PretrainContext), the
+    """What a pre-training strategy needs of this run (lipt.jigsaw.context.PretrainContext), the
     groups augment, prune and merge instantiated."""
     return PretrainContext(
         data_name=dm.data_name,
@@ -217,22 +200,6 @@ def sweep_name() -> str | None:
         return None
     sweep = sweep_dir_of_job()
     return None if sweep is None else shown(sweep)  # multirun/<stage>/<date>/<time>
-
-
-def sweep_dir_of_job() -> Path | None:
-    """The sweep dir of the running multirun job, or None outside one. Derived from the job's
-    output dir (sweep dir / subdir) rather than by re-resolving hydra.sweep.dir, whose ${now:}
-    a remote job would resolve to another time."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized():
-        return None
-    hc = HydraConfig.get()
-    if hc.mode != RunMode.MULTIRUN:
-        return None
-    depth = len(Path(str(hc.sweep.subdir)).parts)
-    return Path(str(hc.runtime.output_dir)).parents[depth - 1]
 
 
 def build_trainer(run: Run, **overrides: Any) -> L.Trainer:

@@ -13,7 +13,7 @@ https://proceedings.mlr.press/v202/ro23a.html), sections 3.2-3.3. From ONE commo
 Learners never communicate. The soup (group ``merge``, merge.py) is scored by held-out accuracy
 on the validation split carved from the training set, never the test set.
 
-Everything random about learner i is a function of (seed, i) alone (lipt.run.seeding.derive_seed),
+Everything random about learner i is a function of (seed, i) alone (lipt.core.seeding.derive_seed),
 never of the global RNG state left by earlier learners, so a learner trained by a job of a
 multirun (`run_learner_job`, one process per job) equals the one trained in-process
 (`pretrain_jigsaw`), and `merge_learner_dir` (called by the soup callback,
@@ -31,6 +31,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from lipt.builder.objects import build_datamodule, build_model, build_part, build_pretrain_context
+from lipt.core.artifacts import write_json
+from lipt.core.errors import UserError
+from lipt.core.job import run_dir
+from lipt.core.seeding import torch_threads
+from lipt.core.settings import Run
 from lipt.data import DataModule
 from lipt.jigsaw.api import train_and_merge
 from lipt.jigsaw.checkpoints import (
@@ -40,22 +46,11 @@ from lipt.jigsaw.checkpoints import (
     load_learners,
     train_or_reuse,
 )
+from lipt.jigsaw.context import PretrainContext, Pretrained
 from lipt.jigsaw.learner import Learner, learner_shard
-from lipt.jigsaw.merge import learner_counts, learner_heads, learner_ids_by_status, merge_learners
+from lipt.jigsaw.merge import learner_ids_by_status, merge_learners, soup_result
 from lipt.jigsaw.parts import JigsawSettings
-from lipt.run.artifacts import write_json
-from lipt.run.build import (
-    build_datamodule,
-    build_model,
-    build_part,
-    build_pretrain_context,
-    run_dir,
-)
-from lipt.run.errors import UserError
-from lipt.run.seeding import torch_threads
-from lipt.run.settings import Run
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
-from lipt.stages.results import PretrainContext, Pretrained
 from lipt.stages.summary import summary_payload
 
 log = logging.getLogger(__name__)
@@ -128,18 +123,8 @@ def merge_saved(
         )
     with torch_threads(settings.num_threads):
         soup, report = merge_learners(ctx, settings, dm, init, seed, learners)
-    present = [le for le in learners if le.status != "missing"]
     report["learner_dir"] = str(folder)
-    report["learner_seconds"] = round(sum(le.seconds for le in present), 3)
-    return Pretrained(
-        model=soup,
-        merge_seconds=report["merge_seconds"],
-        samples=sum(le.samples for le in present),
-        unique_samples=sum(len(le.shard) for le in present),
-        report=report,
-        counts=learner_counts(learners),
-        learner_heads=learner_heads(learners, ctx.head),
-    )
+    return soup_result(soup, learners, report, ctx.head, trained_here=False)
 
 
 # --------------------------------------------------------------------------- a multirun

@@ -5,7 +5,7 @@ A config group's option names a `_target_` (a lipt function or dataclass, a Ligh
 the annotations of its parameters are the option's schema. Bounds ride along in `Annotated`:
 ``eta: Annotated[float, Range(0, low_open=True)] = 0.1``. lipt's own keys that no target takes
 (the top level, `dataset.*`, a selector's `balance`) are declared the same way, as typed fields
-of lipt.run.settings. `check_value` holds a config value against such an annotation and raises a
+of lipt.core.settings. `check_value` holds a config value against such an annotation and raises a
 one-line `UserError` naming the key, the value and what is allowed; `parameters` reads a
 target's annotations. Pure Python: the pure rooms may annotate with `Range` freely.
 """
@@ -24,7 +24,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from lipt.run.errors import UserError
+from lipt.core.errors import UserError
 
 
 @dataclass(frozen=True)

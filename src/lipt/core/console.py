@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from lipt.run.selector import SelectorSettings
-from lipt.run.settings import Run
+from lipt.core.selector import SelectorSettings
+from lipt.core.settings import Run
 
 log = logging.getLogger("lipt")
 # Per-item details (each learner, each candidate): the log file only, never the terminal.

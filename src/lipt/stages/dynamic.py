@@ -10,14 +10,15 @@ from typing import Any
 
 from torch import Tensor
 
+from lipt.builder.objects import build_part
+from lipt.core import console
+from lipt.core.artifacts import write_json
+from lipt.core.job import is_ddp_child
+from lipt.core.settings import Run
 from lipt.data import DataModule
 from lipt.dynamic.callback import DynamicPruning, ensemble_scores
 from lipt.dynamic.plan import PruningMethod
-from lipt.run import console
-from lipt.run.artifacts import write_json
-from lipt.run.build import build_part, is_ddp_child
-from lipt.run.settings import Run
-from lipt.stages.results import Pretrained
+from lipt.jigsaw.context import Pretrained
 from lipt.stages.select import STAGES_FILE, Ranking, ranking_models
 
 

@@ -21,7 +21,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from torch import Tensor
 
-from lipt.run.errors import UserError
+from lipt.core.errors import UserError
 
 SUBSET_FORMAT_VERSION = 1
 _UMASK = os.umask(0)

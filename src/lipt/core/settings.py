@@ -3,7 +3,7 @@ level of train.yaml, `dataset.*`, the run-time options of `model.*` and a select
 and `Run`, what every stage takes: those settings, built once from the composed config.
 
 A group option's other keys are the parameters of its `_target_` and are declared there
-(lipt.run.schema). Building a settings object checks every field (`Checked`), so a bad value is
+(lipt.core.schema). Building a settings object checks every field (`Checked`), so a bad value is
 refused when the settings are built, before any stage, by lipt.run.config and by any code that
 builds them itself. No torch, no omegaconf.
 """
@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
-from lipt.run.errors import UserError
-from lipt.run.schema import (
+from lipt.core.errors import UserError
+from lipt.core.schema import (
     BELOW_ONE,
     COUNT,
     NON_NEGATIVE,
@@ -26,7 +26,7 @@ from lipt.run.schema import (
     check_value,
     fields_of,
 )
-from lipt.run.selector import SelectorSettings
+from lipt.core.selector import SelectorSettings
 
 
 class Checked:
@@ -189,7 +189,7 @@ class Run:
     from the composed config (`validate`, `run_of`), every value checked against its declared
     type and range; below that, nothing reads the composed config. The group nodes (model,
     optimizer, trainer, pretrain, ...) stay in `config`, resolved to plain values, for
-    lipt.run.build to instantiate, each against its `_target_`'s own signature."""
+    lipt.builder.objects to instantiate, each against its `_target_`'s own signature."""
 
     settings: RunSettings
     dataset: DatasetSettings
