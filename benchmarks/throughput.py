@@ -79,7 +79,7 @@ def make_datamodule(load: Callable, channels: int, size: int, resident: bool, de
 
 def lipt_epoch(model: nn.Module, dm, device: torch.device, precision: str) -> float:
     """Seconds of one training epoch of lipt's Classifier on `dm`'s pool."""
-    from lipt.models.classifier import Classifier
+    from lipt.models.classifier import QUIET_TRAINER, Classifier
 
     module = Classifier(model, num_classes=10)
     timer = EpochTimer()
@@ -88,13 +88,8 @@ def lipt_epoch(model: nn.Module, dm, device: torch.device, precision: str) -> fl
         devices=1,
         precision=precision,  # type: ignore[arg-type]
         max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
         callbacks=[timer],
+        **QUIET_TRAINER,
     )
     dm.set_subset(None)
     trainer.fit(module, train_dataloaders=dm.train_dataloader())

@@ -87,6 +87,16 @@ def test_every_frontier_job_passes_the_precheck_and_a_bad_budget_fails_it(capsys
     with pytest.raises(SystemExit) as exit_:
         precheck("train", ["+experiment=frontier_cpu", "fraction=0.5,1.5"], multirun=True)
     assert exit_.value.code == 2 and "fraction=1.5" in capsys.readouterr().err
+    # the sweeper's and the pinning callback's own settings, before Hydra builds them
+    for bad, words in (
+        ("hydra.sweeper.reference=[]", "hydra.sweeper.reference is empty"),
+        ("hydra.sweeper.point_keys=[]", "hydra.sweeper.point_keys is empty"),
+        ("hydra.callbacks.pin.threads=0", "hydra.callbacks.pin.threads=0 is invalid"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            precheck("train", ["+experiment=frontier_small", bad], multirun=True)
+        err = capsys.readouterr().err.strip()
+        assert exit_.value.code == 2 and words in err and "\n" not in err, err
 
 
 # --- the methods, composed as the sweeper composes them ----------------------------------------

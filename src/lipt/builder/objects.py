@@ -21,7 +21,7 @@ from lipt.core.job import run_dir, sweep_dir_of_job
 from lipt.core.settings import Run
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext
-from lipt.models.classifier import Classifier
+from lipt.models.classifier import QUIET_TRAINER, Classifier
 from lipt.models.options import apply_speed_options
 from lipt.models.schedules import LEARNER_SCHEDULES
 
@@ -223,20 +223,9 @@ def progress_bars(run: Run) -> bool:
 
 
 def quiet_trainer(run: Run, **overrides: Any) -> L.Trainer:
-    """A single-device trainer for inner stages (warm-up, learners): no logger, no checkpoints,
-    no progress bar clutter."""
-    settings = dict(
-        devices=1,
-        strategy="auto",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-    )
-    settings.update(overrides)
-    return build_trainer(run, **settings)
+    """A single-device trainer for inner stages (warm-up, learners): QUIET_TRAINER's settings,
+    `overrides` winning."""
+    return build_trainer(run, **{"devices": 1, "strategy": "auto", **QUIET_TRAINER, **overrides})
 
 
 def state_dict_cpu(model: nn.Module) -> dict[str, torch.Tensor]:

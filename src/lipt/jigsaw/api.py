@@ -33,7 +33,7 @@ from lipt.jigsaw.parts import (
     Pruning,
     RandAugment,
 )
-from lipt.models.classifier import Classifier
+from lipt.models.classifier import QUIET_TRAINER, Classifier
 from lipt.selection.gradients import resolve_head
 
 # (learner id, its shard) -> the trained, pruned learner
@@ -77,18 +77,7 @@ def train_and_merge(
 
 def learner_trainer(accelerator: str, **overrides: Any) -> L.Trainer:
     """A quiet single-device trainer: no logger, no checkpoints, no bars, no validation."""
-    settings: dict[str, Any] = {
-        "accelerator": accelerator,
-        "devices": 1,
-        "logger": False,
-        "enable_checkpointing": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-        "num_sanity_val_steps": 0,
-        "limit_val_batches": 0,
-        **overrides,
-    }
-    return L.Trainer(**settings)
+    return L.Trainer(**{"accelerator": accelerator, "devices": 1, **QUIET_TRAINER, **overrides})
 
 
 def jigsaw_pretrain(

@@ -28,6 +28,17 @@ PAPER_SGD = functools.partial(
 )
 
 
+# A trainer that only trains: no logger, no checkpoints, no bars, no validation.
+QUIET_TRAINER: dict[str, Any] = {
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "num_sanity_val_steps": 0,
+    "limit_val_batches": 0,
+}
+
+
 class Classifier(L.LightningModule):
     """Cross-entropy classifier with per-sample loss weights.
 

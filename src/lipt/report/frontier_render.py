@@ -13,6 +13,7 @@ from lipt.report.frontier import (
     LOSSLESS_POINTS,
     REFERENCE,
     WHOLE_POOL,
+    Paired,
     Point,
     Record,
     aggregate,
@@ -86,10 +87,10 @@ def validation_rows(points: Sequence[Point]) -> list[str]:
     return markdown_table(header, "rllrr", rows)
 
 
-def paired_rows(runs: Sequence[Record]) -> list[str]:
+def paired_rows(pairs: Sequence[Paired]) -> list[str]:
     header = ["method", "budget", "seeds", f"test acc. minus {WHOLE_POOL}'s, same seed (points)"]
     rows = []
-    for p in paired_with_whole_pool(runs):
+    for p in pairs:
         spread = f" ± {p.difference_std:.2f}" if len(p.seeds) > 1 else ""
         rows.append([p.method, f"{p.budget:g}", str(len(p.seeds)), f"{p.difference:+.2f}{spread}"])
     return markdown_table(header, "lrrr", rows)
@@ -117,13 +118,14 @@ def markdown(
             "",
             *lossless_rows(points),
         ]
-    if paired_with_whole_pool(runs):
+    pairs = paired_with_whole_pool(runs)
+    if pairs:
         lines += [
             "",
             f"Paired with the whole pool on the same budget's shorter schedule ({WHOLE_POOL}), "
             "seed by seed: mean ± std of the differences.",
             "",
-            *paired_rows(runs),
+            *paired_rows(pairs),
         ]
     if highest_on_validation(points):
         lines += [

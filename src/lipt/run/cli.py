@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from lipt.core.errors import UserError, fail, one_line
 from lipt.core.settings import Run
-from lipt.run.frontier_sweep import with_reference
+from lipt.run.frontier_sweep import check_frontier_settings, with_reference
 
 
 def config_dir() -> Path:
@@ -85,6 +85,7 @@ def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> Declar
     fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
     cfg = compose(config_name, overrides=fixed, return_hydra_config=True)
     sweeper = cfg.hydra.sweeper
+    check_frontier_settings(sweeper, cfg.hydra.get("callbacks"))
     if not multirun and cfg.hydra.mode != RunMode.MULTIRUN:
         return DeclaredSweep([], [], [])
     declared = sweeper.get("params")

@@ -29,7 +29,36 @@ from typing import IO, Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from lipt.core.errors import UserError
 from lipt.core.host import allowed_cores
+
+SWEEPER = "hydra_plugins.lipt_frontier.frontier_sweeper.FrontierSweeper"
+PIN = "lipt.run.frontier_sweep.PinToCore"
+
+
+def check_frontier_settings(sweeper: Any, callbacks: Any) -> None:
+    """The frontier sweeper's and the pinning callback's settings (the composed `hydra.sweeper`
+    and `hydra.callbacks`), checked before Hydra builds them: a UserError names the key."""
+    if str(sweeper.get("_target_")) == SWEEPER:
+        reference = sweeper.get("reference")
+        if not reference:
+            raise UserError(
+                "hydra.sweeper.reference is empty; give the reference job's overrides, e.g. "
+                "'hydra.sweeper.reference=[+approach=full_data]'"
+            )
+        if not sweeper.get("point_keys"):
+            raise UserError(
+                "hydra.sweeper.point_keys is empty; name the keys a method's point sets, e.g. "
+                "'hydra.sweeper.point_keys=[approach,fraction]'"
+            )
+    for name, node in (callbacks or {}).items():
+        if str(node.get("_target_")) != PIN:
+            continue
+        threads = node.get("threads")
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise UserError(
+                f"hydra.callbacks.{name}.threads={threads!r} is invalid: use an integer >= 1"
+            )
 
 
 def key_of(override: str) -> str:
