@@ -371,3 +371,80 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
     assert "| hardest | 0.5 | 1 |" in text and "| full_schedule | 0.5 | 1 |" in text
     assert (sweep / "frontier.png").stat().st_size > 10_000
     assert json.loads((sweep / "frontier.json").read_text())["ref_epochs"] == 2
+
+
+# --- the frontier on wrong labels ------------------------------------------------------------
+
+
+def test_the_noisy_frontier_composes_its_cleaning_jobs_as_the_sweeper_does(
+    make_cfg: Any, capsys: Any
+) -> None:
+    from lipt.run.cli import precheck
+    from lipt.run.config import validate
+
+    # 2 noise kinds x 7 methods x 2 budgets x 3 seeds, and a reference per kind and seed
+    assert precheck("train", ["+experiment=frontier_noisy", "dry_run=true"], multirun=True) == 90
+    for approach, target, action in (
+        ("clean_lipt", "lipt.cleaning.JigsawCleaning", "drop"),
+        ("clean_lipt_relabel", "lipt.cleaning.JigsawCleaning", "relabel"),
+        ("clean_cleanlab", "lipt.cleaning.KFoldCleaning", "drop"),
+        ("clean_cleanlab_relabel", "lipt.cleaning.KFoldCleaning", "relabel"),
+    ):
+        cfg = make_cfg(
+            [
+                f"+approach={approach}",
+                "dataset.label_noise.kind=pairs",
+                "fraction=0.3",
+                "+experiment=frontier_noisy",
+            ]
+        )
+        run = validate(cfg, deep=False)
+        clean = run.node("clean")
+        assert (clean["_target_"], clean["action"]) == (target, action)
+        assert run.dataset.label_noise == {
+            "rate": 0.4,
+            "kind": "pairs",
+            "seed": 0,
+            "pairs": [6, 3, 4, 1, 2, 7, 0, 5, 9, 8],
+        }
+        assert run.selector is not None and run.selector.budget_steps  # as full_schedule trains
+        assert run.pretrain_name == ("jigsaw" if "lipt" in approach else "none")
+        assert run.main_epochs == 12 and run.settings.ckpt_path == "last"
+
+
+def noisy(job: tuple[str, dict], kind: str, clean: dict | None = None) -> tuple[str, dict]:
+    name, payload = job
+    payload["config"]["dataset"] = {"label_noise": {"rate": 0.4, "kind": kind}}
+    if clean is not None:
+        payload["stages"]["clean"] = clean
+    return f"{name}_{kind}", payload
+
+
+def test_the_report_draws_a_frontier_per_noise_kind_and_a_detection_table(
+    tmp_path: Path,
+) -> None:
+    from lipt.report.frontier_render import write_frontier
+
+    def found(precision: float, seconds: float) -> dict:
+        return {"flagged": 100, "precision": precision, "recall": 0.9,
+                "detection_seconds": seconds, "seconds": seconds, "samples": 50}  # fmt: skip
+
+    jobs = []
+    for kind in ("symmetric", "pairs"):
+        jobs += [noisy(job, kind) for job in with_reference_runs()]
+        jobs += [
+            noisy(summary("clean_lipt", 0.3, 0, 0.85, 40.0), kind, found(0.8, 10.0)),
+            noisy(summary("clean_lipt", 0.3, 1, 0.86, 40.0), kind, found(0.9, 12.0)),
+        ]
+    path = write_frontier(tmp_path, jobs, "full_data")
+    text = path.read_text()
+    assert "## 40% symmetric label noise" in text and "## 40% pairs label noise" in text
+    assert (
+        text.count("| clean_lipt | 0.3 | 2 | 100 | 0.850 ± 0.071 | 0.900 ± 0.000 | 11.0 ± 1.4 |")
+        == 2
+    )
+    assert (tmp_path / "frontier_40pct_pairs_label_noise.png").is_file()
+    assert (tmp_path / "frontier_40pct_symmetric_label_noise.png").is_file()
+    # K-fold cleaning's models are trained samples: part of the run's cost
+    assert costs({"stages": {"clean": {"seconds": 3.0, "samples": 40}, "train": {
+        "seconds": 1.0, "samples": 10}}}) == (4.0, 50)  # fmt: skip

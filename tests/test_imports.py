@@ -124,7 +124,7 @@ LAYERS = (
     ("core",),
     ("data", "models"),
     ("selection",),
-    ("jigsaw", "dynamic", "report"),
+    ("jigsaw", "dynamic", "report", "cleaning"),
     ("builder",),
     ("stages",),
     ("run",),

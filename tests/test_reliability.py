@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -54,6 +55,14 @@ def bad_files(tmp_path: Path) -> dict[str, Path]:
     files["corrupt_dir"] = corrupt
     files["empty_dir"] = tmp_path / "empty"
     files["empty_dir"].mkdir()
+    for name, labels in (
+        ("labels_float", np.zeros(600, np.float32)),
+        ("labels_2d", np.zeros((600, 2), np.int64)),
+        ("labels_range", np.full(600, 4, np.int64)),  # synthetic has classes 0..3
+        ("labels_short", np.zeros(599, np.int64)),
+    ):
+        files[name] = tmp_path / f"{name}.npy"
+        np.save(files[name], labels)
     return files
 
 
@@ -81,6 +90,33 @@ CASES = [
     ("train.py", ["optimizer.momentum=1"], ["optimizer.momentum"]),
     ("train.py", ["scheduler=step"], ["scheduler"]),
     ("train.py", ["-m", "optimizer.lr=0.1,0"], ["optimizer.lr"]),
+    # Wrong labels and label cleaning.
+    ("train.py", ["dataset.label_noise.rate=1"], ["dataset.label_noise.rate", "[0, 1)"]),
+    ("train.py", ["dataset.label_noise.kind=uniform"], ["dataset.label_noise.kind"]),
+    ("train.py", ["dataset.label_noise.pairs=[1,0]"], ["dataset.label_noise.pairs", "10 classes"]),
+    ("train.py", ["dataset.train_labels=/no/such.npy"], ["dataset.train_labels", "/no/such.npy"]),
+    (
+        "train.py",
+        [
+            "dataset=synthetic",
+            "dataset.label_noise.rate=0.2",
+            "dataset.train_labels={labels_short}",
+        ],
+        ["dataset.train_labels", "label_noise"],
+    ),
+    (
+        "train.py",
+        ["clean=lipt", "pretrain=none", "selector=infobatch"],
+        ["clean=lipt", "pretrain=none"],
+    ),
+    ("pretrain.py", ["clean=lipt"], ["select.py clean=lipt"]),
+    ("train.py", ["clean=cleanlab", "clean.folds=0"], ["clean.folds"]),
+    ("train.py", ["clean=lipt", "clean.action=burn"], ["clean.action"]),
+    ("train.py", ["clean=lipt", "clean.members=all"], ["clean.members"]),
+    ("train.py", ["clean=warmup", "clean.epochs=0"], ["clean.epochs"]),
+    ("train.py", ["clean=nope"], ["clean"]),
+    ("train.py", ["clean=cleanlab", "subset_path={other_data}"], ["subset_path", "clean=none"]),
+    ("select.py", ["clean=lipt", "ckpt_path={foreign_ckpt}"], ["clean=lipt", "ckpt_path"]),
     # Keys that moved: one line naming the new one.
     ("train.py", ["optim.lr=0.05"], ["optim.lr is now optimizer.lr; pass optimizer.lr=0.05"]),
     ("train.py", ["optim.scheduler=constant"], ["the group scheduler; pass scheduler=constant"]),
@@ -143,6 +179,30 @@ CASES = [
         "train.py",
         ["dataset.data_dir={corrupt_dir}", "dataset.download=false"],
         ["corrupt", "restore"],
+    ),
+    slow_case(
+        "labels-float",
+        "train.py",
+        ["dataset=synthetic", "dataset.train_labels={labels_float}"],
+        ["float32", "integer"],
+    ),
+    slow_case(
+        "labels-2d",
+        "train.py",
+        ["dataset=synthetic", "dataset.train_labels={labels_2d}"],
+        ["shape (600, 2)"],
+    ),
+    slow_case(
+        "labels-range",
+        "train.py",
+        ["dataset=synthetic", "dataset.train_labels={labels_range}"],
+        ["outside", "0..3"],
+    ),
+    slow_case(
+        "labels-short",
+        "train.py",
+        [*FAST, "dataset.train_labels={labels_short}"],
+        ["599 labels", "600 items"],
     ),
     slow_case(
         "subset-other-data", "train.py", [*FAST, "subset_path={other_data}"], ["made for", "select"]

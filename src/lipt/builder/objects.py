@@ -44,6 +44,8 @@ def build_datamodule(run: Run) -> DataModule:
         eval_batch_size=d.eval_batch_size,
         resident=d.resident,
         pool_size=d.pool_size,
+        label_noise=None if d.label_noise is None else dict(d.label_noise),
+        train_labels=d.train_labels,
     )
     dm.setup()
     return dm

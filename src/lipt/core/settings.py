@@ -70,6 +70,16 @@ class Protocol(TypedDict, total=False):
     warmup_epochs: dict[str, Annotated[int, COUNT]]  # pretrain=full's epochs
 
 
+class LabelNoise(TypedDict):
+    """`dataset.label_noise`: make `rate` of the training split's labels wrong (lipt.data.noise);
+    `pairs`: each class's confusable class for kind=pairs (null: the next class)."""
+
+    rate: Annotated[float, BELOW_ONE]  # 0: the labels as the data set has them
+    kind: Literal["symmetric", "pairs"]
+    seed: Annotated[int, Range(0, 2**32 - 1)]
+    pairs: list[Annotated[int, NON_NEGATIVE]] | None
+
+
 class PathsSettings(TypedDict):
     output_dir: str  # the run folder (Hydra's, by default)
 
@@ -124,9 +134,27 @@ class DatasetSettings(Checked):
     num_train: Annotated[int, COUNT] | None = None  # synthetic data: rows of each split
     num_test: Annotated[int, COUNT] | None = None
     pool_size: Annotated[int, COUNT] | None = None  # keep this many pool rows (smoke runs)
+    label_noise: LabelNoise | None = None  # wrong labels made on purpose (lipt.data.noise)
+    train_labels: str | None = None  # a .npy of the training split's labels, replacing its own
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        noise = self.label_noise
+        if noise is not None and noise["rate"] > 0 and self.train_labels is not None:
+            raise UserError(
+                "dataset.label_noise.rate > 0 and dataset.train_labels both replace the labels; "
+                "set one of them (dataset.label_noise.rate=0 keeps the given labels)"
+            )
+        pairs = None if noise is None else noise["pairs"]
+        if pairs is not None and (
+            len(pairs) != self.num_classes
+            or max(pairs) >= self.num_classes
+            or any(p == c for c, p in enumerate(pairs))
+        ):
+            raise UserError(
+                f"dataset.label_noise.pairs={pairs} is invalid: give each of the "
+                f"{self.num_classes} classes another class in 0..{self.num_classes - 1}"
+            )
         for key in ("mean", "std"):
             if len(getattr(self, key)) != self.channels:
                 raise UserError(

@@ -9,6 +9,7 @@ a DataLoader with per-sample torchvision transforms and workers."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lipt.core.errors import UserError
 from lipt.data.batch_transforms import RandAugmentSettings
+from lipt.data.noise import LabelChanges, flip_labels, read_train_labels
 from lipt.data.resident import Augmentation, ResidentBatches, ResidentImages
 from lipt.data.sources import ImageSource, Splits, TensorImages
 from lipt.data.transforms import Transform, eval_transform, train_transform
@@ -74,11 +76,15 @@ class DataModule(L.LightningDataModule):
         resident: bool = True,
         device: str | None = None,
         pool_size: int | None = None,
+        label_noise: dict[str, Any] | None = None,
+        train_labels: str | None = None,
     ) -> None:
         """`resident`: serve in-memory data sets from the training device (see the module
         docstring). `device`: where resident batches live when no trainer is attached (None:
         CUDA when available, else the CPU). `pool_size`: keep a seeded random part of that many
-        items of the pool (smoke runs, `debug=fdr`; None: the whole pool)."""
+        items of the pool (smoke runs, `debug=fdr`; None: the whole pool). `label_noise`
+        ({rate, kind, seed, pairs}) or `train_labels` (a .npy path): the training split's
+        labels, replaced when the data is read (lipt.data.noise)."""
         if pool_size is not None and pool_size < 1:
             raise ValueError(f"pool_size must be a positive count or None, not {pool_size}")
         super().__init__()
@@ -91,6 +97,9 @@ class DataModule(L.LightningDataModule):
         self.crop_padding, self.flip = crop_padding, flip
         self.resident, self.device = resident, device
         self.pool_size = pool_size
+        self.label_noise, self.train_labels = label_noise, train_labels
+        # The training split's labels as read and as trained on (None: left as read).
+        self.label_changes: LabelChanges | None = None
         self.splits: Splits | None = None
         self._resident_train: ResidentImages | None = None
         self._resident_test: ResidentImages | None = None
@@ -115,6 +124,7 @@ class DataModule(L.LightningDataModule):
                 f"dataset.val_size={self.val_size} leaves no training pool from {n} items; "
                 "use a smaller dataset.val_size"
             )
+        self._replace_labels(splits.train)
         labels = splits.train.labels
         if int(labels.min()) < 0 or int(labels.max()) >= self.num_classes:
             raise UserError(
@@ -133,6 +143,53 @@ class DataModule(L.LightningDataModule):
         if isinstance(splits.train, TensorImages) and isinstance(splits.test, TensorImages):
             self._resident_train = ResidentImages(splits.train)
             self._resident_test = ResidentImages(splits.test)
+
+    def _replace_labels(self, train: ImageSource) -> None:
+        """`train_labels` or `label_noise`, in place of the reader's labels, before any loader
+        (resident copies included) reads them."""
+        original = train.labels
+        if self.train_labels is not None:
+            try:
+                given = read_train_labels(Path(self.train_labels), self.num_classes)
+            except ValueError as e:
+                raise UserError(f"dataset.train_labels: {e}") from e
+            if given.shape != original.shape:
+                raise UserError(
+                    f"dataset.train_labels has {len(given)} labels but the training split has "
+                    f"{len(original)} items; save one label per item, in the reader's order"
+                )
+        elif self.label_noise is not None and self.label_noise["rate"] > 0:
+            noise = self.label_noise
+            given = flip_labels(
+                original,
+                self.num_classes,
+                float(noise["rate"]),
+                noise["kind"],
+                int(noise["seed"]),
+                noise.get("pairs"),
+            )
+        else:
+            return
+        train.labels = given
+        self.label_changes = LabelChanges(original, given)
+
+    def relabel(self, positions: Tensor, labels: Tensor) -> None:
+        """Give the training split's items at `positions` these `labels` (label cleaning's
+        relabel); resident copies are made again from the new labels."""
+        assert self.splits is not None, "call setup() first"
+        train = self.splits.train
+        fresh = train.labels.clone()
+        fresh[positions] = labels
+        train.labels = fresh
+        if self._resident_train is not None:
+            assert isinstance(train, TensorImages)  # what resident copies are made of
+            self._resident_train = ResidentImages(train)
+
+    def drop_from_pool(self, positions: Tensor) -> None:
+        """Take the training split's items at `positions` out of the pool (label cleaning's
+        drop): selection and main training see the rest."""
+        keep = ~torch.isin(self.pool_indices, positions)
+        self.pool_indices = self.pool_indices[keep]
 
     @property
     def data_name(self) -> str:
@@ -288,7 +345,7 @@ class DataModule(L.LightningDataModule):
         dataset = IndexedImages(self.splits.train, indices, self.train_transform(), weights)
         return self.loader(dataset, shuffle=True, batch_size=self.batch_size)
 
-    def _unaugmented_train_split(self, indices: Tensor) -> DataLoader | ResidentBatches:
+    def unaugmented(self, indices: Tensor) -> DataLoader | ResidentBatches:
         """Rows of the original training split, un-augmented, in the order given."""
         assert self.splits is not None, "call setup() first"
         if self.is_resident:
@@ -296,7 +353,7 @@ class DataModule(L.LightningDataModule):
         return self.loader(IndexedImages(self.splits.train, indices, self.eval_transform()), False)
 
     def val_dataloader(self) -> DataLoader | ResidentBatches:
-        return self._unaugmented_train_split(self.val_indices)
+        return self.unaugmented(self.val_indices)
 
     def test_dataloader(self) -> DataLoader | ResidentBatches:
         assert self.splits is not None, "call setup() first"
@@ -308,7 +365,7 @@ class DataModule(L.LightningDataModule):
 
     def pool_dataloader(self) -> DataLoader | ResidentBatches:
         """The whole pool, un-augmented, in index order: what selectors score."""
-        return self._unaugmented_train_split(self.pool_indices)
+        return self.unaugmented(self.pool_indices)
 
     def eval_loader(self, positions: Tensor, batch_size: int | None = None) -> DataLoader:
         """`positions` of the training split, un-augmented, in order, through a DataLoader on

@@ -12,7 +12,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lipt.jigsaw.parts import Merge, NoAugment, Pruning, RandAugment
 from lipt.models.classifier import Classifier
@@ -62,6 +62,9 @@ class Pretrained:
     # The jigsaw learners' final layers, handed to selection (and saved in pretrain.ckpt) so a
     # selector can use the learners' ensemble without running them again.
     learner_heads: LearnerHeads | None = None
+    # Each head's learner's shard (positions in the training split), in the heads' order: the
+    # rows a head has trained on (label cleaning leaves them out). None: not known here.
+    head_shards: list[Tensor] | None = None
     trained: bool = True  # False: the common initial model as it is (pretrain=none)
     # Jigsaw's parts of `seconds`: the learners' training (in this process; a learner reused
     # from a checkpoint counts the seconds it took then) and the merge (held-out scoring of the

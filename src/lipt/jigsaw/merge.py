@@ -336,6 +336,11 @@ def learner_heads(learners: Sequence[Learner], head: str = "classifier") -> Lear
     )
 
 
+def head_shards(learners: Sequence[Learner]) -> list[Tensor]:
+    """The shards of the learners whose heads `learner_heads` stacks, in the same order."""
+    return [le.shard for le in learners if le.status == "ok" and le.state_dict is not None]
+
+
 def soup_result(
     soup: nn.Module,
     learners: Sequence[Learner],
@@ -358,4 +363,5 @@ def soup_result(
         report=report,
         counts=learner_counts(learners),
         learner_heads=learner_heads(learners, head),
+        head_shards=head_shards(learners),
     )

@@ -7,9 +7,12 @@ SWEEP/frontier.md, SWEEP/frontier.png and SWEEP/frontier.json. Each job is a poi
 the reference is the whole pool for trainer.max_epochs epochs (`approach=full_data`, the
 sweeper's `reference`), and its runs at other epochs draw how far the whole pool still climbs.
 
-Cost, per run: end-to-end seconds (summary.json's stages: pre-training + selection + training,
-with re-selection and the per-epoch validation inside training; loading the data and the test
-pass are not counted) and samples passed forward and backward (pre-training's + training's).
+Cost, per run: end-to-end seconds (summary.json's stages: pre-training + label cleaning +
+selection + training, with re-selection and the per-epoch validation inside training; loading
+the data and the test pass are not counted) and samples passed forward and backward
+(pre-training's + K-fold cleaning's + training's). A sweep over data conditions (wrong labels:
+`dataset.label_noise`) gets one frontier per condition, and runs that cleaned their labels a
+detection table: precision and recall against the flipped labels, and the seconds it took.
 A method is lossless at a budget when its mean test accuracy is at most LOSSLESS_POINTS below
 the reference's; its lossless speed-up is the largest such one. Methods are compared on the
 validation split (never test) per budget, and paired seed by seed against the whole pool on the
@@ -84,11 +87,12 @@ def reference_approach(sweep_dir: Path) -> str | None:
 
 
 def costs(summary: Mapping[str, Any]) -> tuple[float, int]:
-    """End-to-end seconds (every stage that ran: pretrain, select, score, train) and
-    forward+backward samples (pretrain + train) of one run."""
+    """End-to-end seconds (every stage that ran: pretrain, clean, select, score, train) and
+    forward+backward samples (pretrain + clean + train) of one run."""
     stages = summary["stages"]
     seconds = sum(float(stage.get("seconds") or 0) for stage in stages.values())
-    samples = sum(int(stages.get(name, {}).get("samples") or 0) for name in ("pretrain", "train"))
+    trained = ("pretrain", "clean", "train")  # clean: K-fold cleaning's models
+    samples = sum(int(stages.get(name, {}).get("samples") or 0) for name in trained)
     return round(seconds, 3), samples
 
 
@@ -126,6 +130,68 @@ def records(
             )
         )
     return out, epochs_ref
+
+
+def condition_of(summary: Mapping[str, Any]) -> str:
+    """The data condition a run trained under: its wrong labels (dataset.label_noise, or a
+    user's dataset.train_labels), "" for the data set's own labels."""
+    dataset = summary["config"].get("dataset", {})
+    noise = dataset.get("label_noise") or {}
+    if float(noise.get("rate") or 0) > 0:
+        return f"{float(noise['rate']):.0%} {noise['kind']} label noise"
+    labels = dataset.get("train_labels")
+    return f"labels from {Path(str(labels)).name}" if labels else ""
+
+
+def by_condition(
+    summaries: Sequence[tuple[str, Mapping[str, Any]]],
+) -> dict[str, list[tuple[str, Mapping[str, Any]]]]:
+    """The sweep's runs split by data condition (`condition_of`), in the order first seen."""
+    groups: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+    for name, summary in summaries:
+        if "config" in summary:
+            groups.setdefault(condition_of(summary), []).append((name, summary))
+    return groups
+
+
+@dataclass(frozen=True)
+class Detection:
+    """A label-cleaning method at one budget over its seeds: how well it found the wrong labels
+    (precision, recall; None where they are not known) and what finding them cost."""
+
+    method: str
+    budget: float
+    seeds: tuple[int, ...]
+    flagged: float
+    precision: tuple[float, float] | None  # mean, std
+    recall: tuple[float, float] | None
+    seconds: tuple[float, float]  # detection seconds, pre-training included
+
+
+def detections(runs: Sequence[Record]) -> list[Detection]:
+    """One Detection per (method, budget) of the runs that cleaned their labels."""
+    groups: dict[tuple[str, float], list[Mapping[str, Any]]] = {}
+    seeds: dict[tuple[str, float], list[int]] = {}
+    for r in runs:
+        clean = r.summary.get("stages", {}).get("clean")
+        if clean:
+            groups.setdefault((r.method, r.budget), []).append(clean)
+            seeds.setdefault((r.method, r.budget), []).append(r.seed)
+    out = []
+    for (method, budget), cleans in groups.items():
+        known = all("precision" in c for c in cleans)
+        out.append(
+            Detection(
+                method,
+                budget,
+                tuple(sorted(seeds[method, budget])),
+                statistics.fmean(c["flagged"] for c in cleans),
+                mean_std([c["precision"] for c in cleans]) if known else None,
+                mean_std([c["recall"] for c in cleans]) if known else None,
+                mean_std([c["detection_seconds"] for c in cleans]),
+            )
+        )
+    return out
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -263,7 +329,9 @@ def timing_caveats(runs: Sequence[Record]) -> list[str]:
 
 def to_json(points: Sequence[Point], runs: Sequence[Record], epochs_ref: int) -> dict[str, Any]:
     lossless = lossless_speedups(points) if reference_of(points) else {}
+    found = detections(runs)
     return {
+        **({"detection": [asdict(d) for d in found]} if found else {}),
         "ref_epochs": epochs_ref,
         "lossless_points": LOSSLESS_POINTS,
         "points": [asdict(p) for p in points],

@@ -13,10 +13,13 @@ from lipt.report.frontier import (
     LOSSLESS_POINTS,
     REFERENCE,
     WHOLE_POOL,
+    Detection,
     Paired,
     Point,
     Record,
     aggregate,
+    by_condition,
+    detections,
     highest_on_validation,
     lossless_speedups,
     paired_with_whole_pool,
@@ -96,19 +99,31 @@ def paired_rows(pairs: Sequence[Paired]) -> list[str]:
     return markdown_table(header, "lrrr", rows)
 
 
-def markdown(
-    sweep_dir: Path, points: Sequence[Point], runs: Sequence[Record], epochs_ref: int
-) -> str:
-    ref = reference_of(points)
-    lines = [
-        "# Frontier: test accuracy against end-to-end cost",
-        "",
-        f"`make report SWEEP={sweep_dir}`: {len(runs)} finished runs. Reference: the whole pool, "
-        f"{epochs_ref} epochs. Budgets are shares of the reference's cost asked for; the costs "
-        "are measured. Accuracy: mean ± sample std over seeds.",
-        "",
-        *table_rows(points, epochs_ref),
+def detection_rows(found: Sequence[Detection]) -> list[str]:
+    def text(pair: tuple[float, float] | None, digits: int = 3) -> str:
+        return "" if pair is None else f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}"
+
+    header = ["method", "budget", "seeds", "flagged", "precision", "recall", "detection s"]
+    rows = [
+        [
+            d.method,
+            f"{d.budget:g}",
+            str(len(d.seeds)),
+            f"{d.flagged:,.0f}",
+            text(d.precision),
+            text(d.recall),
+            text(d.seconds, 1),
+        ]
+        for d in found
     ]
+    return markdown_table(header, "lrrrrrr", rows)
+
+
+def section(points: Sequence[Point], runs: Sequence[Record], epochs_ref: int) -> list[str]:
+    """One condition's frontier: the table, the lossless speed-ups, the pairing with the whole
+    pool, the choice on validation and, where runs cleaned labels, their detection."""
+    ref = reference_of(points)
+    lines = [*table_rows(points, epochs_ref)]
     if ref is not None:
         floor = ref.accuracy - LOSSLESS_POINTS
         lines += [
@@ -135,21 +150,53 @@ def markdown(
             "",
             *validation_rows(points),
         ]
+    found = detections(runs)
+    if found:
+        lines += [
+            "",
+            "Label cleaning: the labels each cleaner flagged, precision and recall against the "
+            "flipped labels (mean ± std over seeds), and the seconds finding them took "
+            "(pre-training included).",
+            "",
+            *detection_rows(found),
+        ]
+    return lines
+
+
+def markdown(
+    sweep_dir: Path,
+    conditions: dict[str, tuple[list[Point], list[Record]]],
+    epochs_ref: int,
+) -> str:
+    count = sum(len(runs) for _, runs in conditions.values())
+    lines = [
+        "# Frontier: test accuracy against end-to-end cost",
+        "",
+        f"`make report SWEEP={sweep_dir}`: {count} finished runs. Reference: the whole pool, "
+        f"{epochs_ref} epochs. Budgets are shares of the reference's cost asked for; the costs "
+        "are measured. Accuracy: mean ± sample std over seeds.",
+    ]
+    for condition, (points, runs) in conditions.items():
+        if len(conditions) > 1 or condition:
+            lines += ["", f"## {condition or 'labels as given'}"]
+        lines += ["", *section(points, runs, epochs_ref)]
     lines += [
         "",
-        "Cost. End-to-end seconds: summary.json's stages, pre-training + selection (or the "
-        "soup's scoring) + training (re-selection and the per-epoch validation run inside "
-        "training); loading the data and the test pass are not counted. Samples: passed "
-        "forward and backward, pre-training's + training's; the forward-only passes of "
-        "selection and of the jigsaw merge's held-out scoring are not counted (their time is "
+        "Cost. End-to-end seconds: summary.json's stages, pre-training + label cleaning + "
+        "selection (or the soup's scoring) + training (re-selection and the per-epoch "
+        "validation run inside training); loading the data and the test pass are not counted. "
+        "Samples: passed forward and backward, pre-training's + K-fold cleaning's + training's; "
+        "the forward-only passes of selection, of label cleaning and of the jigsaw merge's "
+        "held-out scoring are not counted (their time is "
         "in the seconds).",
     ]
-    for caveat in timing_caveats(runs):
+    every = [r for _, runs in conditions.values() for r in runs]
+    for caveat in timing_caveats(every):
         lines += ["", caveat]
     return "\n".join(lines) + "\n"
 
 
-def plot(points: Sequence[Point], epochs_ref: int, path: Path) -> None:
+def plot(points: Sequence[Point], epochs_ref: int, path: Path, condition: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,7 +236,8 @@ def plot(points: Sequence[Point], epochs_ref: int, path: Path) -> None:
             )
     ax.set_xlabel("end-to-end seconds (pre-training + selection + training), mean over seeds")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"Test accuracy against end-to-end cost (reference: the whole pool, "
+    where = f"{condition}; " if condition else ""
+    ax.set_title(f"Test accuracy against end-to-end cost ({where}reference: the whole pool, "
                  f"{epochs_ref} epochs)", fontsize=10)  # fmt: skip
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
@@ -200,13 +248,29 @@ def plot(points: Sequence[Point], epochs_ref: int, path: Path) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
+def slug(condition: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in condition.replace("%", "pct")).strip("_")
+
+
 def write_frontier(sweep_dir: Path, summaries: Sequence[tuple[str, dict]], reference: str) -> Path:
-    """frontier.md, frontier.png and frontier.json in `sweep_dir`; returns the Markdown's path."""
-    runs, epochs_ref = records(summaries, reference)
-    points = aggregate(runs)
+    """frontier.md, frontier.png and frontier.json in `sweep_dir` (one frontier per data
+    condition: frontier_<condition>.png where the sweep has several); returns the Markdown's
+    path."""
+    _, epochs_ref = records(summaries, reference)
+    conditions: dict[str, tuple[list[Point], list[Record]]] = {}
+    for condition, group in by_condition(summaries).items():
+        runs, _ = records(group, reference)
+        conditions[condition] = (aggregate(runs), runs)
     path = sweep_dir / "frontier.md"
-    atomic_write_bytes(path, markdown(sweep_dir, points, runs, epochs_ref).encode())
-    write_json(sweep_dir / "frontier.json", to_json(points, runs, epochs_ref))
-    if points:
-        plot(points, epochs_ref, sweep_dir / "frontier.png")
+    atomic_write_bytes(path, markdown(sweep_dir, conditions, epochs_ref).encode())
+    payload = {
+        c or "labels as given": to_json(p, r, epochs_ref) for c, (p, r) in conditions.items()
+    }
+    write_json(
+        sweep_dir / "frontier.json", next(iter(payload.values())) if len(payload) == 1 else payload
+    )
+    for condition, (points, _) in conditions.items():
+        if points:
+            name = "frontier.png" if len(conditions) == 1 else f"frontier_{slug(condition)}.png"
+            plot(points, epochs_ref, sweep_dir / name, condition)
     return path

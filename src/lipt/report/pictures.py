@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +169,33 @@ def log_sweep_report(config: Any, sweep: Path) -> Path | None:
     )
     run.finish()
     return out
+
+
+ISSUES_PICTURE = "label_issues.png"
+ISSUES_SHOWN = 32  # the most likely wrong labels, 4 rows of 8
+
+
+def write_issues_picture(
+    dm: DataModule, positions: Tensor, given: Tensor, suggested: Tensor, path: Path
+) -> None:
+    """label_issues.png: the first ISSUES_SHOWN flagged images, most likely wrong first
+    (`positions` in the training split, [F]), each titled with its `given` class and the
+    `suggested` one ([F] each)."""
+    count = min(ISSUES_SHOWN, len(positions))
+    names = dm.class_names
+    rows = max(1, math.ceil(count / GRID_COLUMNS))
+    figure = new_figure(2 * GRID_COLUMNS, 2.3 * rows + 0.6)
+    axes = figure.subplots(rows, GRID_COLUMNS, squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        ax.set_axis_off()
+        if k >= count:
+            continue
+        image = dm.train_source.image(int(positions[k])).permute(1, 2, 0).numpy()  # [H, W, C]
+        ax.imshow(image[..., 0] if image.shape[2] == 1 else image, cmap="gray")
+        was, now = names[int(given[k])], names[int(suggested[k])]
+        ax.set_title(f"given: {was}\nsuggested: {now}", fontsize=8)
+    title = f"the {count} labels most likely wrong, of {len(positions):,} flagged"
+    figure.suptitle(title if count else "no label flagged")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=80)
+    atomic_write_bytes(path, buffer.getvalue())

@@ -92,12 +92,57 @@ def validate_dynamic(cfg: DictConfig, run: Run) -> None:
         raise UserError(f"dynamic={name} sets its own cost; drop selector.{key}")
 
 
+JIGSAW_CLEANING = "lipt.cleaning.JigsawCleaning"
+
+
+def validate_clean(cfg: DictConfig, run: Run) -> None:
+    """The `clean` group: it cleans the pool before selection, lipt's with a pre-trained soup."""
+    node = cfg.get("clean")
+    if node is None or "_target_" not in node:
+        return
+    name, settings = node.get("name"), run.settings
+    if settings.stage == "pretrain":
+        raise UserError(
+            f"clean={name} cleans the pool before selection, which pretrain.py does not run; "
+            f"use select.py clean={name} (or drop clean)"
+        )
+    if settings.subset_path is not None:
+        raise UserError(
+            f"clean={name} cleans the pool before selection, but subset_path skips selection; "
+            "drop subset_path or use clean=none"
+        )
+    if str(node._target_) != JIGSAW_CLEANING:
+        return
+    if str(get_key(cfg, "pretrain._target_")) == NO_PRETRAINING:
+        raise UserError(
+            f"clean={name} finds label issues with the pre-trained soup, but pretrain=none "
+            "trains none; use pretrain=jigsaw (the default) or clean=cleanlab"
+        )
+    if settings.stage == "select" and settings.ckpt_path is not None:
+        raise UserError(
+            f"clean={name} pre-trains the soup it cleans with in this run; drop ckpt_path"
+        )
+
+
 def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
     exists = path.is_dir() if want_dir else path.is_file()
     if not exists:
         raise UserError(f"{key}={path} does not exist; {what}")
     if not os.access(path, os.R_OK | (os.X_OK if want_dir else 0)):
         raise UserError(f"{key}={path} is not readable; fix its permissions")
+
+
+def check_train_labels(path_text: str, num_classes: int) -> None:
+    """dataset.train_labels: a readable .npy of integer labels [N] in the classes' range (its
+    length is checked against the training split when the data is read)."""
+    from lipt.data.noise import read_train_labels  # numpy and torch: not for --help
+
+    path = Path(path_text).expanduser()
+    _readable_path("dataset.train_labels", path, "give a .npy of integer labels", want_dir=False)
+    try:
+        read_train_labels(path, num_classes)
+    except ValueError as e:
+        raise UserError(f"dataset.train_labels: {e}") from e
 
 
 # The config groups: each node is checked against its option's declaration (lipt.run.groups);
@@ -111,6 +156,7 @@ GROUPS = (
     "merge",
     "selector",
     "dynamic",
+    "clean",
     "optimizer",
     "scheduler",
     "logger",
@@ -168,6 +214,8 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
             f"point it at the {dataset.name} data",
             want_dir=True,
         )
+    if dataset.train_labels is not None:
+        check_train_labels(dataset.train_labels, dataset.num_classes)
     if top.subset_path is not None:
         path = Path(top.subset_path).expanduser()
         _readable_path("subset_path", path, "give a subset.npz path", want_dir=False)
@@ -207,5 +255,6 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
     if isinstance(pretrain, Mapping) and "num_learners" in pretrain:  # pretrain=jigsaw
         validate_jigsaw(values)  # and the groups augment, prune, merge: across keys
     validate_dynamic(cfg, run)
+    validate_clean(cfg, run)
     preflight(cfg)
     return run

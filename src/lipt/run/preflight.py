@@ -116,9 +116,9 @@ def unwritable(folder: Path) -> str | None:
     return None
 
 
-# The groups built with lipt.builder.objects.build_part before or during pre-training, and main
-# training's dynamic pruning.
-PARTS = ("pretrain", "augment", "prune", "merge", "dynamic")
+# The groups built with lipt.builder.objects.build_part before or during pre-training, label
+# cleaning and main training's dynamic pruning.
+PARTS = ("pretrain", "augment", "prune", "merge", "dynamic", "clean")
 
 
 def check_parts(cfg: DictConfig) -> None:

@@ -35,11 +35,14 @@ class DynamicSetup:
     score_stats: dict[str, Any] | None = None
 
 
-def score_with_ensemble(run: Run, dm: DataModule) -> tuple[Tensor, Ranking, dict[str, Any]]:
+def score_with_ensemble(
+    run: Run, dm: DataModule, made: Pretrained | None = None
+) -> tuple[Tensor, Ranking, dict[str, Any]]:
     """Pre-train (the `pretrain` group, jigsaw by default) and score the pool with the soup and
     the learners' heads: each sample's ensemble cross-entropy [N] in pool order, the ranking
-    (soup, heads, pre-training's cost) and stages.score (the pool's pass through the soup)."""
-    ranking = ranking_models(run, dm)
+    (soup, heads, pre-training's cost) and stages.score (the pool's pass through the soup).
+    `made`: the soup, pre-trained in this run already (by label cleaning)."""
+    ranking = ranking_models(run, dm, made)
     scorers = "the soup" if ranking.heads is None else f"the soup and {len(ranking.heads)} heads"
     console.stage(
         f"selection: {scorers} score the pool of {len(dm.pool_indices):,}; each pruned epoch "
@@ -54,7 +57,9 @@ def score_with_ensemble(run: Run, dm: DataModule) -> tuple[Tensor, Ranking, dict
     return scores, ranking, score_stats
 
 
-def dynamic_pruning(run: Run, dm: DataModule, out: Path, resume: str | None) -> DynamicSetup:
+def dynamic_pruning(
+    run: Run, dm: DataModule, out: Path, resume: str | None, made: Pretrained | None = None
+) -> DynamicSetup:
     """The `dynamic` group's method and its callback (where Run.dynamic_enabled). lipt's scores
     epoch 0 with the ensemble, pre-trained here unless the run resumes (the checkpoint carries
     the scores) or this is an extra DDP rank (rank 0 broadcasts its scores when the fit
@@ -64,7 +69,7 @@ def dynamic_pruning(run: Run, dm: DataModule, out: Path, resume: str | None) -> 
     seed = run.settings.seed
     if not method.needs_ensemble or resume is not None or is_ddp_child():
         return DynamicSetup(DynamicPruning(method, dm, seed, audit_dir=audit))
-    scores, ranking, score_stats = score_with_ensemble(run, dm)
+    scores, ranking, score_stats = score_with_ensemble(run, dm, made)
     # stages.json, as a selecting run writes it: a resumed run reports these stages' costs.
     stages = {"score": score_stats}
     if ranking.pretrain_stats is not None:

@@ -91,6 +91,16 @@ def pretrain_model(run: Run, dm: DataModule, seed: int) -> Pretrained:
     return result
 
 
+def pretrain_stats(results: list[Pretrained]) -> dict[str, Any] | None:
+    """summary.json's stages.pretrain, summed over the models (None: nothing was trained)."""
+    totals: dict[str, Any] = {"seconds": 0.0, "samples": 0, "unique_samples": 0}
+    for result in results:
+        for key, value in result.stats().items():
+            totals[key] = totals.get(key, 0) + value
+    rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in totals.items()}
+    return rounded if results[0].trained else None
+
+
 def run(run: Run) -> dict[str, Any]:
     """`pretrain.py`, on the run's typed settings (lipt.run.config.validate builds them):
     pretrain.ckpt, merge_report.json (jigsaw) and summary.json."""

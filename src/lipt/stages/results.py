@@ -9,7 +9,20 @@ from typing import Any
 
 from torch import Tensor
 
+from lipt.cleaning import LabelIssues
 from lipt.jigsaw.context import Pretrained
+
+
+@dataclass
+class Cleaned:
+    """Label cleaning's result: the flagged labels (`issues.rows`: positions in the training
+    split), summary.json's stages.clean, and the jigsaw soup pre-trained for it (None: K-fold
+    cleaning, or read back on resume), which selection reuses."""
+
+    issues: LabelIssues
+    stats: dict[str, Any]
+    pretrained: Pretrained | None = None
+    pretrain_stats: dict[str, Any] | None = None  # stages.pretrain of `pretrained`
 
 
 @dataclass

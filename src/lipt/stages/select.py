@@ -30,8 +30,9 @@ from lipt.jigsaw.context import Pretrained, heads_from_payload
 from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
 from lipt.selection import LearnerHeads, PoolOutputs, SelectionInputs
 from lipt.selection.api import pick, rank_pool
-from lipt.stages.pretrain import pretrain_model
-from lipt.stages.results import Selected
+from lipt.stages.clean import clean_pool
+from lipt.stages.pretrain import pretrain_model, pretrain_stats
+from lipt.stages.results import Cleaned, Selected
 from lipt.stages.summary import subset_class_counts, summary_payload
 
 log = logging.getLogger(__name__)
@@ -97,13 +98,18 @@ class Ranking:
     pretrain_stats: dict[str, Any] | None = None
 
 
-def ranking_models(run: Run, dm: DataModule) -> Ranking:
+def ranking_models(run: Run, dm: DataModule, made: Pretrained | None = None) -> Ranking:
     """The checkpoint at `ckpt_path` (select.py), or the `pretrain` strategy run
-    `selector.repeats` times from `repeat_seed(seed, r)`."""
+    `selector.repeats` times from `repeat_seed(seed, r)`; `made`: the first of them, already
+    pre-trained in this run (for label cleaning), is not made again."""
     check_held_out(run, dm)  # before any pre-training
     repeats = selector_of(run).repeats
     settings = run.settings
     ckpt_path = settings.ckpt_path if settings.stage == "select" else None
+    if made is not None and not ckpt_path:
+        rest = [pretrain_model(run, dm, repeat_seed(settings.seed, r)) for r in range(1, repeats)]
+        models = [made, *rest]
+        return Ranking([r.model for r in models], made.learner_heads, made, pretrain_stats(models))
     if ckpt_path:
         if repeats > 1:
             raise UserError(
@@ -112,14 +118,8 @@ def ranking_models(run: Run, dm: DataModule) -> Ranking:
         path = Path(ckpt_path)
         return Ranking([load_pretrained(run, dm, path)], heads_from_payload(load_checkpoint(path)))
     results = [pretrain_model(run, dm, repeat_seed(settings.seed, r)) for r in range(repeats)]
-    totals: dict[str, Any] = {"seconds": 0.0, "samples": 0, "unique_samples": 0}
-    for result in results:
-        for key, value in result.stats().items():
-            totals[key] = totals.get(key, 0) + value
     first = results[0]
-    rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in totals.items()}
-    stats = rounded if first.trained else None
-    return Ranking([r.model for r in results], first.learner_heads, first, stats)
+    return Ranking([r.model for r in results], first.learner_heads, first, pretrain_stats(results))
 
 
 def load_pretrained(run: Run, dm: DataModule, path: Path) -> nn.Module:
@@ -223,10 +223,11 @@ def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
     }
 
 
-def select_subset(run: Run, dm: DataModule) -> Selected:
-    """Stage 2 as select.py and train.py run it: the ranking model(s), then the subset."""
+def select_subset(run: Run, dm: DataModule, made: Pretrained | None = None) -> Selected:
+    """Stage 2 as select.py and train.py run it: the ranking model(s) (`made`: pre-trained in
+    this run already, by label cleaning), then the subset."""
     needs_model = selector_of(run).needs_model
-    ranking = ranking_models(run, dm) if needs_model else Ranking([])
+    ranking = ranking_models(run, dm, made) if needs_model else Ranking([])
     start = time.perf_counter()
     diagnostics: dict[str, int] = {}
     profile: dict[str, float] = {}
@@ -254,6 +255,18 @@ def write_selection(run: Run, dm: DataModule, out: Path, selected: Selected) -> 
         write_json(out / "merge_report.json", selected.pretrained.report)
 
 
+def with_cleaning(
+    stages: dict[str, dict[str, Any]], cleaned: Cleaned | None
+) -> dict[str, dict[str, Any]]:
+    """summary.json's stages with stages.clean first after pre-training; the pre-training
+    label cleaning made (clean=lipt) is stages.pretrain when selection did not record it."""
+    if cleaned is None:
+        return stages
+    pretrain = stages.get("pretrain", cleaned.pretrain_stats)
+    first = {} if pretrain is None else {"pretrain": pretrain}
+    return {**first, "clean": cleaned.stats, **stages}
+
+
 def selection_stages(selected: Selected) -> dict[str, dict[str, Any]]:
     """summary.json's stages.pretrain (when pre-trained here) and stages.select."""
     stages = {} if selected.pretrain_stats is None else {"pretrain": selected.pretrain_stats}
@@ -267,10 +280,11 @@ def run(run: Run) -> dict[str, Any]:
         raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
     out = run_dir(run)
     dm = build_datamodule(run)
-    selected = select_subset(run, dm)
+    cleaned = clean_pool(run, dm, out, resume=False)
+    selected = select_subset(run, dm, None if cleaned is None else cleaned.pretrained)
     write_selection(run, dm, out, selected)
     counts = subset_class_counts(dm, selected.indices)
-    stages = selection_stages(selected)
+    stages = with_cleaning(selection_stages(selected), cleaned)
     summary = summary_payload(run, dm, None, len(selected.indices), stages, class_counts=counts)
     write_json(out / "summary.json", summary)
     return summary

@@ -59,4 +59,12 @@ def summary_payload(
     }
     if class_counts is not None:
         payload["subset_class_counts"] = class_counts
+    changes = dm.label_changes
+    if changes is not None:  # wrong labels (dataset.label_noise or train_labels), as counted
+        pool = dm.pool_indices
+        payload["wrong_labels"] = {
+            "given": int(changes.wrong.sum()),  # in the training split, as the run was given
+            # in the pool as selection and training saw it, after any label cleaning
+            "pool": int((dm.train_source.labels[pool] != changes.original[pool]).sum()),
+        }
     return payload

@@ -44,6 +44,7 @@ from lipt.dynamic.plan import infobatch_epochs
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import log_to_wandb
+from lipt.stages.clean import clean_pool
 from lipt.stages.dynamic import DynamicSetup, describe, dynamic_pruning
 from lipt.stages.reselect import Reselect, latest_subset
 from lipt.stages.results import Selected, Trained
@@ -58,6 +59,7 @@ from lipt.stages.select import (
     selector_of,
     subset_meta,
     subset_steps,
+    with_cleaning,
     write_selection,
 )
 from lipt.stages.summary import subset_class_counts, summary_payload
@@ -112,9 +114,12 @@ def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
     return json.loads(path.read_text()) if path.is_file() else None  # None: an older run
 
 
-def obtain_subset(run: Run, dm: DataModule, out: Path, resume: str | None) -> TrainingSet:
+def obtain_subset(
+    run: Run, dm: DataModule, out: Path, resume: str | None, made: Pretrained | None = None
+) -> TrainingSet:
     """The subset to train on: given (subset_path), none (selector=full), the one a resumed or
-    restarted run already chose, or selected now exactly as select.py selects."""
+    restarted run already chose, or selected now exactly as select.py selects (`made`: the
+    model pre-trained in this run already, by label cleaning)."""
     settings, selector = run.settings, selector_of(run)
     if settings.subset_path:
         return TrainingSet(load_checked_subset(dm, Path(settings.subset_path)))
@@ -134,11 +139,11 @@ def obtain_subset(run: Run, dm: DataModule, out: Path, resume: str | None) -> Tr
         earlier = earlier_stages(out)
         if settings.init_from != "pretrained" or not selector.needs_model or is_ddp_child():
             return TrainingSet(subset, earlier_stages=earlier)
-        ranking = ranking_models(run, dm)
+        ranking = ranking_models(run, dm, made)
         return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
     if is_ddp_child():  # extra DDP ranks read what rank 0 chose before it started them
         return TrainingSet(load_checked_subset(dm, saved))
-    selected = select_subset(run, dm)
+    selected = select_subset(run, dm, made)
     write_selection(run, dm, out, selected)
     subset = (selected.indices, selected.weights)
     return TrainingSet(subset, selected, selected.pretrained, selected.pretrain_stats)
@@ -166,17 +171,20 @@ def run(run: Run) -> dict[str, Any]:
     ticks, load_before = core_ticks(), load_average()  # was the machine shared? (summary.json)
     dm = build_datamodule(run)
     resume = resume_path(run, out)
-    training_set = obtain_subset(run, dm, out, resume)
+    # Label cleaning (the `clean` group) changes the pool or its labels before selection.
+    cleaned = clean_pool(run, dm, out, resume=settings.ckpt_path == "last")
+    made = None if cleaned is None else cleaned.pretrained
+    training_set = obtain_subset(run, dm, out, resume, made)
     dynamic: DynamicSetup | None = None
     if run.dynamic_enabled:  # the whole pool (selector=full), pruned anew every epoch
-        dynamic = dynamic_pruning(run, dm, out, resume)
+        dynamic = dynamic_pruning(run, dm, out, resume, made)
         training_set.pretrained = dynamic.pretrained
         training_set.pretrain_stats = dynamic.pretrain_stats
         training_set.score_stats = dynamic.score_stats
         if resume is not None:
             training_set.earlier_stages = earlier_stages(out)
     subset = training_set.subset
-    pretrained = training_set.pretrained
+    pretrained = training_set.pretrained or made  # made: by label cleaning
     if pretrained is not None and not pretrained.trained:
         pretrained = None  # pretrain=none: the init, not a pre-trained model
     if subset is None:
@@ -271,7 +279,7 @@ def run(run: Run) -> dict[str, Any]:
         reselect_profiles=None if reselect is None else reselect.profiles,
         dynamic=None if dynamic is None else dynamic.callback.ledger(samples, epochs_trained),
     )
-    stages = training_stages(training_set, trained)
+    stages = with_cleaning(training_stages(training_set, trained), cleaned)
     summary = summary_payload(run, dm, test_accuracy, subset_size, stages, class_counts)
     summary["val_accuracy"] = val_accuracy
     summary["host"] = host()

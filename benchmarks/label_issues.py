@@ -1,0 +1,135 @@
+"""Label-issue detection: precision and recall against the labels known to be wrong, beside the
+seconds finding them took, for lipt's finder (clean=lipt: the jigsaw soup, then cleanlab) and
+cleanlab's own recipe (clean=cleanlab: 5 folds of one epoch) and the plain cheap alternative
+(clean=warmup: one model for half an epoch, its own probabilities), measured side by side in
+one run, on the same noisy pool, seed by seed.
+
+    python benchmarks/label_issues.py --seeds 0 1 2 --core 0 --json label_issues.json
+    python benchmarks/label_issues.py --noise symmetric:0.4 --seeds 0 \
+        --methods lipt lipt:members=soup lipt:members=ensemble      # what lipt's members give
+
+A method is a `clean` option and its overrides (`lipt:members=soup`, `lipt:pretrain.local_epochs=
+1`: keys without a dot are clean.*); a noise is kind:rate, drawn with --noise-seed (the test
+split is untouched; only the training pool is scored). Each row runs the `clean` stage alone
+(lipt.stages.clean.find_pool_issues): data loading and main training are not timed. Detection
+seconds include the pre-training lipt's finder needs. Prints mean ± std over seeds, each
+method's seconds as a share of cleanlab's measured on the same seeds, and the busy-machine
+caveat; --json keeps every row as it lands and resumes a killed run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
+from measure import ResultFile, compose_config, host_line, log, pinned, print_caveat
+
+# The noise the targets are judged on: not the 40% the frontier and the tests use.
+NOISE = ["symmetric:0.3", "pairs:0.25"]
+METHODS = ["lipt", "cleanlab", "warmup"]
+BASELINE = "cleanlab"
+
+
+def overrides_of(method: str) -> list[str]:
+    """`lipt:members=soup,pretrain.local_epochs=1` -> clean=lipt clean.members=soup ..."""
+    name, _, extra = method.partition(":")
+    keys = [k for k in extra.split(",") if k]
+    return [f"clean={name}", *(k if "." in k.split("=")[0] else f"clean.{k}" for k in keys)]
+
+
+def detect(
+    method: str, noise: str, noise_seed: int, seed: int, out: Path, extra: list[str]
+) -> dict[str, Any]:
+    import shutil
+
+    from lipt.builder.objects import build_datamodule
+    from lipt.run.config import validate
+    from lipt.stages.clean import cleaning_method, find_pool_issues
+
+    kind, rate = noise.split(":")
+    shutil.rmtree(out, ignore_errors=True)  # saved jigsaw learners would be reused, not timed
+    cfg = compose_config(
+        "select",
+        [
+            f"paths.output_dir={out}",
+            f"seed={seed}",
+            f"dataset.label_noise.kind={kind}",
+            f"dataset.label_noise.rate={rate}",
+            f"dataset.label_noise.seed={noise_seed}",
+            "trainer.enable_progress_bar=false",
+            *extra,
+            *overrides_of(method),
+        ],
+    )
+    run = validate(cfg)
+    dm = build_datamodule(run)
+    method_settings = cleaning_method(run)
+    assert method_settings is not None
+    stats = find_pool_issues(run, dm, method_settings).stats
+    return {"method": method, "noise": noise, "seed": seed, **stats}
+
+
+def mean_std(values: list[float]) -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.3f} ± {std:.3f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--noise", nargs="+", default=NOISE, help="kind:rate, e.g. pairs:0.25")
+    parser.add_argument("--noise-seed", type=int, default=11)
+    parser.add_argument("--methods", nargs="+", default=METHODS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--core", type=int, default=None, help="pin to this core")
+    parser.add_argument("--out", type=Path, default=Path("multirun/label_issues"))
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--set", nargs="*", default=[], help="more overrides, e.g. dataset=...")
+    args = parser.parse_args()
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "json", "core")}
+    results = ResultFile(args.json, settings)
+    rows = []
+    with pinned(args.threads, args.core):
+        print(host_line(), flush=True)
+        for noise in args.noise:
+            for seed in args.seeds:
+                for method in args.methods:
+                    key = {"method": method, "noise": noise, "seed": seed}
+                    log(f"{method} on {noise}, seed {seed}")
+                    label = f"{noise}_{method}_{seed}"
+                    folder = args.out / "".join(
+                        c if c.isalnum() or c in "._" else "-" for c in label
+                    )
+                    rows.append(
+                        results.measure(
+                            key, detect, method, noise, args.noise_seed, seed, folder, args.set
+                        )
+                    )
+    print("\n| noise | method | flagged | precision | recall | detection s | s / cleanlab's |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for noise in args.noise:
+        base = {
+            r["seed"]: r["detection_seconds"]
+            for r in rows
+            if r["noise"] == noise and r["method"] == BASELINE
+        }
+        for method in args.methods:
+            mine = [r for r in rows if r["noise"] == noise and r["method"] == method]
+            ratio = [r["detection_seconds"] / base[r["seed"]] for r in mine if r["seed"] in base]
+            print(
+                f"| {noise} | {method} | {statistics.mean(r['flagged'] for r in mine):.0f} | "
+                f"{mean_std([r['precision'] for r in mine])} | "
+                f"{mean_std([r['recall'] for r in mine])} | "
+                f"{mean_std([r['detection_seconds'] for r in mine])} | "
+                + (mean_std(ratio) if ratio else "")
+                + " |"
+            )
+    print_caveat(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Label issues from out-of-sample predicted probabilities: where they come from (the jigsaw
+learners, or K folds), cleanlab's confident learning on them, and how well the flags match the
+labels known to be wrong.
+
+Confident learning (Northcutt et al., JAIR 2021, https://arxiv.org/abs/1911.00068) needs, for
+every sample, class probabilities from a model that did not train on it. K-fold
+cross-validation buys them with K trainings; lipt's jigsaw learners have them by construction:
+each learner trains on its own shard, and the shards together hold a few percent of the pool.
+The decision itself is cleanlab's (`cleanlab.filter.find_label_issues`), not ours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lipt.selection.coverage import ensemble_probs
+from lipt.selection.types import LearnerHeads
+
+Members = Literal["probe", "soup", "heads", "ensemble"]
+
+
+def shard_owner(pool_indices: Tensor, shards: list[Tensor]) -> Tensor:
+    """[N] int64: for each pool row, the learner whose shard holds it, -1 for none.
+    `pool_indices` [N] and each shard are positions in the training split."""
+    owner = torch.full((len(pool_indices),), -1, dtype=torch.int64)
+    for learner, shard in enumerate(shards):
+        owner[torch.isin(pool_indices, shard)] = learner
+    return owner
+
+
+def jigsaw_probs(
+    logits: Tensor,
+    embeddings: Tensor,
+    heads: LearnerHeads | None,
+    owner: Tensor | None,
+    members: Members = "ensemble",
+) -> Tensor:
+    """Class probabilities [N, C] for the pool from the jigsaw stage, each row's own learner left
+    out: `soup`, the soup's softmax; `heads`, the mean softmax of the learners' heads on the
+    soup's embeddings; `ensemble`, the mean over the soup and the heads. `logits` [N, C] and
+    `embeddings` [N, D] are the soup's on the un-augmented pool; `owner` [N] the learner whose
+    shard holds each row (`shard_owner`, -1 none; None: not known, no one left out)."""
+    probs = ensemble_probs(logits, embeddings, heads)  # [M, N, C], member 0 the soup
+    if members == "soup" or probs.shape[0] == 1:
+        return probs[0]
+    m, n, _ = probs.shape
+    use = torch.ones(m, n, dtype=torch.bool)  # [M, N]
+    if members == "heads":
+        use[0] = False
+    if owner is not None:
+        rows = torch.nonzero(owner >= 0).squeeze(1)
+        use[owner[rows] + 1, rows] = False  # a learner's head says nothing new about its shard
+    weights = use.float().unsqueeze(2)  # [M, N, 1]
+    return (probs * weights).sum(0) / weights.sum(0).clamp_min(1.0)
+
+
+def probe_probs(
+    embeddings: Tensor,
+    labels: Tensor,
+    num_classes: int,
+    folds: int = 5,
+    seed: int = 0,
+    weight_decay: float = 1e-3,
+    max_iter: int = 50,
+) -> Tensor:
+    """Cross-validated probabilities [N, C] from a linear probe: for each of `folds` folds, a
+    softmax regression on the other folds' `embeddings` [N, D] and given `labels` [N] (features
+    standardised on them, L2 `weight_decay` on the mean loss, full-batch L-BFGS), applied to
+    the fold. A linear model on fixed features hardly fits wrong labels; on the soup's features
+    it is what makes the jigsaw stage's probabilities good enough for confident learning."""
+    n = embeddings.shape[0]
+    fold = fold_of(n, folds, seed)  # [N]
+    probs = torch.empty(n, num_classes)
+    x_all = embeddings.float()
+    for k in range(folds):
+        held = fold == k
+        train = ~held if folds > 1 else torch.ones(n, dtype=torch.bool)
+        mean, std = x_all[train].mean(0), x_all[train].std(0) + 1e-6  # [D]
+        w, b = fit_softmax_regression(
+            (x_all[train] - mean) / std, labels[train], num_classes, weight_decay, max_iter
+        )
+        with torch.no_grad():
+            probs[held] = torch.softmax(((x_all[held] - mean) / std) @ w + b, dim=1)
+    return probs
+
+
+def fit_softmax_regression(
+    x: Tensor, y: Tensor, num_classes: int, weight_decay: float, max_iter: int
+) -> tuple[Tensor, Tensor]:
+    """Weights [D, C] and bias [C] minimising the mean cross-entropy of `x` [N, D] against `y`
+    [N] plus `weight_decay` x |W|^2, by full-batch L-BFGS."""
+    w = torch.zeros(x.shape[1], num_classes, requires_grad=True)  # [D, C]
+    b = torch.zeros(num_classes, requires_grad=True)  # [C]
+    optimizer = torch.optim.LBFGS(
+        [w, b], max_iter=max_iter, line_search_fn="strong_wolfe", tolerance_grad=1e-6
+    )
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(x @ w + b, y) + weight_decay * (w * w).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        optimizer.step(closure)
+    return w.detach(), b.detach()
+
+
+def fold_of(n: int, folds: int, seed: int) -> Tensor:
+    """[N] int64 fold id in 0..folds-1, a seeded shuffle cut into near-equal folds."""
+    if folds < 1 or folds > n:
+        raise ValueError(f"folds must be in 1..{n}, got {folds}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    fold = torch.empty(n, dtype=torch.int64)
+    fold[order] = torch.arange(n) % folds
+    return fold
+
+
+@dataclass(frozen=True)
+class LabelIssues:
+    """The rows cleanlab flags, most likely wrong first: positions into the scored rows, the
+    label each was given, the class the probabilities suggest, and cleanlab's label quality
+    score (self-confidence: the probability of the given label; lower is more likely wrong)."""
+
+    rows: Tensor  # [F] int64
+    given: Tensor  # [F] int64
+    suggested: Tensor  # [F] int64
+    score: Tensor  # [F] float32
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+
+def find_issues(
+    labels: Tensor, probs: Tensor, filter_by: str = "prune_by_noise_rate"
+) -> LabelIssues:
+    """cleanlab's `find_label_issues` on `labels` [N] and out-of-sample `probs` [N, C], ranked
+    by self-confidence. `filter_by`: cleanlab's rule (prune_by_noise_rate, its default;
+    prune_by_class, both, confident_learning, predicted_neq_given)."""
+    from cleanlab.filter import find_label_issues  # scikit-learn and pandas: only when cleaning
+
+    if probs.ndim != 2 or probs.shape[0] != labels.shape[0]:
+        raise ValueError(f"probs [N, C] must have a row per label, got {tuple(probs.shape)}")
+    p = probs.double()
+    rows_sum_to_one = (p / p.sum(1, keepdim=True)).numpy()  # as cleanlab checks them
+    ranked = find_label_issues(
+        labels.numpy(),
+        rows_sum_to_one,
+        filter_by=filter_by,
+        return_indices_ranked_by="self_confidence",
+    )
+    rows = torch.from_numpy(np.asarray(ranked, dtype=np.int64))
+    return LabelIssues(
+        rows=rows,
+        given=labels[rows],
+        suggested=probs[rows].argmax(1),
+        score=probs[rows, labels[rows]].float(),
+    )
+
+
+def detection_quality(flagged: Tensor, wrong: Tensor) -> dict[str, float]:
+    """Precision and recall of `flagged` (positions) against `wrong` ([N] bool, the labels known
+    to be wrong): the share of flags that are wrong labels, the share of wrong labels flagged."""
+    hit = int(wrong[flagged].sum()) if len(flagged) else 0
+    n_wrong = int(wrong.sum())
+    return {
+        "precision": hit / len(flagged) if len(flagged) else 0.0,
+        "recall": hit / n_wrong if n_wrong else 1.0,
+    }

@@ -1,0 +1,246 @@
+"""Label cleaning (the `clean` group), between pre-training and selection in train.py and
+select.py: out-of-sample probabilities for the pool (lipt's jigsaw learners, or cleanlab's K
+folds), cleanlab's `find_label_issues` on them, then the run trains without the flagged labels
+(`drop`) or with the suggested class (`relabel`).
+
+Writes label_issues.csv (index, given, suggested, score; most likely wrong first),
+label_issues.png and clean.json (stages.clean, the cost and, when the wrong labels are known,
+precision and recall). A resumed run of K-fold cleaning reads them back instead of training
+the folds again; lipt's is recomputed, reusing the saved jigsaw learners.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lipt.builder.objects import (
+    build_classifier,
+    build_model,
+    build_part,
+    quiet_trainer,
+    scoring_device,
+)
+from lipt.cleaning import (
+    JigsawCleaning,
+    KFoldCleaning,
+    LabelIssues,
+    detection_quality,
+    find_issues,
+    fold_of,
+    jigsaw_probs,
+    probe_probs,
+    shard_owner,
+)
+from lipt.core import console
+from lipt.core.artifacts import atomic_write_bytes, write_json
+from lipt.core.errors import UserError
+from lipt.core.job import is_ddp_child
+from lipt.core.settings import Run
+from lipt.data import DataModule
+from lipt.jigsaw.context import Pretrained
+from lipt.report.pictures import ISSUES_PICTURE, write_issues_picture
+from lipt.selection import model_outputs
+from lipt.stages.pretrain import pretrain_model, pretrain_stats
+from lipt.stages.results import Cleaned
+
+ISSUES_FILE = "label_issues.csv"
+CLEAN_FILE = "clean.json"
+COLUMNS = ("index", "given", "suggested", "score")
+
+Method = JigsawCleaning | KFoldCleaning
+
+
+def cleaning_method(run: Run) -> Method | None:
+    """The `clean` group's method (None: clean=none)."""
+    node = run.node("clean")
+    return build_part(node) if "_target_" in node else None
+
+
+def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | None:
+    """Find the pool's label issues with the `clean` method, write them, and apply its action
+    to `dm`. `resume`: the run resumes (ckpt_path=last), so K-fold issues already written are
+    read back rather than found again; an extra DDP rank always reads rank 0's."""
+    method = cleaning_method(run)
+    if method is None:
+        return None
+    saved, costs = out / ISSUES_FILE, out / CLEAN_FILE
+    reuse = is_ddp_child() or (resume and isinstance(method, KFoldCleaning))
+    if reuse and saved.is_file() and costs.is_file():
+        cleaned = Cleaned(read_issues(saved), {})
+        console.stage(f"cleaning: {len(cleaned.issues):,} label issues read from {saved}")
+    else:
+        cleaned = find_pool_issues(run, dm, method)
+    if (resume or is_ddp_child()) and costs.is_file():
+        # What the attempt that found them recorded: a resume's re-merge is not their cost.
+        recorded = json.loads(costs.read_text())
+        cleaned.stats, cleaned.pretrain_stats = recorded["clean"], recorded.get("pretrain")
+    elif not is_ddp_child():
+        issues = cleaned.issues
+        write_issues(saved, issues)
+        write_issues_picture(dm, issues.rows, issues.given, issues.suggested, out / ISSUES_PICTURE)
+        recorded = {"clean": cleaned.stats}
+        if cleaned.pretrain_stats is not None:
+            recorded["pretrain"] = cleaned.pretrain_stats
+        write_json(costs, recorded)
+    apply_action(dm, cleaned.issues, method.action)
+    return cleaned
+
+
+def find_pool_issues(run: Run, dm: DataModule, method: Method) -> Cleaned:
+    """Probabilities for the whole pool (rows in pool order), then cleanlab's decision."""
+    seed = run.settings.seed
+    pool = dm.pool_indices
+    labels = dm.train_source.labels[pool]  # [N], the labels as given
+    start = time.perf_counter()
+    pretrained: Pretrained | None = None
+    if isinstance(method, JigsawCleaning):
+        pretrained = pretrain_model(run, dm, seed)
+        start = time.perf_counter()  # pre-training is stages.pretrain's
+        probs, samples = soup_probs(run, dm, pretrained, method), 0
+        what = f"the jigsaw soup ({method.members})"
+    else:
+        probs, samples = kfold_probs(run, dm, method, seed)
+        what = f"{method.folds} folds" if method.folds > 1 else "one model, in-sample"
+    issues = find_issues(labels, probs, method.filter_by)
+    seconds = time.perf_counter() - start
+    pretrain_seconds = 0.0 if pretrained is None else pretrained.seconds
+    stats: dict[str, Any] = {
+        "method": method.name,
+        "action": method.action,
+        "flagged": len(issues),
+        "pool": len(pool),
+        "seconds": round(seconds, 3),
+        "samples": samples,
+        # Finding the issues in all, the pre-training it needed included.
+        "detection_seconds": round(seconds + pretrain_seconds, 3),
+    }
+    if dm.label_changes is not None:
+        stats.update(detection_quality(issues.rows, dm.label_changes.wrong[pool]))
+    console.stage(
+        f"cleaning: {len(issues):,} of {len(pool):,} labels flagged by cleanlab on {what} "
+        f"({stats['detection_seconds']:.0f} s); action: {method.action}"
+        + (
+            f"; precision {stats['precision']:.2f}, recall {stats['recall']:.2f}"
+            if "precision" in stats
+            else ""
+        )
+    )
+    flagged = LabelIssues(pool[issues.rows], issues.given, issues.suggested, issues.score)
+    made = None if pretrained is None else pretrain_stats([pretrained])
+    return Cleaned(issues=flagged, stats=stats, pretrained=pretrained, pretrain_stats=made)
+
+
+def soup_probs(run: Run, dm: DataModule, pretrained: Pretrained, method: JigsawCleaning) -> Tensor:
+    """The pool through the soup once, then `members`: a cross-validated linear probe on its
+    embeddings (`probe`), or its softmax and its learners' heads, each row's own learner left
+    out (lipt.cleaning.issues.jigsaw_probs)."""
+    with console.progress("cleaning: pool scored by the soup", len(dm.pool_indices)) as step:
+        batches = console.counted(dm.pool_dataloader(), step)
+        outputs = model_outputs(pretrained.model, batches, scoring_device(run))
+    if method.members == "probe":
+        return probe_probs(
+            outputs.embeddings,
+            outputs.targets,
+            dm.num_classes,
+            method.probe_folds,
+            run.settings.seed,
+            method.probe_weight_decay,
+        )
+    shards = pretrained.head_shards
+    owner = None if shards is None else shard_owner(outputs.indices, shards)
+    return jigsaw_probs(
+        outputs.logits, outputs.embeddings, pretrained.learner_heads, owner, method.members
+    )
+
+
+def kfold_probs(run: Run, dm: DataModule, method: KFoldCleaning, seed: int) -> tuple[Tensor, int]:
+    """Each fold's rows scored by a model trained on the other folds (`folds=1`: the whole
+    pool, in-sample): [N, C] in pool order, and the samples trained."""
+    pool = dm.pool_indices
+    fold = fold_of(len(pool), method.folds, seed)  # [N]
+    probs = torch.empty(len(pool), dm.num_classes)
+    samples = 0
+    for k in range(method.folds):
+        held = fold == k if method.folds > 1 else torch.ones(len(pool), dtype=torch.bool)
+        train_rows = pool[~held] if method.folds > 1 else pool
+        model, trained = train_fold(run, dm, train_rows, method.epochs, seed)
+        samples += trained
+        outputs = model_outputs(model, dm.unaugmented(pool[held]), scoring_device(run))
+        probs[held] = torch.softmax(outputs.logits.float(), dim=1)  # rows ascending, as pool
+    return probs, samples
+
+
+def train_fold(
+    run: Run, dm: DataModule, rows: Tensor, epochs: float, seed: int
+) -> tuple[nn.Module, int]:
+    """Main training's model and optimiser from the common init of `seed`, `epochs` passes
+    (fractions: that share of the steps) over `rows`; the model and the samples it trained."""
+    import lightning as L
+
+    model = build_model(run, seed)
+    module = build_classifier(run, model)
+    steps = max(1, round(epochs * math.ceil(len(rows) / run.settings.batch_size)))
+    trainer = quiet_trainer(
+        run,
+        max_epochs=math.ceil(epochs),
+        max_steps=steps,
+        enable_progress_bar=console.bars_enabled(),
+    )
+    L.seed_everything(seed, workers=True, verbose=False)
+    dm.set_subset(rows)
+    try:
+        trainer.fit(module, train_dataloaders=dm.train_dataloader())
+    finally:
+        dm.set_subset(None)
+    return model, int(module.samples_seen)
+
+
+def apply_action(dm: DataModule, issues: LabelIssues, action: str) -> None:
+    """`drop`: the flagged items leave the pool; `relabel`: they take the suggested class."""
+    if action == "drop":
+        dm.drop_from_pool(issues.rows)
+    else:
+        dm.relabel(issues.rows, issues.suggested)
+
+
+def write_issues(path: Path, issues: LabelIssues) -> None:
+    """label_issues.csv: one row per flagged item, most likely wrong first; `index` is the
+    position in the training split, as subset.npz's indices."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    rows = zip(
+        issues.rows.tolist(),
+        issues.given.tolist(),
+        issues.suggested.tolist(),
+        (f"{q:.6f}" for q in issues.score.tolist()),
+        strict=True,
+    )
+    writer.writerows(rows)
+    atomic_write_bytes(path, text.getvalue().encode())
+
+
+def read_issues(path: Path) -> LabelIssues:
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and tuple(rows[0]) != COLUMNS:
+        raise UserError(f"{path} is not a label_issues.csv (columns {tuple(rows[0])})")
+
+    def column(name: str, dtype: torch.dtype) -> Tensor:
+        return torch.tensor([float(r[name]) for r in rows], dtype=dtype)
+
+    return LabelIssues(
+        column("index", torch.int64),
+        column("given", torch.int64),
+        column("suggested", torch.int64),
+        column("score", torch.float32),
+    )

@@ -1,0 +1,121 @@
+"""The `clean` group end to end on the synthetic data set: label_issues.csv/png and stages.clean
+written, the action applied to what selection and training see, the soup pre-trained once for
+cleaning and selection, and a resumed K-fold cleaning read back instead of trained again."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from lipt.builder.objects import build_datamodule
+from lipt.run.config import validate
+from lipt.stages import clean as clean_stage
+from lipt.stages import select as select_stage
+from lipt.stages import train as train_stage
+from tests.helpers import FAST
+
+NOISY = [*FAST, "dataset.label_noise.rate=0.3", "dataset.label_noise.seed=4"]
+JIGSAW = ["pretrain=jigsaw", "pretrain.num_learners=4", "pretrain.local_epochs=3"]
+
+
+def read_csv(path):
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_lipt_cleaning_drops_what_it_flags_and_reports_detection(make_cfg, tmp_path):
+    run = validate(make_cfg([*NOISY, *JIGSAW, "clean=lipt"]))
+    summary = train_stage.run(run)
+    rows = read_csv(tmp_path / "label_issues.csv")
+    clean = summary["stages"]["clean"]
+    assert list(rows[0]) == ["index", "given", "suggested", "score"]
+    assert clean["flagged"] == len(rows) > 0 and clean["method"] == "lipt"
+    assert 0 < clean["precision"] <= 1 and 0 < clean["recall"] <= 1
+    # the flags are judged against the flips the data module recorded
+    dm = build_datamodule(run)
+    flagged = torch.tensor([int(r["index"]) for r in rows])
+    wrong = dm.label_changes.wrong
+    assert clean["precision"] == pytest.approx(float(wrong[flagged].float().mean()))
+    assert clean["recall"] == pytest.approx(
+        float(wrong[flagged].sum() / wrong[dm.pool_indices].sum())
+    )
+    assert all(int(r["given"]) == int(dm.train_source.labels[int(r["index"])]) for r in rows)
+    assert not set(flagged.tolist()) & set(dm.val_indices.tolist())  # the pool only
+    scores = [float(r["score"]) for r in rows]
+    assert scores == sorted(scores)  # most likely wrong first
+    # drop: training saw the pool without them; the soup was pre-trained for the cleaning
+    assert summary["train_size"] == len(dm.pool_indices) - len(rows)
+    wrong_in_pool = int(wrong[dm.pool_indices].sum())
+    hits = int(wrong[flagged].sum())
+    assert summary["wrong_labels"] == {"given": int(wrong.sum()), "pool": wrong_in_pool - hits}
+    assert summary["stages"]["pretrain"]["samples"] == 4 * 32 * 3
+    assert clean["detection_seconds"] >= clean["seconds"]
+    assert (tmp_path / "label_issues.png").stat().st_size > 10_000
+
+
+def test_cleaning_and_selection_share_one_soup(make_cfg, tmp_path):
+    # selector=lipt scores the pool with the soup that clean=lipt pre-trained: trained once
+    summary = train_stage.run(validate(make_cfg([*NOISY, *JIGSAW, "selector=lipt", "clean=lipt"])))
+    assert summary["stages"]["pretrain"]["samples"] == 4 * 32 * 3
+    learners = sorted(p.name for p in (tmp_path / "learners").iterdir())
+    assert learners == [f"learner_{i}.ckpt" for i in range(4)]
+    assert "score" in summary["stages"] and "clean" in summary["stages"]
+
+
+@pytest.mark.parametrize("action", ["drop", "relabel"])
+def test_kfold_cleaning_applies_its_action_to_the_data_module(make_cfg, tmp_path, action):
+    overrides = [*NOISY, "clean=cleanlab", "clean.folds=3", f"clean.action={action}"]
+    run = validate(make_cfg(overrides))
+    dm = build_datamodule(run)
+    pool, labels = dm.pool_indices.clone(), dm.train_source.labels.clone()
+    cleaned = clean_stage.clean_pool(run, dm, tmp_path, resume=False)
+    assert cleaned is not None
+    issues = cleaned.issues
+    assert len(issues) > 0 and cleaned.stats["samples"] > 0  # three fold models trained
+    assert bool(torch.isin(issues.rows, pool).all())
+    if action == "drop":
+        assert torch.equal(dm.pool_indices, pool[~torch.isin(pool, issues.rows)])
+        assert torch.equal(dm.train_source.labels, labels)
+    else:
+        assert torch.equal(dm.pool_indices, pool)
+        assert torch.equal(dm.train_source.labels[issues.rows], issues.suggested)
+        untouched = ~torch.isin(torch.arange(len(labels)), issues.rows)
+        assert torch.equal(dm.train_source.labels[untouched], labels[untouched])
+        # both data paths serve the new labels: the resident copy is made again
+        served = {}
+        for _, y, idx in dm.pool_dataloader():
+            served.update(zip(idx.tolist(), y.tolist(), strict=True))
+        assert all(
+            served[int(i)] == int(s) for i, s in zip(issues.rows, issues.suggested, strict=True)
+        )
+
+
+def test_a_resumed_kfold_cleaning_reads_its_issues_back(make_cfg, tmp_path, monkeypatch):
+    run = validate(make_cfg([*NOISY, "clean=cleanlab", "clean.folds=2"]))
+    first = clean_stage.clean_pool(run, build_datamodule(run), tmp_path, resume=False)
+    assert first is not None
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a resumed run trained the folds again")
+
+    monkeypatch.setattr(clean_stage, "kfold_probs", no_training)
+    dm = build_datamodule(run)
+    again = clean_stage.clean_pool(run, dm, tmp_path, resume=True)
+    assert again is not None
+    assert torch.equal(again.issues.rows, first.issues.rows)
+    assert torch.equal(again.issues.suggested, first.issues.suggested)
+    assert again.stats == first.stats  # the costs of the attempt that found them
+    assert len(dm.pool_indices) == len(build_datamodule(run).pool_indices) - len(first.issues)
+
+
+def test_select_py_lists_the_label_issues(make_cfg, tmp_path):
+    summary = select_stage.run(
+        validate(make_cfg([*NOISY, *JIGSAW, "clean=lipt", "selector=random"], "select"))
+    )
+    assert (tmp_path / "label_issues.csv").is_file() and (tmp_path / "subset.npz").is_file()
+    saved = json.loads((tmp_path / "clean.json").read_text())
+    assert saved["clean"] == summary["stages"]["clean"]
+    assert "pretrain" in summary["stages"]

@@ -1,0 +1,109 @@
+"""lipt.cleaning's pure functions at realistic shapes: out-of-sample probabilities from the jigsaw
+stage (each row's own learner left out, or a cross-validated probe on the soup's embeddings),
+cleanlab's decision on them, and detection scored against the labels known to be wrong."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lipt.cleaning import (
+    detection_quality,
+    find_issues,
+    fold_of,
+    jigsaw_probs,
+    probe_probs,
+    shard_owner,
+)
+from lipt.data.noise import flip_labels
+from lipt.selection.types import LearnerHeads
+
+N, D, C = 10_000, 128, 10  # a pool of 10k rows, convnet's 128-dim ReLU embeddings, 10 classes
+
+
+def relu_embeddings(labels: torch.Tensor, separation: float, seed: int) -> torch.Tensor:
+    """[N, D] non-negative features whose class means differ: a soup's penultimate layer."""
+    g = torch.Generator().manual_seed(seed)
+    prototypes = torch.randn(C, D, generator=g)
+    return torch.relu(separation * prototypes[labels] + torch.randn(len(labels), D, generator=g))
+
+
+def test_shard_owner_marks_each_learners_rows():
+    pool = torch.arange(0, 20_000, 2)  # positions in the training split: the even ones
+    shards = [torch.tensor([4, 10, 12]), torch.tensor([0, 30])]
+    owner = shard_owner(pool, shards)
+    assert owner.tolist()[:8] == [1, -1, 0, -1, -1, 0, 0, -1]
+    assert int(owner[15]) == 1 and int((owner >= 0).sum()) == 5
+
+
+def test_jigsaw_probs_leave_each_rows_own_learner_out():
+    g = torch.Generator().manual_seed(0)
+    logits, emb = torch.randn(N, C, generator=g), torch.randn(N, D, generator=g)
+    heads = LearnerHeads(torch.randn(4, C, D, generator=g), torch.randn(4, C, generator=g))
+    owner = torch.full((N,), -1)
+    owner[:100], owner[100:200] = 0, 3
+    members = torch.stack(
+        [torch.softmax(logits, 1)]
+        + [torch.softmax(emb @ w.T + b, 1) for w, b in zip(heads.weight, heads.bias, strict=True)]
+    )  # [5, N, C]
+    ensemble = jigsaw_probs(logits, emb, heads, owner, "ensemble")
+    assert torch.allclose(ensemble[300], members[:, 300].mean(0), atol=1e-6)
+    assert torch.allclose(ensemble[50], members[[0, 2, 3, 4], 50].mean(0), atol=1e-6)
+    assert torch.allclose(ensemble[150], members[[0, 1, 2, 3], 150].mean(0), atol=1e-6)
+    only_heads = jigsaw_probs(logits, emb, heads, owner, "heads")
+    assert torch.allclose(only_heads[50], members[[2, 3, 4], 50].mean(0), atol=1e-6)
+    assert torch.allclose(jigsaw_probs(logits, emb, heads, owner, "soup"), members[0])
+    assert torch.allclose(ensemble.sum(1), torch.ones(N), atol=1e-5)
+
+
+def test_folds_partition_the_rows_evenly():
+    fold = fold_of(N + 3, 5, seed=1)
+    counts = torch.bincount(fold, minlength=5)
+    assert counts.sum() == N + 3 and int(counts.max() - counts.min()) <= 1
+    assert not torch.equal(fold, fold_of(N + 3, 5, seed=2))
+    with pytest.raises(ValueError, match="folds"):
+        fold_of(3, 4, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "separation", "floor"),
+    # class pairs pull a linear boundary toward the pair: weaker on the same features
+    [("symmetric", 0.35, 0.85), ("pairs", 0.7, 0.65)],
+)
+def test_probe_on_soup_like_embeddings_finds_the_wrong_labels(kind, separation, floor):
+    # 30% wrong labels on features a linear model separates well: cleanlab on the
+    # cross-validated probe finds most of them and flags few right ones.
+    true = torch.arange(N) % C
+    given = flip_labels(true, C, 0.3, kind, seed=0)
+    wrong = given != true
+    emb = relu_embeddings(true, separation, seed=1)
+    probs = probe_probs(emb, given, C, folds=5, seed=0)
+    assert probs.shape == (N, C) and torch.allclose(probs.sum(1), torch.ones(N), atol=1e-4)
+    accuracy = float((probs.argmax(1) == true).float().mean())
+    assert accuracy > floor, accuracy  # the probe learns the true classes, not the noise
+    issues = find_issues(given, probs)
+    quality = detection_quality(issues.rows, wrong)
+    assert quality["precision"] > floor and quality["recall"] > 0.75, quality
+    # ranked by cleanlab's self-confidence: the probability of the given label, lowest first
+    assert torch.all(issues.score[1:] >= issues.score[:-1])
+    assert torch.equal(issues.given, given[issues.rows])
+    assert torch.equal(issues.suggested, probs[issues.rows].argmax(1))
+
+
+def test_weak_probabilities_find_less():
+    # The same noise scored by an all-but-uninformative model: cleanlab's decision is only as
+    # good as the probabilities, which is why lipt probes the embeddings instead of using the
+    # soup's own softmax.
+    true = torch.arange(N) % C
+    given = flip_labels(true, C, 0.3, "symmetric", seed=0)
+    emb = relu_embeddings(true, separation=0.02, seed=1)
+    weak = detection_quality(find_issues(given, probe_probs(emb, given, C)).rows, given != true)
+    assert weak["precision"] < 0.6, weak
+
+
+def test_detection_quality_counts_hits():
+    wrong = torch.zeros(100, dtype=torch.bool)
+    wrong[:10] = True
+    flagged = torch.tensor([0, 1, 2, 3, 50, 60, 70, 80])
+    assert detection_quality(flagged, wrong) == {"precision": 0.5, "recall": 0.4}
+    assert detection_quality(torch.tensor([], dtype=torch.long), wrong)["recall"] == 0.0
