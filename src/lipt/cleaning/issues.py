@@ -154,6 +154,9 @@ def find_issues(
         rows_sum_to_one,
         filter_by=filter_by,
         return_indices_ranked_by="self_confidence",
+        # cleanlab's own process pool reads module globals its workers lack when lipt runs in a
+        # joblib (loky) worker of a sweep (NameError pred_probs_by_class); one process here.
+        n_jobs=1,
     )
     rows = torch.from_numpy(np.asarray(ranked, dtype=np.int64))
     return LabelIssues(
