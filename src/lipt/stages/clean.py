@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from torch import Tensor, nn
 
@@ -184,8 +185,6 @@ def train_fold(
 ) -> tuple[nn.Module, int]:
     """Main training's model and optimiser from the common init of `seed`, `epochs` passes
     (fractions: that share of the steps) over `rows`; the model and the samples it trained."""
-    import lightning as L
-
     model = build_model(run, seed)
     module = build_classifier(run, model)
     steps = max(1, round(epochs * math.ceil(len(rows) / run.settings.batch_size)))
