@@ -12,7 +12,9 @@ A method is a `clean` option and its overrides (`lipt:members=soup`, `lipt:pretr
 1`: keys without a dot are clean.*); a noise is kind:rate, drawn with --noise-seed (the test
 split is untouched; only the training pool is scored). Each row runs the `clean` stage alone
 (lipt.stages.clean.find_pool_issues): data loading and main training are not timed. Detection
-seconds include the pre-training lipt's finder needs. Prints mean ± std over seeds, each
+seconds include the pre-training lipt's finder needs; pool-epochs trained are the samples the
+fold models or the jigsaw learners trained on, over the pool's size (not timed, so not
+inflated by a busy machine). Prints mean ± std over seeds, each
 method's seconds as a share of cleanlab's measured on the same seeds, and the busy-machine
 caveat; --json keeps every row as it lands and resumes a killed run.
 """
@@ -69,8 +71,17 @@ def detect(
     dm = build_datamodule(run)
     method_settings = cleaning_method(run)
     assert method_settings is not None
-    stats = find_pool_issues(run, dm, method_settings).stats
-    return {"method": method, "noise": noise, "seed": seed, **stats}
+    cleaned = find_pool_issues(run, dm, method_settings)
+    # Training cost in passes over the pool: the fold models' samples, or the jigsaw learners'.
+    trained = cleaned.stats["samples"] + (cleaned.pretrain_stats or {}).get("samples", 0)
+    pool_epochs = trained / cleaned.stats["pool"]
+    return {
+        "method": method,
+        "noise": noise,
+        "seed": seed,
+        **cleaned.stats,
+        "pool_epochs": pool_epochs,
+    }
 
 
 def mean_std(values: list[float]) -> str:
@@ -109,8 +120,11 @@ def main() -> None:
                             key, detect, method, noise, args.noise_seed, seed, folder, args.set
                         )
                     )
-    print("\n| noise | method | flagged | precision | recall | detection s | s / cleanlab's |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print(
+        "\n| noise | method | flagged | pool-epochs trained | precision | recall | detection s "
+        "| s / cleanlab's |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for noise in args.noise:
         base = {
             r["seed"]: r["detection_seconds"]
@@ -120,8 +134,11 @@ def main() -> None:
         for method in args.methods:
             mine = [r for r in rows if r["noise"] == noise and r["method"] == method]
             ratio = [r["detection_seconds"] / base[r["seed"]] for r in mine if r["seed"] in base]
+            epochs = [r["pool_epochs"] for r in mine if "pool_epochs" in r]  # older rows lack it
             print(
                 f"| {noise} | {method} | {statistics.mean(r['flagged'] for r in mine):.0f} | "
+                + (f"{statistics.mean(epochs):.2f}" if epochs else "")
+                + " | "
                 f"{mean_std([r['precision'] for r in mine])} | "
                 f"{mean_std([r['recall'] for r in mine])} | "
                 f"{mean_std([r['detection_seconds'] for r in mine])} | "

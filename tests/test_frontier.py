@@ -328,8 +328,9 @@ def test_the_timing_caveats_name_busy_pinned_runs_and_loaded_unpinned_ones() -> 
 @pytest.mark.slow
 def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_path: Path) -> None:
     """Two jobs at a time on joblib, each pinned; a method from outside the package joins
-    through one config file on Hydra's search path; a second invocation skips every job; the
-    report writes frontier.md and frontier.png into the sweep folder."""
+    through one config file on Hydra's search path; label cleaning runs cleanlab inside a
+    joblib worker; a second invocation skips every job; the report writes frontier.md and
+    frontier.png into the sweep folder."""
     configs = tmp_path / "my_configs"
     (configs / "approach").mkdir(parents=True)
     (configs / "approach" / "hardest.yaml").write_text(HARDEST_APPROACH)
@@ -337,7 +338,8 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
     args = [
         "train.py", "-m", "+experiment=frontier_small", "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2", f"hydra.searchpath=[file://{configs}]",
-        "+approach=full_schedule,hardest", "fraction=0.5", f"hydra.sweep.dir={sweep}",
+        "+approach=full_schedule,hardest,clean_cleanlab", "fraction=0.5",
+        f"hydra.sweep.dir={sweep}",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 
@@ -350,6 +352,7 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
     sweep_once()
     jobs = sorted(p.parent.name for p in sweep.glob("*/summary.json"))
     assert jobs == [
+        "+approach=clean_cleanlab,fraction=0.5,seed=0",
         "+approach=full_data,seed=0",
         "+approach=full_schedule,fraction=0.5,seed=0",
         "+approach=hardest,fraction=0.5,seed=0",
@@ -360,6 +363,9 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
     hardest = summaries["+approach=hardest,fraction=0.5,seed=0"]
     assert hardest["config"]["selector"]["_target_"] == "tests.test_frontier.select_hardest"
     assert hardest["subset_size"] == 250 and "pretrain" in hardest["stages"]
+    cleaned = summaries["+approach=clean_cleanlab,fraction=0.5,seed=0"]["stages"]["clean"]
+    assert cleaned["method"] == "cleanlab" and cleaned["samples"] > 0  # 5 folds trained
+    assert (sweep / "+approach=clean_cleanlab,fraction=0.5,seed=0" / "label_issues.csv").is_file()
     stamps = {name: (sweep / name / "summary.json").stat().st_mtime_ns for name in jobs}
     sweep_once()  # resumes: every job finished already, its summary.json left as it was
     assert stamps == {name: (sweep / name / "summary.json").stat().st_mtime_ns for name in jobs}
@@ -369,6 +375,7 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
     text = (sweep / "frontier.md").read_text()
     assert "| reference (whole pool, 2 epochs) | 1 | 1 |" in text
     assert "| hardest | 0.5 | 1 |" in text and "| full_schedule | 0.5 | 1 |" in text
+    assert "| clean_cleanlab | 0.5 | 1 |" in text
     assert (sweep / "frontier.png").stat().st_size > 10_000
     assert json.loads((sweep / "frontier.json").read_text())["ref_epochs"] == 2
 

@@ -467,6 +467,10 @@ def test_merge_refuses_checkpoints_of_another_recipe(jigsaw_cfg, tmp_path):
     other = jigsaw_cfg("seed=1")
     with pytest.raises(UserError, match="seed"):
         jigsaw_stage.merge_learner_dir(run_of(other), folder, tmp_path)
+    # Every setting equal but the labels: learners of the clean pool are not a noisy pool's.
+    noisy = jigsaw_cfg("dataset.label_noise.rate=0.4")
+    with pytest.raises(UserError, match=r"other settings \(labels\)"):
+        jigsaw_stage.merge_learner_dir(run_of(noisy), folder, tmp_path)
 
 
 def _sweep_config(*task: str) -> DictConfig:

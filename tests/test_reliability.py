@@ -66,6 +66,7 @@ def bad_files(tmp_path: Path) -> dict[str, Path]:
     return files
 
 
+LIPT_CLEAN = ["pretrain=jigsaw", "selector=random", "clean=lipt"]
 CASES = [
     # (script, overrides, words the message must contain); {name} is a bad_files path
     ("train.py", ["selector=nope"], ["selector"]),
@@ -203,6 +204,18 @@ CASES = [
         "train.py",
         [*FAST, "dataset.train_labels={labels_short}"],
         ["599 labels", "600 items"],
+    ),
+    slow_case(
+        "clean-folds-above-pool",
+        "train.py",
+        [*FAST, "dataset.pool_size=40", "clean=cleanlab", "clean.folds=50"],
+        ["clean.folds=50", "pool's 40 items"],
+    ),
+    slow_case(
+        "probe-folds-above-pool",
+        "select.py",
+        [*FAST, "dataset.pool_size=40", *LIPT_CLEAN, "clean.probe_folds=50"],
+        ["clean.probe_folds=50", "pool's 40 items"],
     ),
     slow_case(
         "subset-other-data", "train.py", [*FAST, "subset_path={other_data}"], ["made for", "select"]

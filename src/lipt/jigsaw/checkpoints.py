@@ -6,6 +6,7 @@ checkpoint of it is there (a killed run, a sweep whose other jobs died, resumes)
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ def recipe(
     return {
         "data": dm.data_name,
         "pool_size": len(dm.pool_indices),
+        "labels": pool_labels_digest(dm),
         "seed": int(seed),
         "model": ctx.model_config,
         "num_learners": int(settings.num_learners),
@@ -44,6 +46,14 @@ def recipe(
         "augment": dataclasses.asdict(ctx.augment),
         "prune": {"method": type(ctx.prune).__name__, **dataclasses.asdict(ctx.prune)},
     }
+
+
+def pool_labels_digest(dm: DataModule) -> str:
+    """The pool's labels as a short digest: learners trained on other labels (another
+    label_noise, train_labels or cleaning) are not this soup's, even with every setting equal."""
+    assert dm.splits is not None, "call setup() first"
+    labels = dm.splits.train.labels[dm.pool_indices]  # [pool]
+    return hashlib.sha256(labels.long().cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 def learner_file(learner: int) -> str:

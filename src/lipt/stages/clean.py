@@ -73,6 +73,7 @@ def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | N
     method = cleaning_method(run)
     if method is None:
         return None
+    check_folds(method, len(dm.pool_indices))
     saved, costs = out / ISSUES_FILE, out / CLEAN_FILE
     reuse = is_ddp_child() or (resume and isinstance(method, KFoldCleaning))
     if reuse and saved.is_file() and costs.is_file():
@@ -94,6 +95,20 @@ def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | N
         write_json(costs, recorded)
     apply_action(dm, cleaned.issues, method.action)
     return cleaned
+
+
+def check_folds(method: Method, pool_size: int) -> None:
+    """More folds than the pool has items leaves a fold empty: refused before pre-training."""
+    key, folds = (
+        ("clean.probe_folds", method.probe_folds)
+        if isinstance(method, JigsawCleaning)
+        else ("clean.folds", method.folds)
+    )
+    if folds > pool_size:
+        raise UserError(
+            f"{key}={folds} is more folds than the pool's {pool_size} items; "
+            f"use {key}={min(5, pool_size)} (or a larger pool)"
+        )
 
 
 def find_pool_issues(run: Run, dm: DataModule, method: Method) -> Cleaned:
