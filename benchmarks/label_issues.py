@@ -75,13 +75,10 @@ def detect(
     # Training cost in passes over the pool: the fold models' samples, or the jigsaw learners'.
     trained = cleaned.stats["samples"] + (cleaned.pretrain_stats or {}).get("samples", 0)
     pool_epochs = trained / cleaned.stats["pool"]
-    return {
-        "method": method,
-        "noise": noise,
-        "seed": seed,
-        **cleaned.stats,
-        "pool_epochs": pool_epochs,
-    }
+    # The row's method is the benchmark's (`lipt:members=soup`), not stats' finder name (`lipt`):
+    # the table groups and a resumed run finds rows by it.
+    stats = {k: v for k, v in cleaned.stats.items() if k != "method"}
+    return {"method": method, "noise": noise, "seed": seed, **stats, "pool_epochs": pool_epochs}
 
 
 def mean_std(values: list[float]) -> str:

@@ -298,6 +298,8 @@ def test_choices_are_made_on_validation_and_pairs_by_seed() -> None:
     assert paired["coverage"].difference == pytest.approx(3.0)  # +4 and +2
     assert paired["coverage"].difference_std == pytest.approx(math.sqrt(2))
     assert paired["infobatch"].difference == pytest.approx(-7.0)
+    assert paired["infobatch"].samples_ratio == pytest.approx(2.0)  # 10,000 samples to 5,000
+    assert paired["coverage"].samples_ratio == pytest.approx(2.0)
 
 
 def test_the_timing_caveats_name_busy_pinned_runs_and_loaded_unpinned_ones() -> None:

@@ -22,6 +22,7 @@ same budget's shorter schedule (`full_schedule`), the user's simplest alternativ
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -280,20 +281,26 @@ class Paired:
     seeds: tuple[int, ...]
     difference: float  # mean, points
     difference_std: float
+    # The method's trained samples over the baseline's, same seed (mean): a budget is what a
+    # method asks for, and methods spend it differently (dropping labels trains fewer samples).
+    samples_ratio: float
 
 
 def paired_with_whole_pool(runs: Sequence[Record], baseline: str = WHOLE_POOL) -> list[Paired]:
     """Each method and budget against `baseline` at the same budget and seed; the seeds that
     both ran."""
-    base = {(r.budget, r.seed): r.test for r in runs if r.method == baseline}
-    groups: dict[tuple[str, float], dict[int, float]] = {}
+    base = {(r.budget, r.seed): r for r in runs if r.method == baseline}
+    groups: dict[tuple[str, float], dict[int, tuple[float, float]]] = {}
     for r in runs:
-        if r.method not in (baseline, REFERENCE, CURVE) and (r.budget, r.seed) in base:
-            groups.setdefault((r.method, r.budget), {})[r.seed] = r.test - base[r.budget, r.seed]
+        other = base.get((r.budget, r.seed))
+        if r.method not in (baseline, REFERENCE, CURVE) and other is not None:
+            ratio = r.samples / other.samples if other.samples else math.nan
+            groups.setdefault((r.method, r.budget), {})[r.seed] = (r.test - other.test, ratio)
     out = []
     for (method, budget), by_seed in sorted(groups.items()):
-        mean, std = mean_std(list(by_seed.values()))
-        out.append(Paired(method, budget, tuple(sorted(by_seed)), mean, std))
+        mean, std = mean_std([d for d, _ in by_seed.values()])
+        ratio = statistics.mean(q for _, q in by_seed.values())
+        out.append(Paired(method, budget, tuple(sorted(by_seed)), mean, std, ratio))
     return out
 
 

@@ -91,12 +91,14 @@ def validation_rows(points: Sequence[Point]) -> list[str]:
 
 
 def paired_rows(pairs: Sequence[Paired]) -> list[str]:
-    header = ["method", "budget", "seeds", f"test acc. minus {WHOLE_POOL}'s, same seed (points)"]
+    header = ["method", "budget", "seeds", f"test acc. minus {WHOLE_POOL}'s, same seed (points)",
+              f"samples trained / {WHOLE_POOL}'s"]  # fmt: skip
     rows = []
     for p in pairs:
         spread = f" ± {p.difference_std:.2f}" if len(p.seeds) > 1 else ""
-        rows.append([p.method, f"{p.budget:g}", str(len(p.seeds)), f"{p.difference:+.2f}{spread}"])
-    return markdown_table(header, "lrrr", rows)
+        rows.append([p.method, f"{p.budget:g}", str(len(p.seeds)), f"{p.difference:+.2f}{spread}",
+                     f"{p.samples_ratio:.2f}"])  # fmt: skip
+    return markdown_table(header, "lrrrr", rows)
 
 
 def detection_rows(found: Sequence[Detection]) -> list[str]:
