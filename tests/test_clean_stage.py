@@ -119,3 +119,26 @@ def test_select_py_lists_the_label_issues(make_cfg, tmp_path):
     saved = json.loads((tmp_path / "clean.json").read_text())
     assert saved["clean"] == summary["stages"]["clean"]
     assert "pretrain" in summary["stages"]
+
+
+def test_a_cleaned_pool_trains_the_steps_of_the_whole_pools_budget(make_cfg, tmp_path):
+    # full_schedule's budget (selector.budget_steps) on a pool that cleaning shrank: the steps
+    # the whole noisy pool takes at this budget (the same spend), over more of its epochs
+    schedule = [*NOISY, "selector=full", "selector.budget_steps=true", "fraction=0.5"]
+    schedule += ["trainer.max_epochs=4"]
+    whole = train_stage.run(
+        validate(make_cfg([*schedule, f"paths.output_dir={tmp_path / 'whole'}"]))
+    )
+    cleaned = train_stage.run(
+        validate(
+            make_cfg(
+                [*schedule, "clean=cleanlab", "clean.folds=2", f"paths.output_dir={tmp_path / 'c'}"]
+            )
+        )
+    )
+    dropped = cleaned["stages"]["clean"]["flagged"]
+    assert dropped > 0.15 * whole["train_size"]  # enough that a shorter schedule would show
+    assert cleaned["train_size"] == whole["train_size"] - dropped
+    # the same optimiser steps of 32: equal but for each epoch's last, partial batch
+    trained, budget = cleaned["stages"]["train"]["samples"], whole["stages"]["train"]["samples"]
+    assert budget - 32 * 4 <= trained <= budget

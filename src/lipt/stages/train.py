@@ -243,9 +243,13 @@ def run(run: Run) -> dict[str, Any]:
         extra["max_steps"] = subset_steps(run, len(dm.pool_indices))  # approach=full_steps
     epochs = run.main_epochs
     if selector.budget_steps and subset is None:  # the whole pool on `fraction` of the schedule
-        # Lightning stops at max_steps; the cosine spans min(max_steps, epochs x steps) of them.
+        # The steps are the whole pool's before cleaning dropped any: a cleaned pool trains as
+        # many as full_schedule does at this budget (the same spend, cleaning on top), over
+        # more of its epochs. Lightning stops at max_steps; the cosine spans them.
+        whole = len(dm.pool_indices) if cleaned is None else int(cleaned.stats["pool"])
+        budget_batches = math.ceil(whole / settings.batch_size)
+        steps = extra["max_steps"] = schedule_steps(settings.fraction, epochs, budget_batches)
         per_epoch = math.ceil(len(dm.pool_indices) / settings.batch_size)
-        steps = extra["max_steps"] = schedule_steps(settings.fraction, epochs, per_epoch)
         epochs = extra["max_epochs"] = math.ceil(steps / per_epoch)
     if run.budget_epochs:  # selector=infobatch: the epochs `fraction` of the cost buys
         epochs = extra["max_epochs"] = infobatch_epochs(float(settings.fraction), epochs)
