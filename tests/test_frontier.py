@@ -452,8 +452,14 @@ def test_the_report_draws_a_frontier_per_noise_kind_and_a_detection_table(
         text.count("| clean_lipt | 0.3 | 2 | 100 | 0.850 ± 0.071 | 0.900 ± 0.000 | 11.0 ± 1.4 |")
         == 2
     )
-    assert (tmp_path / "frontier_40pct_pairs_label_noise.png").is_file()
-    assert (tmp_path / "frontier_40pct_symmetric_label_noise.png").is_file()
+    # each figure: the frontier, and beside it the cleaners' precision and recall (wider)
+    import matplotlib.image
+
+    for kind in ("pairs", "symmetric"):
+        figure = matplotlib.image.imread(tmp_path / f"frontier_40pct_{kind}_label_noise.png")
+        assert figure.shape[1] == 13 * 120  # inches x dpi: two panels
+    alone = write_frontier(tmp_path / "clean", with_reference_runs(), "full_data").parent
+    assert matplotlib.image.imread(alone / "frontier.png").shape[1] == 8 * 120  # no cleaner
     # K-fold cleaning's models are trained samples: part of the run's cost
     assert costs({"stages": {"clean": {"seconds": 3.0, "samples": 40}, "train": {
         "seconds": 1.0, "samples": 10}}}) == (4.0, 50)  # fmt: skip

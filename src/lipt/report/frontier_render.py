@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from lipt.core.artifacts import atomic_write_bytes, write_json
 from lipt.report.frontier import (
@@ -198,13 +199,26 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def plot(points: Sequence[Point], epochs_ref: int, path: Path, condition: str = "") -> None:
+def plot(
+    points: Sequence[Point],
+    epochs_ref: int,
+    path: Path,
+    condition: str = "",
+    found: Sequence[Detection] = (),
+) -> None:
+    """The frontier; beside it, where runs cleaned labels with known flips (`found`), each
+    cleaner's precision and recall against its detection seconds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    scored = [d for d in found if d.precision is not None and d.recall is not None]
+    if scored:
+        fig, (ax, right) = plt.subplots(1, 2, figsize=(13, 5.5), width_ratios=[8, 5])
+        plot_detection(right, scored)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 5.5))
     ref = reference_of(points)
     if ref is not None:
         ax.axhspan(
@@ -250,6 +264,35 @@ def plot(points: Sequence[Point], epochs_ref: int, path: Path, condition: str = 
     atomic_write_bytes(path, buffer.getvalue())
 
 
+def plot_detection(ax: Any, found: Sequence[Detection]) -> None:
+    """Precision (circles) and recall (squares) against detection seconds, one colour per
+    cleaner, its budgets pooled (a seed's flags do not depend on the budget)."""
+    by_method: dict[str, list[Detection]] = {}
+    for d in found:
+        by_method.setdefault(d.method, []).append(d)
+    for i, (method, rows) in enumerate(sorted(by_method.items())):
+        colour = f"C{i}"
+        seconds = [d.seconds for d in rows]
+        for value, marker, what in ((lambda d: d.precision, "o", "precision"),
+                                    (lambda d: d.recall, "s", "recall")):  # fmt: skip
+            ax.errorbar(
+                [m for m, _ in seconds],
+                [value(d)[0] for d in rows],
+                xerr=[sd for _, sd in seconds],
+                yerr=[value(d)[1] for d in rows],
+                fmt=marker,
+                color=colour,
+                capsize=3,
+                label=f"{method}: {what}",
+            )
+    ax.set_xlabel("detection seconds (pre-training included), mean over seeds")
+    ax.set_ylabel("against the flipped labels")
+    ax.set_title("Label cleaning: precision and recall against cost", fontsize=10)
+    ax.set_xlim(left=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+
+
 def slug(condition: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in condition.replace("%", "pct")).strip("_")
 
@@ -271,8 +314,8 @@ def write_frontier(sweep_dir: Path, summaries: Sequence[tuple[str, dict]], refer
     write_json(
         sweep_dir / "frontier.json", next(iter(payload.values())) if len(payload) == 1 else payload
     )
-    for condition, (points, _) in conditions.items():
+    for condition, (points, runs) in conditions.items():
         if points:
             name = "frontier.png" if len(conditions) == 1 else f"frontier_{slug(condition)}.png"
-            plot(points, epochs_ref, sweep_dir / name, condition)
+            plot(points, epochs_ref, sweep_dir / name, condition, detections(runs))
     return path
