@@ -81,6 +81,27 @@ def test_the_lock_is_released_when_its_run_is_killed(make_cfg, tmp_path):
     assert (folder / "summary.json").is_file()
 
 
+def test_a_job_lets_go_of_its_folder_when_it_ends_in_a_process_that_goes_on(make_cfg, tmp_path):
+    # a joblib worker runs job after job: each job's folder is free once that job has ended
+    from lipt.core.lock import released_after
+
+    folders = [tmp_path / "job0", tmp_path / "job1"]
+    for folder in folders:
+        cfg = make_cfg([*FAST, "selector=random", f"paths.output_dir={folder}"])
+        with released_after(folder):
+            train_stage.run(validate(cfg))
+    for folder in folders:  # another process can hold them now
+        holder = _hold(folder)
+        holder.kill()
+        holder.wait()
+    with pytest.raises(ValueError, match="boom"), released_after(folders[0]):
+        lock_run_dir(folders[0])
+        raise ValueError("boom")  # a job that fails lets go too
+    holder = _hold(folders[0])
+    holder.kill()
+    holder.wait()
+
+
 @pytest.mark.slow
 def test_the_lock_is_released_when_a_run_exits(tmp_path):
     folder = tmp_path / "run"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from lipt.core.errors import UserError
@@ -44,6 +46,23 @@ def lock_run_dir(path: Path) -> None:
         os.close(fd)
         raise _refusal(key) from None
     _held[key] = fd
+
+
+def release_run_dir(path: Path) -> None:
+    """Let go of `path` if this process holds it (a no-op otherwise)."""
+    fd = _held.pop(Path(path).resolve(), None)
+    if fd is not None:
+        os.close(fd)  # its only descriptor: closing it drops the flock
+
+
+@contextmanager
+def released_after(path: Path) -> Iterator[None]:
+    """A job's run folder, let go when the job ends, however it ends: a process that runs one
+    job after another (a joblib worker of a sweep) must not keep every folder it ran locked."""
+    try:
+        yield
+    finally:
+        release_run_dir(path)
 
 
 def check_unlocked(path: Path) -> None:

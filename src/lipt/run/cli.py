@@ -234,19 +234,20 @@ def launch(config_name: str, stage_module: str) -> None:
         # loggers on import, before console.setup routes them.
         stage: Callable[[Run], Any] = importlib.import_module(stage_module).run
         from lipt.core import console
+        from lipt.core.lock import RunDirLockedError, released_after
         from lipt.run.config import validate
 
-        keep_caches_in(Path(str(cfg.paths.output_dir)))
+        output_dir = Path(str(cfg.paths.output_dir))
+        keep_caches_in(output_dir)
         console.setup(multirun_job=is_multirun())
         try:
-            summary = stage(validate(cfg))
+            with released_after(output_dir):
+                summary = stage(validate(cfg))
         except UserError as e:
-            from lipt.core.lock import RunDirLockedError
-
             if not isinstance(e, RunDirLockedError):  # a locked folder is another run's: keep it
-                remove_if_only_bookkeeping(Path(str(cfg.paths.output_dir)))
+                remove_if_only_bookkeeping(output_dir)
             fail(one_line(e))
-        console.report_result(summary, Path(str(cfg.paths.output_dir)))
+        console.report_result(summary, output_dir)
         from lipt.run.training_groups import task_result
 
         return task_result(cfg, summary)
