@@ -142,3 +142,9 @@ def test_a_cleaned_pool_trains_the_steps_of_the_whole_pools_budget(make_cfg, tmp
     # the same optimiser steps of 32: equal but for each epoch's last, partial batch
     trained, budget = cleaned["stages"]["train"]["samples"], whole["stages"]["train"]["samples"]
     assert budget - 32 * 4 <= trained <= budget
+    # and the cosine spans those steps, not the cleaned pool's epochs
+    steps = round(0.5 * 4 * -(-whole["train_size"] // 32))
+    for run in ("whole", "c"):
+        ckpt = torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True)
+        assert ckpt["global_step"] == steps
+        assert ckpt["lr_schedulers"][0]["T_max"] == steps

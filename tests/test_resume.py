@@ -35,28 +35,7 @@ def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
         f"hydra.run.dir={run_dir}",
     ]
     last = run_dir / "checkpoints" / "last.ckpt"
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.time() + 300
-        # wait until at least two epochs are checkpointed (one re-selection in force)
-        while time.time() < deadline and proc.poll() is None:
-            if last.is_file():
-                epoch = torch.load(last, weights_only=True)["epoch"]
-                if epoch >= 1:
-                    break
-            time.sleep(0.05)
-        assert proc.poll() is None, "training finished before it could be killed"
-        os.killpg(proc.pid, signal.SIGKILL)  # no clean-up: as a crash or a pre-emption
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    _kill_after_epoch(args, last, 1)  # two epochs checkpointed: one re-selection in force
     assert not (run_dir / "summary.json").exists()
     killed_ckpt = torch.load(last, weights_only=True)
     killed_at = killed_ckpt["global_step"]
@@ -166,6 +145,72 @@ def _kill_when(proc: subprocess.Popen, ready: Path, timeout: float = 300) -> Non
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def _kill_after_epoch(args: list[str], last: Path, epoch: int) -> None:
+    """Start train.py with `args` and SIGKILL it (no clean-up: as a crash or a pre-emption)
+    once `last` holds epoch `epoch` or later."""
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if last.is_file() and torch.load(last, weights_only=True)["epoch"] >= epoch:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "training finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_killed_step_budget_run_resumes_to_the_uninterrupted_steps_and_weights(tmp_path):
+    """The whole pool on 30% of a 12-epoch schedule (full_schedule: a step budget of 3.6
+    epochs, stopped mid-epoch), killed after an epoch: resumed, it trains the budget's steps
+    and ends where the uninterrupted run ends. (With Lightning's max_steps, a resume from an
+    epoch's end counted that epoch twice and stopped an epoch short.)"""
+    run_dir, clean = tmp_path / "run", tmp_path / "clean"
+    args = [
+        *[o for o in FAST if not o.startswith(("trainer.max_epochs", "selector="))],
+        "dataset.num_train=3000",
+        "model.width=16",
+        "+approach=full_schedule",
+        "fraction=0.3",
+        "trainer.max_epochs=12",
+    ]
+    last = run_dir / "checkpoints" / "last.ckpt"
+    _kill_after_epoch([*args, f"hydra.run.dir={run_dir}"], last, 1)
+    killed_at = torch.load(last, weights_only=True)["global_step"]
+    _finish([*args, f"hydra.run.dir={run_dir}", "ckpt_path=last"])
+    _finish([*args, f"hydra.run.dir={clean}"])
+    pool = json.loads((clean / "summary.json").read_text())["train_size"]
+    per_epoch = -(-pool // 32)
+    budget = round(0.3 * 12 * per_epoch)
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    uninterrupted = json.loads((clean / "summary.json").read_text())
+    final = torch.load(last, weights_only=True)["global_step"]
+    assert (
+        killed_at
+        < final
+        == budget
+        == torch.load(clean / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    )
+    samples = resumed["stages"]["train"]["samples"]
+    assert (
+        samples
+        == uninterrupted["stages"]["train"]["samples"]
+        == 3 * pool + (budget - 3 * per_epoch) * 32
+    )
+    model, model_clean = _model(run_dir), _model(clean)
+    assert all(torch.equal(model[k], model_clean[k]) for k in model)
 
 
 def _finish(args: list[str]) -> subprocess.CompletedProcess:

@@ -62,6 +62,7 @@ class Classifier(L.LightningModule):
         scheduler: Callable[..., Any] | None = None,
         loss_norm: str = "weights",
         schedule_over: str = "steps",
+        total_steps: int | None = None,
     ) -> None:
         super().__init__()
         if loss_norm not in ("weights", "batch"):
@@ -75,6 +76,8 @@ class Classifier(L.LightningModule):
         self.make_optimizer: Callable[..., Optimizer] = optimizer or PAPER_SGD
         self.make_scheduler: Callable[..., Any] = scheduler or cosine
         self.loss_norm, self.schedule_over = loss_norm, schedule_over
+        # A step budget the fit stops at (lipt.stages.train's StopAtStep); None: the Trainer's.
+        self.total_steps = total_steps
         self.model = model
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
@@ -123,8 +126,9 @@ class Classifier(L.LightningModule):
             # A torch scheduler class configured as it is: stepped once per epoch.
             schedule = self.make_scheduler(optimizer)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule}}
+        budget = self.total_steps
         clock = Clock(
-            total_steps=lambda: max(1, int(self.trainer.estimated_stepping_batches)),
+            total_steps=lambda: max(1, int(budget or self.trainer.estimated_stepping_batches)),
             progress=self.epochs_done_share if self.schedule_over == "epochs" else None,
         )
         schedule = self.make_scheduler(optimizer, clock)

@@ -208,7 +208,23 @@ def run(run: Run) -> dict[str, Any]:
     dynamic_optim: dict[str, Any] = (
         {"loss_norm": "batch", "schedule_over": "epochs"} if dynamic is not None else {}
     )
-    module = build_classifier(run, model, **dynamic_optim)
+    # A step budget (the whole pool on `fraction` of the schedule, or a subset's steps): the
+    # cosine spans it and StopAtStep ends the fit there, with max_epochs the epochs it needs.
+    selector = selector_of(run)
+    step_budget: int | None = None
+    epochs = run.main_epochs
+    if selector.is_full and selector.match_subset_steps:
+        step_budget = subset_steps(run, len(dm.pool_indices))  # approach=full_steps
+    if selector.budget_steps and subset is None:  # the whole pool on `fraction` of the schedule
+        # The steps are the whole pool's before cleaning dropped any: a cleaned pool trains as
+        # many as full_schedule does at this budget (the same spend, cleaning on top), over
+        # more of its epochs.
+        whole = len(dm.pool_indices) if cleaned is None else int(cleaned.stats["pool"])
+        budget_batches = math.ceil(whole / settings.batch_size)
+        step_budget = schedule_steps(settings.fraction, epochs, budget_batches)
+        per_epoch = math.ceil(len(dm.pool_indices) / settings.batch_size)
+        epochs = math.ceil(step_budget / per_epoch)
+    module = build_classifier(run, model, total_steps=step_budget, **dynamic_optim)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
         ModelCheckpoint(
@@ -238,19 +254,11 @@ def run(run: Run) -> dict[str, Any]:
     if dynamic is not None:
         callbacks.append(dynamic.callback)
         extra["reload_dataloaders_every_n_epochs"] = 1  # each epoch's loader asks for its plan
-    selector = selector_of(run)
-    if selector.is_full and selector.match_subset_steps:
-        extra["max_steps"] = subset_steps(run, len(dm.pool_indices))  # approach=full_steps
-    epochs = run.main_epochs
-    if selector.budget_steps and subset is None:  # the whole pool on `fraction` of the schedule
-        # The steps are the whole pool's before cleaning dropped any: a cleaned pool trains as
-        # many as full_schedule does at this budget (the same spend, cleaning on top), over
-        # more of its epochs. Lightning stops at max_steps; the cosine spans them.
-        whole = len(dm.pool_indices) if cleaned is None else int(cleaned.stats["pool"])
-        budget_batches = math.ceil(whole / settings.batch_size)
-        steps = extra["max_steps"] = schedule_steps(settings.fraction, epochs, budget_batches)
-        per_epoch = math.ceil(len(dm.pool_indices) / settings.batch_size)
-        epochs = extra["max_epochs"] = math.ceil(steps / per_epoch)
+    if step_budget is not None:
+        # Not Lightning's max_steps: a fit with max_steps that resumes from an epoch's end
+        # counts that epoch twice and stops one epoch short (Lightning 2.6).
+        callbacks.append(StopAtStep(step_budget))
+        extra["max_epochs"] = epochs
     if run.budget_epochs:  # selector=infobatch: the epochs `fraction` of the cost buys
         epochs = extra["max_epochs"] = infobatch_epochs(float(settings.fraction), epochs)
     loggers = build_loggers(run)
@@ -303,6 +311,17 @@ def run(run: Run) -> dict[str, Any]:
             # it instead of starting its own.
             logger.experiment.finish()
     return summary
+
+
+class StopAtStep(L.Callback):
+    """Ends the fit once `steps` optimiser steps are done (a step budget, mid-epoch too)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.steps:
+            trainer.should_stop = True
 
 
 def training_stages(training_set: TrainingSet, trained: Trained) -> dict[str, dict[str, Any]]:
