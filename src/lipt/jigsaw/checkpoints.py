@@ -51,8 +51,7 @@ def recipe(
 def pool_labels_digest(dm: DataModule) -> str:
     """The pool's labels as a short digest: learners trained on other labels (another
     label_noise, train_labels or cleaning) are not this soup's, even with every setting equal."""
-    assert dm.splits is not None, "call setup() first"
-    labels = dm.splits.train.labels[dm.pool_indices]  # [pool]
+    labels = dm.train_source.labels[dm.pool_indices]  # [pool]
     return hashlib.sha256(labels.long().cpu().numpy().tobytes()).hexdigest()[:16]
 
 
