@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lipt.cleaning import (
     detection_quality,
     find_issues,
+    fit_softmax_regression,
     fold_of,
     jigsaw_probs,
     probe_probs,
@@ -88,6 +90,43 @@ def test_probe_on_soup_like_embeddings_finds_the_wrong_labels(kind, separation, 
     assert torch.all(issues.score[1:] >= issues.score[:-1])
     assert torch.equal(issues.given, given[issues.rows])
     assert torch.equal(issues.suggested, probs[issues.rows].argmax(1))
+
+
+def test_softmax_regression_reaches_the_penalised_optimum():
+    # The fit's gradient is written out by hand (autograd's backward was slower): at what it
+    # returns, autograd's gradient of the same objective must vanish, and the objective must be
+    # no higher than autograd-driven L-BFGS reaches. A wrong written gradient (a missing 1/N, a
+    # transposed product, the penalty's factor) moves the optimum and fails both.
+    true = torch.arange(N) % C
+    given = flip_labels(true, C, 0.3, "symmetric", seed=0)
+    emb = relu_embeddings(true, 0.35, seed=1)
+    x = (emb - emb.mean(0)) / emb.std(0)  # standardised, as probe_probs fits them
+    decay = 1e-3
+
+    def objective(w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(F.linear(x, w, b), given) + decay * (w * w).sum()
+
+    w, b = fit_softmax_regression(x, given, C, decay, max_iter=200)
+    assert w.shape == (C, D) and b.shape == (C,)
+    w_, b_ = w.clone().requires_grad_(), b.clone().requires_grad_()
+    grad_w, grad_b = torch.autograd.grad(objective(w_, b_), [w_, b_])
+    assert float(grad_w.abs().max()) < 1e-4 and float(grad_b.abs().max()) < 1e-4
+
+    w_ref = torch.zeros(C, D, requires_grad=True)
+    b_ref = torch.zeros(C, requires_grad=True)
+    reference = torch.optim.LBFGS(
+        [w_ref, b_ref], max_iter=200, line_search_fn="strong_wolfe", tolerance_grad=1e-6
+    )
+
+    def closure() -> torch.Tensor:
+        reference.zero_grad()
+        loss = objective(w_ref, b_ref)
+        loss.backward()
+        return loss
+
+    reference.step(closure)
+    with torch.no_grad():
+        assert float(objective(w, b)) <= float(objective(w_ref, b_ref)) + 1e-5
 
 
 def test_weak_probabilities_find_less():

@@ -163,6 +163,30 @@ def test_model_outputs_restores_each_module_mode() -> None:
     assert not any(m.training for m in net.modules())
 
 
+def test_model_outputs_channels_last_gives_the_same_outputs_and_restores_the_layout() -> None:
+    # convnet at its real shapes (28x28 images, 128-dim embeddings), BatchNorm statistics not
+    # trivial: the channels-last pass is the same function, computed by other kernels.
+    from lipt.models.convnet import ConvNet
+
+    torch.manual_seed(0)
+    net = ConvNet(1, 10)
+    net.train()
+    x = torch.randn(300, 1, 28, 28)
+    with torch.no_grad():
+        net(x)  # running statistics away from their initial 0 and 1
+    data = TensorDataset(x, torch.randint(10, (300,)), torch.arange(300))
+    weights = {k: v.clone() for k, v in net.state_dict().items()}
+    plain = model_outputs(net, DataLoader(data, batch_size=128))
+    fast = model_outputs(net, DataLoader(data, batch_size=128), channels_last=True)
+    torch.testing.assert_close(fast.embeddings, plain.embeddings, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fast.logits, plain.logits, rtol=1e-4, atol=1e-5)
+    assert torch.equal(fast.indices, plain.indices)
+    convs = [p for p in net.parameters() if p.dim() == 4]
+    assert convs and all(p.is_contiguous() for p in convs)  # the layout it came with
+    assert all(torch.equal(v, weights[k]) for k, v in net.state_dict().items())
+    assert net.training  # and its mode
+
+
 def test_model_outputs_rejects_repeated_indices() -> None:
     net, data = _net_and_data()
     x, y, idx = data.tensors

@@ -85,30 +85,37 @@ def probe_probs(
         w, b = fit_softmax_regression(
             (x_all[train] - mean) / std, labels[train], num_classes, weight_decay, max_iter
         )
-        with torch.no_grad():
-            probs[held] = torch.softmax(((x_all[held] - mean) / std) @ w + b, dim=1)
+        probs[held] = torch.softmax(F.linear((x_all[held] - mean) / std, w, b), dim=1)
     return probs
 
 
 def fit_softmax_regression(
     x: Tensor, y: Tensor, num_classes: int, weight_decay: float, max_iter: int
 ) -> tuple[Tensor, Tensor]:
-    """Weights [D, C] and bias [C] minimising the mean cross-entropy of `x` [N, D] against `y`
-    [N] plus `weight_decay` x |W|^2, by full-batch L-BFGS."""
-    w = torch.zeros(x.shape[1], num_classes, requires_grad=True)  # [D, C]
-    b = torch.zeros(num_classes, requires_grad=True)  # [C]
+    """Weights [C, D] and bias [C] minimising the mean cross-entropy of `x` [N, D] against `y`
+    [N] plus `weight_decay` x |W|^2, by full-batch L-BFGS.
+
+    The gradient is written out rather than taken by autograd: autograd's backward of `x @ W`
+    forms `x.T @ g`, a strided product over the [N, D] rows, several times slower on one CPU
+    core than `g.T @ x`; 5 folds of the pool's 55,000 rows fit in 5 s instead of 14 s."""
+    n = x.shape[0]
+    onehot = F.one_hot(y, num_classes).to(x.dtype)  # [N, C]
+    w = torch.zeros(num_classes, x.shape[1], dtype=x.dtype, requires_grad=True)  # [C, D]
+    b = torch.zeros(num_classes, dtype=x.dtype, requires_grad=True)  # [C]
     optimizer = torch.optim.LBFGS(
         [w, b], max_iter=max_iter, line_search_fn="strong_wolfe", tolerance_grad=1e-6
     )
 
     def closure() -> Tensor:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(x @ w + b, y) + weight_decay * (w * w).sum()
-        loss.backward()
+        with torch.no_grad():
+            log_p = torch.log_softmax(F.linear(x, w, b), dim=1)  # [N, C]
+            loss = -(log_p * onehot).sum() / n + weight_decay * (w * w).sum()
+            residual = (log_p.exp() - onehot) / n  # [N, C]: d loss / d logits
+            w.grad = residual.t() @ x + 2 * weight_decay * w  # [C, D]
+            b.grad = residual.sum(0)  # [C]
         return loss
 
-    with torch.enable_grad():
-        optimizer.step(closure)
+    optimizer.step(closure)
     return w.detach(), b.detach()
 
 

@@ -161,7 +161,7 @@ def soup_probs(run: Run, dm: DataModule, pretrained: Pretrained, method: JigsawC
     out (lipt.cleaning.issues.jigsaw_probs)."""
     with console.progress("cleaning: pool scored by the soup", len(dm.pool_indices)) as step:
         batches = console.counted(dm.pool_dataloader(), step)
-        outputs = model_outputs(pretrained.model, batches, scoring_device(run))
+        outputs = model_outputs(pretrained.model, batches, scoring_device(run), channels_last=True)
     if method.members == "probe":
         return probe_probs(
             outputs.embeddings,
@@ -190,7 +190,9 @@ def kfold_probs(run: Run, dm: DataModule, method: KFoldCleaning, seed: int) -> t
         train_rows = pool[~held] if method.folds > 1 else pool
         model, trained = train_fold(run, dm, train_rows, method.epochs, seed)
         samples += trained
-        outputs = model_outputs(model, dm.unaugmented(pool[held]), scoring_device(run))
+        outputs = model_outputs(
+            model, dm.unaugmented(pool[held]), scoring_device(run), channels_last=True
+        )
         probs[held] = torch.softmax(outputs.logits.float(), dim=1)  # rows ascending, as pool
     return probs, samples
 
