@@ -13,6 +13,7 @@ import torch
 from lipt.core.artifacts import save_checkpoint, save_subset
 from lipt.run.config import run_of, validate
 from tests.helpers import FAST, run_entry
+from tests.preloaded import run_preloaded
 
 SLOW = pytest.mark.slow  # these load torch and data before they fail: a few seconds each
 
@@ -249,7 +250,7 @@ CASES = [
 def test_bad_input_is_one_line_and_exit_2(tmp_path, bad_files, script, overrides, words):
     args = [a.format(**bad_files) for a in overrides]
     run_dir, sweep_dir = tmp_path / "run", tmp_path / "sweep"
-    out = run_entry(
+    out = run_preloaded(
         script, [*args, f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={sweep_dir}"], timeout=300
     )
     lines = [line for line in out.stderr.splitlines() if line.strip()]
