@@ -46,9 +46,18 @@ def run_entry(
     cwd: Path = ROOT,
     timeout: float = 600,
     env: dict | None = None,
+    preloaded: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run an entry script as a user would, from the repository root."""
+    """Run an entry script as a user would, from the repository root. `preloaded`: in a fresh
+    process forked from a Python that imported the libraries already (tests.preloaded), for
+    runs that end in their checks; not for settings read at import (ATEN_CPU_CAPABILITY)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if preloaded:
+        from tests.preloaded import preloaded_python  # it reads ROOT from here
+
+        server = preloaded_python()
+        if server is not None:
+            return server.run(script, args, cwd, timeout, full_env)
     return subprocess.run(
         [sys.executable, script, *args],
         cwd=cwd,

@@ -1,14 +1,14 @@
 """Entry-script runs that end in their checks, from a Python that imported the libraries once.
 
 A run refused in its checks spends most of its seconds importing torch, Lightning and Hydra (5-7
-s of a ~7 s refusal on these machines, ~45 such runs in the suites). `run_preloaded` sends the
-run to a server process that imported them once, at its start, and forks a fresh child per run:
+s of a ~7 s refusal on these machines, ~70 such runs in the suites). `preloaded_python()` is a
+server process that imported them once, at its start, and forks a fresh child per run:
 the child sets the script's argv, working folder, environment and standard streams, runs the
 script as `python script ...` would (`__main__`, its exit code, a `SystemExit` message on stderr,
 the exit handlers), and exits. The server holds no state between runs but the imports, so each
 run sees a fresh process as a user's command does. It forks only while it is one thread (with
 `OMP_NUM_THREADS=1`, as conftest sets it); otherwise, or where there is no fork, a plain
-subprocess runs the script (tests.helpers.run_entry).
+subprocess runs the script. Used through `tests.helpers.run_entry(..., preloaded=True)`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.helpers import ROOT, run_entry
+from tests.helpers import ROOT
 
 SERVER = r"""
 import atexit, json, logging, os, runpy, sys, traceback
@@ -112,8 +112,9 @@ class PreloadedPython:
         return json.loads(line)
 
     def run(
-        self, script: str, args: Sequence[str], cwd: Path, timeout: float, env: dict | None
+        self, script: str, args: Sequence[str], cwd: Path, timeout: float, env: dict
     ) -> subprocess.CompletedProcess:
+        """`script` with `args` in `cwd` under exactly `env`, as subprocess.run reports it."""
         assert self.proc.stdin is not None
         with tempfile.TemporaryDirectory() as scratch:
             out, err = Path(scratch) / "stdout", Path(scratch) / "stderr"
@@ -121,7 +122,7 @@ class PreloadedPython:
                 "script": script,
                 "args": list(args),
                 "cwd": str(cwd),
-                "env": {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                "env": env,
                 "stdout": str(out),
                 "stderr": str(err),
             }
@@ -141,20 +142,13 @@ class PreloadedPython:
 _server: PreloadedPython | None = None
 
 
-def run_preloaded(
-    script: str,
-    args: Sequence[str],
-    cwd: Path = ROOT,
-    timeout: float = 600,
-    env: dict | None = None,
-) -> subprocess.CompletedProcess:
-    """`run_entry`'s result for a run of `script`, from the preloaded server where it can fork."""
+def preloaded_python() -> PreloadedPython | None:
+    """This test process's server, started on first use (again if it died); None where it
+    cannot fork."""
     global _server
     if not hasattr(os, "fork"):
-        return run_entry(script, args, cwd, timeout, env)
+        return None
     if _server is None or (_server.ready and _server.proc.poll() is not None):
         _server = PreloadedPython()
         atexit.register(_server.close)
-    if not _server.ready:
-        return run_entry(script, args, cwd, timeout, env)
-    return _server.run(script, args, cwd, timeout, env)
+    return _server if _server.ready else None

@@ -30,7 +30,6 @@ from lipt.selection import LearnerHeads
 from lipt.stages import train as train_stage
 from lipt.stages.seen import load_seen
 from tests.helpers import CONFIGS, FAST, run_entry
-from tests.preloaded import run_preloaded
 
 POOL = 55_000  # Fashion-MNIST's pool: 60,000 minus the 5,000 validation images
 
@@ -421,9 +420,10 @@ def test_the_frontier_sweeps_pass_the_cli_precheck_and_a_bad_budget_fails_it(cap
 
 def test_a_bad_dynamic_value_exits_2_with_one_line_before_any_stage(tmp_path):
     run_dir = tmp_path / "run"
-    out = run_preloaded(
+    out = run_entry(
         "train.py",
         [*FAST, "selector=full", "dynamic=lipt", "dynamic.budget=2", f"hydra.run.dir={run_dir}"],
+        preloaded=True,
     )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()

@@ -13,7 +13,6 @@ import torch
 from lipt.core.artifacts import save_checkpoint, save_subset
 from lipt.run.config import run_of, validate
 from tests.helpers import FAST, run_entry
-from tests.preloaded import run_preloaded
 
 SLOW = pytest.mark.slow  # these load torch and data before they fail: a few seconds each
 
@@ -250,8 +249,11 @@ CASES = [
 def test_bad_input_is_one_line_and_exit_2(tmp_path, bad_files, script, overrides, words):
     args = [a.format(**bad_files) for a in overrides]
     run_dir, sweep_dir = tmp_path / "run", tmp_path / "sweep"
-    out = run_preloaded(
-        script, [*args, f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={sweep_dir}"], timeout=300
+    out = run_entry(
+        script,
+        [*args, f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={sweep_dir}"],
+        timeout=300,
+        preloaded=True,
     )
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
