@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 FMNIST := /usr/share/datasets/fashion-mnist
 ARGS ?=
 
-.PHONY: install data run test test-slow test-all lint format report clean
+.PHONY: install data run test test-slow test-all test-slurm slurm-up slurm-down lint format report clean
 
 install: $(STAMP)
 
@@ -29,10 +29,21 @@ run: install data
 XDIST := -n auto --dist worksteal
 
 test: install
-	$(PY) -m pytest -m "not slow" $(XDIST) $(ARGS)
+	$(PY) -m pytest -m "not slow and not slurm" $(XDIST) $(ARGS)
 
 test-slow: install data
-	$(PY) -m pytest -m "slow" $(XDIST) $(ARGS)
+	$(PY) -m pytest -m "slow and not slurm" $(XDIST) $(ARGS)
+
+# A one-node SLURM cluster on this machine (Debian's packages, as root; state in .slurm/), and
+# the tests that run lipt against it: make slurm-up && make test-slurm; make slurm-down
+slurm-up:
+	bash scripts/slurm.sh up
+
+slurm-down:
+	bash scripts/slurm.sh down
+
+test-slurm: install data
+	$(PY) -m pytest -m slurm $(ARGS)
 
 test-all: install data
 	$(PY) -m pytest $(XDIST) $(ARGS)

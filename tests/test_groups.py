@@ -23,7 +23,7 @@ from lipt.builder.objects import (
     build_trainer,
 )
 from lipt.core.errors import UserError
-from lipt.models.schedules import Clock, cosine, one_cycle
+from lipt.models.schedules import Clock, cosine, linear, one_cycle
 from lipt.run.config import run_of, validate
 from lipt.run.training_groups import check_renamed, task_result
 from lipt.stages import train as train_stage
@@ -60,7 +60,7 @@ def test_every_group_lists_the_options_the_ecosystem_expects():
         for group in ("optimizer", "scheduler", "trainer", "callbacks", "debug", "logger")
     }
     assert options["optimizer"] == ["adamw", "sgd"]
-    assert options["scheduler"] == ["constant", "cosine", "onecycle"]
+    assert options["scheduler"] == ["constant", "cosine", "linear", "onecycle"]
     assert options["trainer"] == ["cpu", "ddp", "default", "gpu"]
     assert options["callbacks"] == ["default", "none"]
     assert "fdr" in options["debug"]
@@ -101,6 +101,23 @@ def test_adamw_with_onecycle_warms_up_to_the_peak_and_anneals(make_cfg):
     assert lrs.momenta[peak] < lrs.momenta[0]  # beta1 cycles the other way
 
 
+def test_linear_decays_to_zero_on_the_step_budgets_last_step(make_cfg):
+    """Budgeted training's schedule: a straight line from lr to 0 over the fit's steps (2 epochs
+    of 16 batches), and over a step budget that ends mid-epoch (11 steps, as full_schedule's)."""
+    lrs, trainer = fit_lrs(make_cfg, ["scheduler=linear", "trainer.max_epochs=2"])
+    assert trainer.global_step == 32
+    assert lrs.lrs == pytest.approx([0.1 * (1 - k / 32) for k in range(32)])
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    budget = linear(optimizer, Clock(total_steps=lambda: 11))
+    seen = []
+    for _ in range(11):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        budget.step()
+    assert seen == pytest.approx([0.1 * (1 - k / 11) for k in range(11)])
+    assert optimizer.param_groups[0]["lr"] == 0.0  # after the budget's last step
+
+
 def test_constant_keeps_the_learning_rate(make_cfg):
     lrs, trainer = fit_lrs(make_cfg, ["scheduler=constant", "optimizer.lr=0.03"])
     assert trainer.lr_scheduler_configs == [] and set(lrs.lrs) == {0.03}
@@ -137,6 +154,7 @@ def test_over_epochs_the_schedules_follow_the_share_of_training_done():
         return out
 
     assert factors(cosine) == [0.5 * (1 + math.cos(math.pi * p)) for p in (0.15, 0.3, 0.65, 1.0)]
+    assert factors(linear) == pytest.approx([0.85, 0.7, 0.35, 0.0])
     warm, peak, half, end = factors(one_cycle)
     assert 1 / 25 < warm < peak == pytest.approx(1.0) and end == pytest.approx(1 / 25 / 1e4)
     assert half == pytest.approx(end + (1 - end) * 0.5)  # halfway down the cosine

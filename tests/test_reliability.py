@@ -73,6 +73,11 @@ CASES = [
     ("train.py", ["model=nope"], ["model"]),
     ("train.py", ["no_such_key=1"], ["no_such_key", "+key=value"]),
     ("train.py", ["trainer.max_epochs=abc"], ["trainer.max_epochs"]),
+    (
+        "train.py",
+        ["scheduler=linear", "+trainer.max_time=00:00:10:00"],
+        ["scheduler=linear", "trainer.max_time"],
+    ),
     ("train.py", ["seed=-3"], ["seed"]),
     ("train.py", ["fraction=0"], ["fraction", "(0, 1]"]),
     ("train.py", ["fraction=-1"], ["fraction", "(0, 1]"]),

@@ -4,6 +4,7 @@ and the sweep folder of a multirun job."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from lipt.core.lock import lock_run_dir
@@ -21,8 +22,23 @@ def run_dir(run: Run) -> Path:
 
 
 def is_ddp_child() -> bool:
-    """True in the extra processes Lightning's DDP launcher starts by re-running the script."""
-    return os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0"
+    """True in the extra processes Lightning's DDP launcher starts by re-running the script,
+    and in the tasks of an `srun` other than its first (Lightning's SLURM environment)."""
+    return (
+        os.environ.get("LOCAL_RANK", "0") != "0"
+        or os.environ.get("NODE_RANK", "0") != "0"
+        or os.environ.get("SLURM_PROCID", "0") != "0"
+    )
+
+
+def wait_for_file(path: Path, seconds: float = 24 * 3600) -> None:
+    """Wait until `path` exists: what an extra rank reads of rank 0's work. Lightning's launcher
+    starts extra ranks once it is written; srun starts every task at once."""
+    deadline = time.monotonic() + seconds
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"rank 0 did not write {path} in {seconds:.0f} s")
+        time.sleep(1.0)
 
 
 def sweep_dir_of_job() -> Path | None:

@@ -59,7 +59,7 @@ class LearnerOptim(TypedDict, total=False):
 
     lr: Annotated[float, POSITIVE]
     weight_decay: Annotated[float, NON_NEGATIVE]
-    scheduler: Literal["cosine", "constant"]
+    scheduler: Literal["cosine", "linear", "constant"]
 
 
 class Protocol(TypedDict, total=False):

@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from lipt.core.errors import UserError, fail
+from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.frontier import reference_approach
 from lipt.report.frontier_render import write_frontier
 from lipt.report.paired import paired_rows, parse_baseline
@@ -115,6 +116,8 @@ def load_summaries(sweep_dir: Path) -> tuple[list[Run], list[str]]:
     runs: list[Run] = []
     warnings: list[str] = []
     for path in sorted(sweep_dir.rglob("summary.json")):
+        if LEARNERS_DIR in path.relative_to(sweep_dir).parts[:-1]:
+            continue  # a learner array task's own record (hydra/launcher=slurm), not a run
         try:
             summary = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from lipt.cluster.slurm import check_slurm_launcher, is_slurm_launcher
 from lipt.core.errors import UserError, fail, one_line
 from lipt.core.settings import Run
 from lipt.run.frontier_sweep import check_frontier_settings, with_reference
@@ -86,6 +87,9 @@ def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> Declar
     cfg = compose(config_name, overrides=fixed, return_hydra_config=True)
     sweeper = cfg.hydra.sweeper
     check_frontier_settings(sweeper, cfg.hydra.get("callbacks"))
+    launcher = cfg.hydra.get("launcher")
+    if is_slurm_launcher(launcher):  # before anything is submitted
+        check_slurm_launcher(launcher, multirun or cfg.hydra.mode == RunMode.MULTIRUN)
     if not multirun and cfg.hydra.mode != RunMode.MULTIRUN:
         return DeclaredSweep([], [], [])
     declared = sweeper.get("params")

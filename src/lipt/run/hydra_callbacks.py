@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
 
+from lipt.cluster.slurm import is_slurm_launcher
 from lipt.core import console
 from lipt.core.console import shown
 from lipt.core.errors import UserError, fail, one_line
@@ -102,7 +103,14 @@ class SoupCallback(Callback):
             explicit = cfg.pretrain.get("learner_dir")
             folder = Path(str(explicit)).expanduser() if explicit else sweep_dir / LEARNERS_DIR
             seconds = 0.0 if self.start is None else time.perf_counter() - self.start
-            summary = merge_learner_dir(run_of(cfg), folder, sweep_dir, seconds)
+            launcher = config.hydra.get("launcher")
+            if is_slurm_launcher(launcher):  # the sweep's host is a login node: merge in a job
+                from lipt.cluster.launcher import run_as_job
+
+                args = (run_of(cfg), folder, sweep_dir, seconds)
+                summary = run_as_job(launcher, "lipt-soup", merge_learner_dir, *args)
+            else:
+                summary = merge_learner_dir(run_of(cfg), folder, sweep_dir, seconds)
         except UserError as e:
             _fail(e)
         stats = summary["stages"]["pretrain"]

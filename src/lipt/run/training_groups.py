@@ -90,7 +90,7 @@ def check_optimizer(cfg: DictConfig) -> None:
     import torch
 
     from lipt.builder.objects import build_part
-    from lipt.models.schedules import Clock, is_torch_scheduler
+    from lipt.models.schedules import Clock, is_torch_scheduler, linear
     from lipt.run.checks import resolved
 
     try:
@@ -110,6 +110,15 @@ def check_optimizer(cfg: DictConfig) -> None:
             schedule.step()
     except Exception as e:
         raise UserError(f"scheduler settings are invalid: {_cause(e)}; fix scheduler.*") from e
+    # A decay to zero over the budget needs the budget's end in steps; a clock ends the run
+    # wherever the learning rate then is.
+    target = getattr(make, "func", make)
+    if target is linear and cfg.trainer.get("max_time") is not None:
+        raise UserError(
+            f"scheduler=linear decays to zero over the run's steps, but trainer.max_time="
+            f"{cfg.trainer.max_time} ends it by the clock; drop trainer.max_time or use "
+            "scheduler=cosine|constant"
+        )
 
 
 def check_callbacks(cfg: DictConfig) -> None:

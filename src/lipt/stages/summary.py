@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -59,6 +60,14 @@ def summary_payload(
     }
     if class_counts is not None:
         payload["subset_class_counts"] = class_counts
+    if "SLURM_JOB_ID" in os.environ:  # which job (and requeued attempt) wrote this record
+        payload["slurm"] = {
+            "job": os.environ["SLURM_JOB_ID"],
+            "array_job": os.environ.get("SLURM_ARRAY_JOB_ID"),
+            "array_task": os.environ.get("SLURM_ARRAY_TASK_ID"),
+            "restarts": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+            "tasks": int(os.environ.get("SLURM_NTASKS", "1") or 1),
+        }
     changes = dm.label_changes
     if changes is not None:  # wrong labels (dataset.label_noise or train_labels), as counted
         pool = dm.pool_indices

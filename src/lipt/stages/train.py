@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -32,11 +32,12 @@ from lipt.builder.objects import (
     build_trainer,
     progress_bars,
 )
+from lipt.cluster.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
 from lipt.core import console
 from lipt.core.artifacts import check_subset, load_subset, write_json
 from lipt.core.errors import UserError
 from lipt.core.host import core_ticks, host, load_average, other_cores_busy
-from lipt.core.job import is_ddp_child, run_dir, sweep_dir_of_job
+from lipt.core.job import is_ddp_child, run_dir, sweep_dir_of_job, wait_for_file
 from lipt.core.seeding import reselect_seed
 from lipt.core.settings import Run
 from lipt.data import DataModule
@@ -141,7 +142,8 @@ def obtain_subset(
             return TrainingSet(subset, earlier_stages=earlier)
         ranking = ranking_models(run, dm, made)
         return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
-    if is_ddp_child():  # extra DDP ranks read what rank 0 chose before it started them
+    if is_ddp_child():  # extra DDP ranks read what rank 0 chose (under srun: is choosing)
+        wait_for_file(saved)
         return TrainingSet(load_checked_subset(dm, saved))
     selected = select_subset(run, dm, made)
     write_selection(run, dm, out, selected)
@@ -159,6 +161,11 @@ def reselect_quietly(
 def run(run: Run) -> dict[str, Any]:
     """`train.py`, on the run's typed settings (lipt.run.config.validate builds them): returns
     summary.json's payload."""
+    # In a SLURM job: the time-limit signal is noted from now on, and a requeued attempt
+    # resumes from its own folder's last checkpoint (lipt.cluster.requeue).
+    requeue = RequeueOnSignal() if in_slurm_job() else None
+    if run.settings.ckpt_path is None and restarted_by_slurm():
+        run = replace(run, settings=replace(run.settings, ckpt_path="last"))
     settings = run.settings
     out = run_dir(run)
     finished = out / "summary.json"
@@ -237,6 +244,8 @@ def run(run: Run) -> dict[str, Any]:
     ]
     if settings.record_seen:
         callbacks.append(SeenSamples(out))
+    if requeue is not None:
+        callbacks.append(requeue)
     extra: dict[str, Any] = {}
     reselect = None
     if settings.reselect_every > 0 and subset is not None and settings.subset_path is None:

@@ -1,0 +1,89 @@
+"""The jigsaw learners of a run as a SLURM job array: which learners a run still needs, how they
+are grouped into array tasks, and the function each task runs.
+
+Learners never communicate (LiPT, https://proceedings.mlr.press/v202/ro23a.html, section 3.2),
+so each group is an independent task. A group pays a job's start (a Python process, its imports,
+a data load and the scheduler's latency) once for all of its learners. Every task writes its
+learners' checkpoints into the run's own `learners/` folder, where the run's in-process jigsaw
+stage finds them and merges them as it merges its own (lipt.jigsaw.checkpoints.train_or_reuse):
+the soup is the in-process one, bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lipt.jigsaw.checkpoints import LEARNERS_DIR, learner_file
+
+
+@dataclass(frozen=True)
+class LearnerGroup:
+    """One array task: these learners of the run in `run_dir`, trained by `config`'s recipe."""
+
+    run_dir: Path
+    ids: list[int]
+    config: dict[str, Any]  # the run's config, resolved, without `hydra`
+
+    @property
+    def folder(self) -> Path:
+        return self.run_dir / LEARNERS_DIR
+
+    @property
+    def job_dir(self) -> Path:
+        """The task's own folder (its summary.json and log): learners/jobs/<first id>."""
+        return self.folder / "jobs" / f"{self.ids[0]}"
+
+
+def uses_jigsaw_learners(config: dict[str, Any]) -> int:
+    """How many jigsaw learners a run's in-process pre-training trains (0: none), from its
+    resolved config: pretrain=jigsaw without `learners` or `merge_from`, in a run that
+    pre-trains (a selector that ranks with a model, lipt's dynamic pruning or label cleaning)."""
+    pretrain = config.get("pretrain") or {}
+    if pretrain.get("name") != "jigsaw" or pretrain.get("learners") is not None:
+        return 0
+    if pretrain.get("merge_from") or config.get("subset_path"):
+        return 0
+    selector = config.get("selector") or {}
+    # Budget modes (the whole pool, InfoBatch, lipt's) rank nothing; random needs no model.
+    ranks = selector.get("name") not in ("full", "infobatch", "lipt") and bool(
+        selector.get("needs_model", True)
+    )
+    prunes = (config.get("dynamic") or {}).get("name") == "lipt"
+    cleans = (config.get("clean") or {}).get("name") == "lipt"
+    pretrains = ranks or prunes or cleans
+    return int(pretrain.get("num_learners", 0)) if pretrains else 0
+
+
+def missing_learners(run_dir: Path, count: int) -> list[int]:
+    """Ids in 0..count-1 whose checkpoint is not in the run's learners/ folder yet."""
+    folder = run_dir / LEARNERS_DIR
+    return [i for i in range(count) if not (folder / learner_file(i)).is_file()]
+
+
+def groups_of(ids: list[int], per_task: int) -> list[list[int]]:
+    """`ids` in consecutive groups of at most `per_task`."""
+    if per_task < 1:
+        raise ValueError(f"learners per task must be at least 1, not {per_task}")
+    return [ids[k : k + per_task] for k in range(0, len(ids), per_task)]
+
+
+def train_learner_group(group: LearnerGroup) -> dict[str, Any]:
+    """What an array task runs: the group's learners from their shards, each checkpoint written
+    into the run's learners/ folder as soon as it is trained (lipt.stages.jigsaw's job half).
+    Returns the task's stages.pretrain (seconds, samples, learners)."""
+    from omegaconf import OmegaConf
+
+    from lipt.run.config import run_of
+    from lipt.stages.jigsaw import run_learner_job
+
+    # The run's config was checked whole when the sweep was submitted; this task reads only
+    # what the learners need of it.
+    cfg = OmegaConf.create(group.config)
+    cfg.pretrain.learners = list(group.ids)
+    cfg.pretrain.learner_dir = str(group.folder)
+    cfg.paths.output_dir = str(group.job_dir)
+    summary = run_learner_job(run_of(cfg))
+    stats: dict[str, Any] = summary["stages"]["pretrain"]
+    return stats
