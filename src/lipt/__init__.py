@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from lipt.cleaning.datalab import DatalabReport
     from lipt.data.pool import PoolDataModule
     from lipt.dynamic.callback import DynamicPruning, ensemble_scores
     from lipt.dynamic.plan import InfoBatch, LiptBudget
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from lipt.models.classifier import Classifier
     from lipt.models.loss import weighted_loss
     from lipt.selection.api import SELECTORS, Subset, select
+    from lipt.stages.label_issues import FoundIssues, datalab_report, find_label_issues
     from lipt.stages.reselect import Reselection
 
 # name -> the module that defines it
@@ -38,18 +40,26 @@ _API = {
     "weighted_loss": "lipt.models.loss",
     "Classifier": "lipt.models.classifier",
     "jigsaw_pretrain": "lipt.jigsaw.api",
+    "find_label_issues": "lipt.stages.label_issues",
+    "FoundIssues": "lipt.stages.label_issues",
+    "datalab_report": "lipt.stages.label_issues",
+    "DatalabReport": "lipt.cleaning.datalab",
 }
 
 __all__ = [
     "SELECTORS",
     "Classifier",
+    "DatalabReport",
     "DynamicPruning",
+    "FoundIssues",
     "InfoBatch",
     "LiptBudget",
     "PoolDataModule",
     "Reselection",
     "Subset",
+    "datalab_report",
     "ensemble_scores",
+    "find_label_issues",
     "jigsaw_pretrain",
     "select",
     "weighted_loss",

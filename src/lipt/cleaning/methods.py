@@ -24,7 +24,9 @@ class JigsawCleaning(Checked):
     a linear probe on the soup's embeddings, cross-validated over `probe_folds` folds
     (lipt.cleaning.issues.probe_probs); `soup`, `heads` or `ensemble`, the soup's and its
     learners' predictions, each row's own learner left out (jigsaw_probs). The soup is the
-    run's pre-trained model, so selection reuses it."""
+    run's pre-trained model, so selection reuses it. `datalab`: also hand the soup's embeddings
+    and those probabilities to cleanlab's Datalab (label issues, outliers, near duplicates;
+    lipt.cleaning.datalab)."""
 
     PREFIX: ClassVar[str] = "clean"
 
@@ -34,6 +36,7 @@ class JigsawCleaning(Checked):
     probe_folds: Annotated[int, Range(1, 100)] = 5
     probe_weight_decay: Annotated[float, NON_NEGATIVE] = 1e-3
     filter_by: FilterBy = "prune_by_noise_rate"
+    datalab: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,10 @@ folds), cleanlab's `find_label_issues` on them, then the run trains without the 
 
 Writes label_issues.csv (index, given, suggested, score; most likely wrong first),
 label_issues.png and clean.json (stages.clean, the cost and, when the wrong labels are known,
-precision and recall). A resumed run of K-fold cleaning reads them back instead of training
-the folds again; lipt's is recomputed, reusing the saved jigsaw learners.
+precision and recall); with `clean.datalab` (lipt's finder), cleanlab's Datalab on the same
+embeddings and probabilities: datalab_issues.csv and datalab_summary.json. A resumed run of
+K-fold cleaning reads them back instead of training the folds again; lipt's is recomputed,
+reusing the saved jigsaw learners.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import io
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +37,15 @@ from lipt.cleaning import (
     JigsawCleaning,
     KFoldCleaning,
     LabelIssues,
+    datalab_issues,
     detection_quality,
     find_issues,
     fold_of,
     jigsaw_probs,
-    probe_probs,
+    probe_issues,
+    score_pool,
     shard_owner,
+    write_datalab,
 )
 from lipt.core import console
 from lipt.core.artifacts import atomic_write_bytes, write_json
@@ -49,7 +55,7 @@ from lipt.core.settings import Run
 from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import ISSUES_PICTURE, write_issues_picture
-from lipt.selection import model_outputs
+from lipt.selection import PoolOutputs, model_outputs
 from lipt.stages.pretrain import pretrain_model, pretrain_stats
 from lipt.stages.results import Cleaned
 
@@ -76,11 +82,12 @@ def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | N
     check_folds(method, len(dm.pool_indices))
     saved, costs = out / ISSUES_FILE, out / CLEAN_FILE
     reuse = is_ddp_child() or (resume and isinstance(method, KFoldCleaning))
+    scored: Scored | None = None
     if reuse and saved.is_file() and costs.is_file():
         cleaned = Cleaned(read_issues(saved), {})
         console.stage(f"cleaning: {len(cleaned.issues):,} label issues read from {saved}")
     else:
-        cleaned = find_pool_issues(run, dm, method)
+        cleaned, scored = find_scored_issues(run, dm, method)
     if (resume or is_ddp_child()) and costs.is_file():
         # What the attempt that found them recorded: a resume's re-merge is not their cost.
         recorded = json.loads(costs.read_text())
@@ -89,6 +96,8 @@ def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | N
         issues = cleaned.issues
         write_issues(saved, issues)
         write_issues_picture(dm, issues.rows, issues.given, issues.suggested, out / ISSUES_PICTURE)
+        if scored is not None and isinstance(method, JigsawCleaning) and method.datalab:
+            cleaned.stats["datalab"] = run_datalab(scored, out, method.filter_by)
         recorded = {"clean": cleaned.stats}
         if cleaned.pretrain_stats is not None:
             recorded["pretrain"] = cleaned.pretrain_stats
@@ -113,20 +122,36 @@ def check_folds(method: Method, pool_size: int) -> None:
 
 def find_pool_issues(run: Run, dm: DataModule, method: Method) -> Cleaned:
     """Probabilities for the whole pool (rows in pool order), then cleanlab's decision."""
+    return find_scored_issues(run, dm, method)[0]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What lipt's finder computed on the pool (rows in pool order): the soup's outputs, its
+    embeddings among them, and the probabilities cleanlab decided on."""
+
+    outputs: PoolOutputs
+    probs: Tensor  # [N, C]
+
+
+def find_scored_issues(run: Run, dm: DataModule, method: Method) -> tuple[Cleaned, Scored | None]:
+    """`find_pool_issues`, and for lipt's finder what it scored the pool with (None: K folds)."""
     seed = run.settings.seed
     pool = dm.pool_indices
     labels = dm.train_source.labels[pool]  # [N], the labels as given
     start = time.perf_counter()
     pretrained: Pretrained | None = None
+    scored: Scored | None = None
     if isinstance(method, JigsawCleaning):
         pretrained = pretrain_model(run, dm, seed)
         start = time.perf_counter()  # pre-training is stages.pretrain's
-        probs, samples = soup_probs(run, dm, pretrained, method), 0
+        scored, issues = soup_issues(run, dm, pretrained, method)
+        samples = 0
         what = f"the jigsaw soup ({method.members})"
     else:
         probs, samples = kfold_probs(run, dm, method, seed)
+        issues = find_issues(labels, probs, method.filter_by)
         what = f"{method.folds} folds" if method.folds > 1 else "one model, in-sample"
-    issues = find_issues(labels, probs, method.filter_by)
     seconds = time.perf_counter() - start
     pretrain_seconds = 0.0 if pretrained is None else pretrained.seconds
     stats: dict[str, Any] = {
@@ -152,30 +177,58 @@ def find_pool_issues(run: Run, dm: DataModule, method: Method) -> Cleaned:
     )
     flagged = LabelIssues(pool[issues.rows], issues.given, issues.suggested, issues.score)
     made = None if pretrained is None else pretrain_stats([pretrained])
-    return Cleaned(issues=flagged, stats=stats, pretrained=pretrained, pretrain_stats=made)
+    cleaned = Cleaned(issues=flagged, stats=stats, pretrained=pretrained, pretrain_stats=made)
+    return cleaned, scored
 
 
-def soup_probs(run: Run, dm: DataModule, pretrained: Pretrained, method: JigsawCleaning) -> Tensor:
-    """The pool through the soup once, then `members`: a cross-validated linear probe on its
-    embeddings (`probe`), or its softmax and its learners' heads, each row's own learner left
-    out (lipt.cleaning.issues.jigsaw_probs)."""
+def soup_issues(
+    run: Run, dm: DataModule, pretrained: Pretrained, method: JigsawCleaning
+) -> tuple[Scored, LabelIssues]:
+    """The pool through the soup once (lipt.cleaning.score_pool), then `members`: a
+    cross-validated linear probe on its embeddings (`probe`, lipt.cleaning.probe_issues, as
+    lipt.find_label_issues), or its softmax and its learners' heads, each row's own learner
+    left out (jigsaw_probs); cleanlab decides on those probabilities."""
     with console.progress("cleaning: pool scored by the soup", len(dm.pool_indices)) as step:
         batches = console.counted(dm.pool_dataloader(), step)
-        outputs = model_outputs(pretrained.model, batches, scoring_device(run), channels_last=True)
+        outputs = score_pool(pretrained.model, batches, scoring_device(run))
+    assert torch.equal(outputs.indices, dm.pool_indices), "the pass scores the pool, in order"
+    assert torch.equal(outputs.targets, dm.train_source.labels[dm.pool_indices].long())
     if method.members == "probe":
-        return probe_probs(
-            outputs.embeddings,
-            outputs.targets,
+        probs, issues = probe_issues(
+            outputs,
             dm.num_classes,
             method.probe_folds,
             run.settings.seed,
             method.probe_weight_decay,
+            method.filter_by,
         )
+        return Scored(outputs, probs), issues
     shards = pretrained.head_shards
     owner = None if shards is None else shard_owner(outputs.indices, shards)
-    return jigsaw_probs(
+    probs = jigsaw_probs(
         outputs.logits, outputs.embeddings, pretrained.learner_heads, owner, method.members
     )
+    return Scored(outputs, probs), find_issues(outputs.targets, probs, method.filter_by)
+
+
+def run_datalab(scored: Scored, out: Path, filter_by: str) -> dict[str, Any]:
+    """`clean.datalab`: cleanlab's Datalab on the soup's embeddings and the probabilities the
+    labels were judged on; datalab_issues.csv and datalab_summary.json beside label_issues.csv.
+    Returns stages.clean's `datalab`: each issue type's count, and the seconds."""
+    outputs = scored.outputs
+    report = datalab_issues(
+        outputs.targets, outputs.embeddings, scored.probs, outputs.indices, filter_by=filter_by
+    )
+    write_datalab(out, report)
+    console.stage(
+        "cleaning: Datalab flagged "
+        + ", ".join(f"{v['flagged']:,} {k}" for k, v in report.summary.items())
+        + f" ({report.seconds:.0f} s)"
+    )
+    return {
+        **{kind: found["flagged"] for kind, found in report.summary.items()},
+        "seconds": round(report.seconds, 3),
+    }
 
 
 def kfold_probs(run: Run, dm: DataModule, method: KFoldCleaning, seed: int) -> tuple[Tensor, int]:

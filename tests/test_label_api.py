@@ -1,0 +1,258 @@
+"""lipt.find_label_issues and lipt.datalab_report on a model and data defined here: the ranked
+flags and what the run computed, Datalab's label issues, outliers and near duplicates on them,
+what it refuses before any work, and (slow) the same flags as `select.py clean=lipt` on an
+IDX data set for the same seed, with clean.datalab's files."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.utils.data import Dataset, TensorDataset
+
+import lipt
+from lipt.stages import label_issues as api
+from tests.helpers import class_images, write_idx
+
+CLASSES, DIM, N, FLIPS = 6, 24, 1500, 150
+COPIES = range(1480, 1490)  # item i is a copy of item i - 1480
+FAR = range(1490, 1500)  # far from every class
+
+
+def noisy_blobs() -> tuple[Tensor, Tensor, Tensor]:
+    """Inputs [N, DIM], given labels [N] with FLIPS made wrong, and the true labels; COPIES
+    repeat items 0..9 exactly, FAR lie far from every class."""
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(CLASSES, DIM, generator=g)
+    truth = torch.randint(0, CLASSES, (N,), generator=g)
+    x = centres[truth] + 0.8 * torch.randn(N, DIM, generator=g)
+    labels = truth.clone()
+    flipped = torch.randperm(1480, generator=g)[:FLIPS]
+    labels[flipped] = (truth[flipped] + torch.randint(1, CLASSES, (FLIPS,), generator=g)) % CLASSES
+    for copy in COPIES:
+        x[copy], labels[copy], truth[copy] = x[copy - 1480], labels[copy - 1480], truth[copy - 1480]
+    x[1490:] = 10 * torch.randn(len(FAR), DIM, generator=g)
+    return x, labels, truth
+
+
+def make_net() -> nn.Module:
+    net = nn.Sequential()
+    net.add_module("body", nn.Sequential(nn.Linear(DIM, 48), nn.ReLU()))
+    net.add_module("head", nn.Linear(48, CLASSES))
+    return net
+
+
+@pytest.fixture(scope="module")
+def found() -> tuple[api.FoundIssues, Tensor, Tensor]:
+    x, labels, truth = noisy_blobs()
+    # a map-style data set as it is: wrapped, a tenth kept to score the soup
+    result = lipt.find_label_issues(
+        make_net, TensorDataset(x, labels), head="head", jigsaw={"local_epochs": 5}
+    )
+    return result, labels, truth
+
+
+def test_the_flags_are_ranked_and_say_what_was_given_and_suggested(found):
+    result, labels, _ = found
+    n_pool = round(0.9 * N)
+    assert result.pool.shape == (n_pool,) and bool((result.pool.diff() > 0).all())
+    assert result.embeddings.shape == (n_pool, 48) and result.probs.shape == (n_pool, CLASSES)
+    assert torch.allclose(result.probs.sum(1), torch.ones(n_pool), atol=1e-5)
+    assert torch.equal(result.labels, labels[result.pool])
+    assert len(result) > 0 and len(torch.unique(result.indices)) == len(result)
+    assert bool(torch.isin(result.indices, result.pool).all())  # the pool only
+    rows = torch.searchsorted(result.pool, result.indices)
+    assert torch.equal(result.given, labels[result.indices])
+    assert torch.equal(result.suggested, result.probs[rows].argmax(1))
+    assert torch.equal(result.score, result.probs[rows, result.given])
+    assert bool((result.score.diff() >= 0).all())  # most likely wrong first
+    assert result.seconds["total"] >= result.seconds["jigsaw"] > 0
+
+
+def test_the_flags_find_the_labels_made_wrong(found):
+    result, labels, truth = found
+    wrong = labels != truth
+    hits = int(wrong[result.indices].sum())
+    # 10% of the labels are wrong: flags at random would be right 10% of the time
+    assert hits / len(result) > 0.7
+    assert hits / int(wrong[result.pool].sum()) > 0.8
+    # where a wrong label is flagged, the suggestion is mostly its true class
+    caught = result.indices[wrong[result.indices]]
+    suggested = result.suggested[wrong[result.indices]]
+    assert float((suggested == truth[caught]).float().mean()) > 0.8
+
+
+def test_datalab_reports_the_copies_the_far_items_and_the_finders_label_issues(found):
+    result, _, _ = found
+    report = lipt.datalab_report(result)
+    assert list(report.issues.columns) == [
+        "index",
+        "issue_type",
+        "score",
+        "given",
+        "suggested",
+        "near_duplicates",
+    ]
+    # the label issues are the finder's: the same confident-learning decision on the same probs
+    assert set(report.flagged("label").tolist()) == set(result.indices.tolist())
+    pool = set(result.pool.tolist())
+    duplicates = set(report.flagged("near_duplicate").tolist())
+    pairs = [(i, i - 1480) for i in COPIES if {i, i - 1480} <= pool]
+    assert len(pairs) >= 6 and all({i, j} <= duplicates for i, j in pairs)
+    rows = report.issues[report.issues["issue_type"] == "near_duplicate"]
+    sets = dict(zip(rows["index"], rows["near_duplicates"], strict=True))
+    assert all(str(j) in sets[i].split() for i, j in pairs)  # each names its copy
+    outliers = set(report.flagged("outlier").tolist())
+    far = [i for i in FAR if i in pool]
+    assert len(outliers & set(far)) >= len(far) - 1
+    counts = {kind: report.summary[kind]["flagged"] for kind in ("label", "outlier")}
+    assert counts == {"label": len(result), "outlier": len(outliers)}
+    scores = rows["score"].to_numpy()
+    assert bool((np.diff(scores) >= 0).all())  # most severe first
+
+
+class Unlabelled(Dataset):
+    def __len__(self) -> int:
+        return 100
+
+    def __getitem__(self, i: int) -> Tensor:
+        return torch.zeros(DIM)
+
+
+class NegativeLabelAt7(Dataset):
+    """Labels read item by item: the first is fine, item 7's is not a class."""
+
+    def __len__(self) -> int:
+        return 600
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        return torch.zeros(DIM), -1 if i == 7 else i % CLASSES
+
+
+def few_of_class_5() -> TensorDataset:
+    y = torch.arange(600) % 5  # classes 0..4, then 2 items of class 5
+    y[:2] = 5
+    return TensorDataset(torch.randn(600, DIM), y)
+
+
+def out_of_range() -> TensorDataset:
+    y = torch.arange(600) % CLASSES
+    y[:50] = 9
+    return TensorDataset(torch.randn(600, DIM), y)
+
+
+def refuse(dataset: Dataset, **kwargs) -> None:
+    lipt.find_label_issues(make_net, dataset, head=kwargs.pop("head", "head"), **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("data", "kwargs", "words"),
+    [
+        (Unlabelled(), {}, r"data\[0\] is a Tensor, not an \(input, label\) pair"),
+        (out_of_range(), {}, r"label 9 is out of range: .*6 classes.* 0\.\.5"),
+        (NegativeLabelAt7(), {}, r"label -1 is out of range"),
+        (few_of_class_5(), {}, r"class 5 has [12] item\(s\) in the pool, fewer than folds=5"),
+        (few_of_class_5(), {"folds": 1}, r"folds must be an integer >= 2"),
+        (out_of_range(), {"jigsaw": {"epochs": 3}}, r"unknown jigsaw option 'epochs'"),
+        (out_of_range(), {"filter_by": "nope"}, r"unknown filter_by 'nope'"),
+        (out_of_range(), {"head": "body"}, r"not an nn\.Linear"),
+    ],
+    ids=[
+        "no-labels",
+        "label-above-the-heads-classes",
+        "negative-label",
+        "fewer-per-class-than-folds",
+        "one-fold",
+        "unknown-jigsaw-option",
+        "unknown-filter",
+        "head-not-linear",
+    ],
+)
+def test_bad_input_is_refused_in_one_line_before_any_work(data, kwargs, words, monkeypatch):
+    def no_work(*args, **kwargs):
+        raise AssertionError("the jigsaw stage ran before the input was checked")
+
+    monkeypatch.setattr(api, "jigsaw_pretrain", no_work)
+    with pytest.raises(ValueError, match="^[^\n]*" + words + "[^\n]*$"):
+        refuse(data, **kwargs)
+
+
+# --------------------------------------------------------------------------- against the stage
+
+
+def read_csv(path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture
+def idx_dir(tmp_path):
+    """Fashion-MNIST's IDX files: 1,000 train images of 10 classes, 100 test."""
+    root = tmp_path / "fmnist"
+    root.mkdir()
+    rng = np.random.default_rng(5)
+    for prefix, n in (("train", 1000), ("t10k", 100)):
+        labels = rng.integers(0, 10, n)
+        write_idx(
+            root / f"{prefix}-images-idx3-ubyte.gz", class_images(labels, 1, 28, seed=n)[:, 0]
+        )
+        write_idx(root / f"{prefix}-labels-idx1-ubyte.gz", labels)
+    return root
+
+
+@pytest.mark.slow
+def test_the_api_flags_what_select_py_clean_lipt_flags(make_cfg, tmp_path, idx_dir):
+    from lipt.builder.objects import build_datamodule, build_model, build_part
+    from lipt.run.config import validate
+    from lipt.stages import select as select_stage
+
+    overrides = [
+        f"dataset.data_dir={idx_dir}",
+        "dataset.val_size=100",
+        "dataset.label_noise.rate=0.3",
+        "trainer.accelerator=cpu",
+        "model.width=8",
+        "batch_size=32",
+        "logger=none",
+        "trainer.enable_progress_bar=false",
+        "pretrain.num_learners=4",
+        "pretrain.local_epochs=3",
+        "selector=random",
+        "clean=lipt",
+        "clean.datalab=true",
+    ]
+    run = validate(make_cfg(overrides, "select"))
+    summary = select_stage.run(run)
+    rows = read_csv(tmp_path / "label_issues.csv")
+    assert len(rows) > 20
+
+    # The API on the same data, the run's model and jigsaw parts, the same seed.
+    seed = run.settings.seed
+    jigsaw = {
+        "num_learners": 4,
+        "local_epochs": 3,
+        **{part: build_part(run.node(part)) for part in ("augment", "prune", "merge")},
+    }
+    dm = build_datamodule(run)
+    found = lipt.find_label_issues(
+        lambda: build_model(run, seed), dm, jigsaw=jigsaw, seed=seed, head="classifier"
+    )
+    assert found.indices.tolist() == [int(r["index"]) for r in rows]  # the same, in order
+    assert found.suggested.tolist() == [int(r["suggested"]) for r in rows]
+    assert found.score.tolist() == pytest.approx([float(r["score"]) for r in rows], abs=1e-6)
+    assert found.soup.samples == summary["stages"]["pretrain"]["samples"] == 4 * 3 * 32
+
+    # clean.datalab: Datalab on the run's embeddings and probabilities, as datalab_report
+    flagged = read_csv(tmp_path / "datalab_issues.csv")
+    report = lipt.datalab_report(found)
+    assert [(int(r["index"]), r["issue_type"]) for r in flagged] == list(
+        zip(report.issues["index"].tolist(), report.issues["issue_type"].tolist(), strict=True)
+    )
+    saved = json.loads((tmp_path / "datalab_summary.json").read_text())
+    assert saved["issue_types"] == report.summary
+    assert summary["stages"]["clean"]["datalab"]["label"] == len(rows)
+    assert {r["issue_type"] for r in flagged} <= {"label", "outlier", "near_duplicate"}
