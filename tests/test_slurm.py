@@ -92,6 +92,26 @@ def running_jobs(env: dict[str, str], name: str) -> list[str]:
     return out.split()
 
 
+def kill_tasks_python(env: dict[str, str], job: str) -> None:
+    """SIGKILL the Python process that runs SLURM job `job` (<array>_<task> or an id)."""
+    raw = slurm(env, "squeue", "-h", "-j", job, "-o", "%A").split()[0]
+
+    def pids() -> list[int]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                environ = (proc / "environ").read_bytes().split(b"\0")
+                cmdline = (proc / "cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if f"SLURM_JOB_ID={raw}".encode() in environ and b"submitit" in cmdline:
+                found.append(int(proc.name))
+        return found
+
+    for pid in until(f"job {job}'s Python", pids):  # type: ignore[union-attr]
+        os.kill(pid, 9)
+
+
 def weights(path: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = torch.load(path, map_location="cpu", weights_only=False)[
         "state_dict"
@@ -145,3 +165,200 @@ def test_bad_input_is_one_line_before_anything_is_submitted(
     assert lines[0].startswith("error: ") and all(w in lines[0] for w in words), lines[0]
     assert not sweep.exists() and not (tmp_path / "run").exists()  # nothing half-written
     assert job_ids(slurm_env) == before  # nothing submitted
+
+
+# --------------------------------------------------------------------------- the main job
+
+# lipt's default pipeline (jigsaw learners, their soup scoring the pool, dynamic pruning), small.
+MAIN = [
+    "dataset=synthetic",
+    "trainer.accelerator=cpu",
+    "model.width=8",
+    "batch_size=32",
+    "trainer.max_epochs=2",
+    "trainer.enable_progress_bar=false",
+    "logger=none",
+    "pretrain.num_learners=4",
+    "pretrain.batches_per_learner=1",
+    "pretrain.local_epochs=2",
+    "pretrain.num_threads=1",
+    "merge.ratios=5",
+    "trainer=ddp",  # two ranks: Lightning's own launcher here, srun's two tasks on SLURM
+]
+
+
+@pytest.mark.slow
+def test_main_job_learners_as_an_array_then_ddp_under_srun_as_run_here(slurm_env, tmp_path):
+    """One command: the learners as a job array (one a task), the merge, dynamic pruning and
+    DDP training as a job of two tasks (Lightning's SLURM environment), the same weights as
+    `trainer=ddp` here, bit for bit. A learner task killed mid-way runs again, alone. Nothing
+    trains, merges or scores on the submitting host: every record was written in a job."""
+    sweep = tmp_path / "sweep"
+    proc = submit(
+        slurm_env,
+        "train.py",
+        [
+            "-m",
+            *MAIN,
+            *SLURM,
+            f"hydra.sweep.dir={sweep}",
+            "hydra.launcher.learners_per_task=1",
+            "hydra.launcher.tasks_per_node=2",
+        ],
+    )
+    task = until("a learner task running", lambda: running_jobs(slurm_env, "lipt-learners"))
+    kill_tasks_python(slurm_env, task[0])  # it dies (a crash, the OOM killer): not cancelled
+    here = run_entry("train.py", [*MAIN, f"hydra.run.dir={tmp_path / 'here'}"], timeout=300)
+    assert here.returncode == 0, here.stderr[-3000:]
+    code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert "jigsaw learners: 4 in 4 array tasks" in out
+    assert "jigsaw learners again: 1 in 1 array tasks" in out  # the killed one alone
+
+    run = sweep / "0"
+    same_weights(tmp_path / "here" / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
+    assert summary(run)["test_accuracy"] == summary(tmp_path / "here")["test_accuracy"]
+    main = summary(run)
+    assert main["slurm"]["tasks"] == 2 and main["stages"]["pretrain"]["learners_merged"] == 4
+    learner_jobs = sorted((run / "learners" / "jobs").glob("*/summary.json"))
+    assert len(learner_jobs) == 4
+    assert all(json.loads(p.read_text())["slurm"]["job"] for p in learner_jobs)
+
+
+# --------------------------------------------------------------------------- preemption
+
+# Main training alone (no pre-training), long enough to be interrupted twice mid-run.
+LONG = [
+    *FAST,
+    "selector=full",
+    "dataset.num_train=1000",
+    "trainer.max_epochs=20",
+]
+
+
+def last_epoch(run: Path) -> int:
+    last = run / "checkpoints" / "last.ckpt"
+    try:
+        return int(torch.load(last, map_location="cpu", weights_only=False)["epoch"])
+    except (OSError, EOFError, RuntimeError, KeyError):
+        return -1
+
+
+def restarts(env: dict[str, str], job: str) -> int:
+    shown = slurm(env, "scontrol", "show", "job", job)
+    return int(shown.split("Restarts=")[1].split()[0])
+
+
+@pytest.mark.slow
+def test_time_limit_signal_and_requeue_resume_in_the_same_folder_bit_for_bit(slurm_env, tmp_path):
+    """Main training on SLURM, interrupted twice: the time-limit signal (the one `--signal`
+    names, sent by SLURM) finishes the epoch in flight and the job requeues itself; later the
+    scheduler requeues it mid-epoch (`scontrol requeue`, as preemption does). Each attempt
+    resumes from the last checkpoint in the same folder; the run ends with the weights of an
+    uninterrupted run here."""
+    sweep = tmp_path / "sweep"
+    proc = submit(slurm_env, "train.py", ["-m", *LONG, *SLURM, f"hydra.sweep.dir={sweep}"])
+    run = sweep / "0"
+    job = until("the job running", lambda: running_jobs(slurm_env, "train"))[0]  # type: ignore[index]
+    until("its first epoch's checkpoint", lambda: last_epoch(run) >= 0, timeout=180)
+    slurm(slurm_env, "scancel", "--signal=USR2", job)  # the time limit is near
+    until("the job requeued by itself", lambda: restarts(slurm_env, job) == 1, timeout=180)
+    resumed_from = last_epoch(run)
+    until("the resumed attempt training", lambda: last_epoch(run) > resumed_from, timeout=180)
+    slurm(slurm_env, "scontrol", "requeue", job)  # preempted mid-run
+    here = run_entry("train.py", [*LONG, f"hydra.run.dir={tmp_path / 'here'}"], timeout=300)
+    assert here.returncode == 0, here.stderr[-3000:]
+    code, _, err = finish(proc)
+    assert code == 0, err[-3000:]
+
+    assert [p.name for p in sweep.iterdir() if p.is_dir() and p.name[0] != "."] == ["0"]
+    assert summary(run)["slurm"]["restarts"] == 2
+    assert "requeueing SLURM job" in (run / "train.log").read_text()  # at an epoch's start
+    same_weights(tmp_path / "here" / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
+    ran, reference = summary(run)["stages"]["train"], summary(tmp_path / "here")["stages"]["train"]
+    assert ran["samples"] == reference["samples"]
+    assert summary(run)["test_accuracy"] == summary(tmp_path / "here")["test_accuracy"]
+    script = next((sweep / ".submitit").glob("*/*_submission.sh")).read_text()
+    assert "#SBATCH --signal=USR2@120" in script
+
+
+# --------------------------------------------------------------------------- the frontier
+
+
+@pytest.mark.slow
+def test_frontier_small_on_slurm_gives_joblibs_results_survives_a_requeue_and_resumes(
+    slurm_env, tmp_path
+):
+    """frontier_small's reference and lipt's dynamic pruning (whose learners run as an array)
+    on SLURM, one job requeued mid-sweep: every row, with joblib's weights and accuracies bit for
+    bit. Submitting the sweep again submits nothing, and `make report` draws it."""
+    narrow = ["+experiment=frontier_small", "+approach=lipt_dynamic", "fraction=0.5"]
+    cores = f"hydra.callbacks.pin.lock_dir={tmp_path / 'cores'}"
+    on_slurm, on_joblib = tmp_path / "slurm", tmp_path / "joblib"
+    args = ["-m", *narrow, cores, *SLURM, f"hydra.sweep.dir={on_slurm}"]
+    proc = submit(slurm_env, "train.py", args)
+    job = until("a frontier job running", lambda: running_jobs(slurm_env, "train"), timeout=180)
+    slurm(slurm_env, "scontrol", "requeue", job[0])  # type: ignore[index]
+    joblib = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={on_joblib}"]
+    here = run_entry("train.py", ["-m", *narrow, cores, *joblib], timeout=600)
+    assert here.returncode == 0, here.stderr[-3000:]
+    code, _, err = finish(proc)
+    assert code == 0, err[-3000:]
+
+    rows = sorted(p.parent.name for p in on_joblib.glob("*/summary.json"))
+    assert rows == ["+approach=full_data,seed=0", "+approach=lipt_dynamic,fraction=0.5,seed=0"]
+    assert sorted(p.parent.name for p in on_slurm.glob("*/summary.json")) == rows
+    assert sum(summary(on_slurm / row)["slurm"]["restarts"] for row in rows) == 1
+    for row in rows:
+        assert summary(on_slurm / row)["test_accuracy"] == summary(on_joblib / row)["test_accuracy"]
+        same_weights(
+            on_slurm / row / "checkpoints" / "last.ckpt",
+            on_joblib / row / "checkpoints" / "last.ckpt",
+        )
+
+    before = job_ids(slurm_env)
+    again = run_entry("train.py", args, env=slurm_env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("finished already") == 2 and job_ids(slurm_env) == before
+    report = subprocess.run(
+        ["make", "report", f"SWEEP={on_slurm}"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    table = (on_slurm / "frontier.md").read_text()
+    assert "lipt_dynamic" in table
+
+
+@pytest.mark.slow
+def test_a_cancelled_job_ends_the_wait_with_one_line_naming_it(slurm_env, tmp_path):
+    proc = submit(slurm_env, "train.py", ["-m", *LONG, *SLURM, f"hydra.sweep.dir={tmp_path}"])
+    job = until("the job running", lambda: running_jobs(slurm_env, "train"), timeout=180)
+    slurm(slurm_env, "scancel", job[0])  # type: ignore[index]
+    code, _, err = finish(proc, timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err[-2000:]
+    assert f"SLURM job {job[0]}" in lines[0] and "cancelled" in lines[0]  # type: ignore[index]
+
+
+# --------------------------------------------------------------------------- a learner sweep
+
+
+@pytest.mark.slow
+def test_a_learner_sweeps_soup_is_merged_in_a_job_as_in_process(slurm_env, tmp_path, make_cfg):
+    """`pretrain.py -m pretrain.learners=... hydra/callbacks=soup` on SLURM: the learners as
+    array tasks (two a task), the merge as a job of its own; the soup of the in-process run."""
+    from lipt.run.config import validate
+    from lipt.stages.pretrain import run as pretrain_run
+    from tests.test_jigsaw import FEW_RATIOS, JIGSAW, N
+
+    sweep = tmp_path / "sweep"
+    args = ["-m", *JIGSAW, FEW_RATIOS, "pretrain.learners=[0,1],[2,3]", "hydra/callbacks=soup"]
+    proc = submit(slurm_env, "pretrain.py", [*args, *SLURM, f"hydra.sweep.dir={sweep}"])
+    pretrain_run(validate(make_cfg([*JIGSAW, FEW_RATIOS], config_name="pretrain")))
+    code, out, err = finish(proc)
+    assert code == 0, err[-3000:]
+    assert "lipt-soup" in out  # the merge's own job
+    assert "slurm" in summary(sweep)
+    same_weights(tmp_path / "pretrain.ckpt", sweep / "pretrain.ckpt")  # bit for bit
+    for i in range(N):
+        learner = Path("learners") / f"learner_{i}.ckpt"
+        same_weights(tmp_path / learner, sweep / learner)
