@@ -22,6 +22,7 @@ from lipt.report.frontier import (
     CURVE,
     REFERENCE,
     aggregate,
+    best_whole_pool,
     costs,
     highest_on_validation,
     lossless_speedups,
@@ -300,6 +301,32 @@ def test_choices_are_made_on_validation_and_pairs_by_seed() -> None:
     assert paired["infobatch"].difference == pytest.approx(-7.0)
     assert paired["infobatch"].samples_ratio == pytest.approx(2.0)  # 10,000 samples to 5,000
     assert paired["coverage"].samples_ratio == pytest.approx(2.0)
+
+
+def test_methods_pair_with_the_whole_pools_schedule_chosen_on_validation_not_test() -> None:
+    """At 0.1 linear decay is higher on validation (and lower on test): every method, the
+    cosine included, is paired with it. At 0.3 the cosine is higher on validation."""
+    runs, _ = records(
+        with_reference_runs(
+            summary("full_schedule", 0.1, 0, 0.86, 5.0, val=0.80),
+            summary("full_schedule_linear", 0.1, 0, 0.84, 5.0, val=0.82),
+            summary("infobatch", 0.1, 0, 0.85, 6.0, val=0.83),
+            summary("full_schedule", 0.3, 0, 0.88, 9.0, val=0.86),
+            summary("full_schedule_linear", 0.3, 0, 0.89, 9.0, val=0.85),
+            summary("infobatch", 0.3, 0, 0.87, 9.0, val=0.84),
+        ),
+        "full_data",
+    )
+    assert best_whole_pool(runs) == {0.1: "full_schedule_linear", 0.3: "full_schedule"}
+    paired = {(p.method, p.budget): p for p in paired_with_whole_pool(runs)}
+    assert set(paired) == {
+        ("full_schedule", 0.1), ("infobatch", 0.1),
+        ("full_schedule_linear", 0.3), ("infobatch", 0.3),
+    }  # fmt: skip
+    assert paired["infobatch", 0.1].baseline == "full_schedule_linear"
+    assert paired["infobatch", 0.1].difference == pytest.approx(1.0)
+    assert paired["full_schedule", 0.1].difference == pytest.approx(2.0)
+    assert paired["infobatch", 0.3].difference == pytest.approx(-1.0)
 
 
 def test_the_timing_caveats_name_busy_pinned_runs_and_loaded_unpinned_ones() -> None:

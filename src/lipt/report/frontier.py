@@ -35,7 +35,10 @@ from lipt.core.host import BUSY_SHARE, is_busy_beside, is_loaded, is_pinned
 LOSSLESS_POINTS = 0.3  # a method is lossless within this many points of the reference's mean
 REFERENCE = "reference"  # the reference's method name in the tables
 CURVE = "curve"  # the whole pool at other epochs than the reference's
-WHOLE_POOL = "full_schedule"  # the line every method is paired against
+WHOLE_POOL = "full_schedule"  # the whole pool's shorter schedule: the user's first alternative
+# Its schedules (the cosine, linear decay to zero): each method is paired with the one of higher
+# mean validation accuracy at its budget.
+WHOLE_POOL_SCHEDULES = (WHOLE_POOL, "full_schedule_linear")
 FRONTIER_SWEEPER = "FrontierSweeper"
 
 
@@ -278,6 +281,7 @@ class Paired:
 
     method: str
     budget: float
+    baseline: str  # the whole pool's schedule it is paired with (best_whole_pool)
     seeds: tuple[int, ...]
     difference: float  # mean, points
     difference_std: float
@@ -286,21 +290,36 @@ class Paired:
     samples_ratio: float
 
 
-def paired_with_whole_pool(runs: Sequence[Record], baseline: str = WHOLE_POOL) -> list[Paired]:
-    """Each method and budget against `baseline` at the same budget and seed; the seeds that
-    both ran."""
-    base = {(r.budget, r.seed): r for r in runs if r.method == baseline}
+def best_whole_pool(runs: Sequence[Record]) -> dict[float, str]:
+    """Per budget, the whole pool's shorter schedule (WHOLE_POOL_SCHEDULES) of the higher mean
+    validation accuracy: chosen on validation, never on test (the cosine where none has one)."""
+    by_budget: dict[float, dict[str, list[float]]] = {}
+    for r in runs:
+        if r.method in WHOLE_POOL_SCHEDULES:
+            vals = by_budget.setdefault(r.budget, {}).setdefault(r.method, [])
+            vals.append(-math.inf if r.val is None else r.val)
+    return {
+        budget: max(sorted(methods), key=lambda m: (statistics.fmean(methods[m]), m == WHOLE_POOL))
+        for budget, methods in by_budget.items()
+    }
+
+
+def paired_with_whole_pool(runs: Sequence[Record]) -> list[Paired]:
+    """Each method and budget against the whole pool's best shorter schedule at that budget
+    (best_whole_pool), seed by seed; the seeds that both ran."""
+    chosen = best_whole_pool(runs)
+    base = {(r.budget, r.seed): r for r in runs if chosen.get(r.budget) == r.method}
     groups: dict[tuple[str, float], dict[int, tuple[float, float]]] = {}
     for r in runs:
         other = base.get((r.budget, r.seed))
-        if r.method not in (baseline, REFERENCE, CURVE) and other is not None:
+        if r.method not in (chosen.get(r.budget), REFERENCE, CURVE) and other is not None:
             ratio = r.samples / other.samples if other.samples else math.nan
             groups.setdefault((r.method, r.budget), {})[r.seed] = (r.test - other.test, ratio)
     out = []
     for (method, budget), by_seed in sorted(groups.items()):
         mean, std = mean_std([d for d, _ in by_seed.values()])
         ratio = statistics.mean(q for _, q in by_seed.values())
-        out.append(Paired(method, budget, tuple(sorted(by_seed)), mean, std, ratio))
+        out.append(Paired(method, budget, chosen[budget], tuple(sorted(by_seed)), mean, std, ratio))
     return out
 
 

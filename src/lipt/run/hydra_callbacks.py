@@ -6,7 +6,7 @@ to the entry layer, beside lipt.run.config.
 - `SoupCallback` (`hydra/callbacks=soup`) turns a multirun of jigsaw learner jobs into one soup:
 
       python pretrain.py -m pretrain=jigsaw 'pretrain.learners=range(10)' hydra/callbacks=soup \\
-          [hydra/launcher=joblib | hydra/launcher=submitit_slurm ...]
+          [hydra/launcher=joblib | hydra/launcher=slurm ...]
 
   Each job (lipt.stages.jigsaw.run_learner_job) trains its learners on their own shards and
   writes learner_{i}.ckpt to <sweep dir>/learners (or pretrain.learner_dir). When the sweep
