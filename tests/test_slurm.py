@@ -289,24 +289,26 @@ def test_time_limit_signal_and_requeue_resume_in_the_same_folder_bit_for_bit(slu
 def test_frontier_small_on_slurm_gives_joblibs_results_survives_a_requeue_and_resumes(
     slurm_env, tmp_path
 ):
-    """frontier_small's reference and lipt's dynamic pruning (whose learners run as an array)
-    on SLURM, one job requeued mid-sweep: every row, with joblib's weights and accuracies bit for
-    bit. Submitting the sweep again submits nothing, and `make report` draws it."""
-    narrow = ["+experiment=frontier_small", "+approach=lipt_dynamic", "fraction=0.5"]
-    cores = f"hydra.callbacks.pin.lock_dir={tmp_path / 'cores'}"
+    """frontier_small's reference and the whole pool's shorter schedule on SLURM, each job
+    pinned to a core, one requeued mid-sweep: every row, with joblib's weights and accuracies bit
+    for bit. Submitting the sweep again submits nothing, and `make report` draws it. (The
+    learners' array inside a sweep: the main job's test.)"""
+    narrow = ["+experiment=frontier_small", "+approach=full_schedule", "fraction=0.5"]
     on_slurm, on_joblib = tmp_path / "slurm", tmp_path / "joblib"
+    cores = f"hydra.callbacks.pin.lock_dir={on_slurm / 'cores'}"
     args = ["-m", *narrow, cores, *SLURM, f"hydra.sweep.dir={on_slurm}"]
     proc = submit(slurm_env, "train.py", args)
     job = until("a frontier job running", lambda: running_jobs(slurm_env, "train"), timeout=180)
     slurm(slurm_env, "scontrol", "requeue", job[0])  # type: ignore[index]
     joblib = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={on_joblib}"]
+    cores = f"hydra.callbacks.pin.lock_dir={on_joblib / 'cores'}"
     here = run_entry("train.py", ["-m", *narrow, cores, *joblib], timeout=600)
     assert here.returncode == 0, here.stderr[-3000:]
     code, _, err = finish(proc)
     assert code == 0, err[-3000:]
 
     rows = sorted(p.parent.name for p in on_joblib.glob("*/summary.json"))
-    assert rows == ["+approach=full_data,seed=0", "+approach=lipt_dynamic,fraction=0.5,seed=0"]
+    assert rows == ["+approach=full_data,seed=0", "+approach=full_schedule,fraction=0.5,seed=0"]
     assert sorted(p.parent.name for p in on_slurm.glob("*/summary.json")) == rows
     assert sum(summary(on_slurm / row)["slurm"]["restarts"] for row in rows) == 1
     for row in rows:
@@ -325,7 +327,7 @@ def test_frontier_small_on_slurm_gives_joblibs_results_survives_a_requeue_and_re
     )
     assert report.returncode == 0, report.stderr[-2000:]
     table = (on_slurm / "frontier.md").read_text()
-    assert "lipt_dynamic" in table
+    assert "full_schedule" in table and "full_data" in table
 
 
 @pytest.mark.slow
