@@ -5,7 +5,9 @@ shell line (backslash continuations joined, `# comments` dropped) is checked by 
 
 - `python train.py|select.py|pretrain.py [-m] OVERRIDES`: composed and validated in-process by
   `lipt.run.cli.precheck`, exactly as the entry script does before Hydra starts (every job of a
-  `-m` sweep; the Trainer, loggers, selector and data files included). A path a command reads
+  `-m` sweep; the Trainer, loggers, selector and data files included); with
+  `hydra/launcher=slurm`, its `hydra.launcher.*` keys are checked against the launcher's config
+  and the rest as on any launcher. A path a command reads
   (`ckpt_path`, `subset_path`, `pretrain.merge_from`) must lie in the run or sweep folder of an
   earlier command of the same doc (`hydra.run.dir=` / `hydra.sweep.dir=`); an empty stand-in
   is made there, in a scratch folder, since only its existence is checked.
@@ -179,6 +181,22 @@ def check_stage(stage: str, args: list[str], session: Session) -> str | None:
             else:
                 stand_in.parent.mkdir(parents=True, exist_ok=True)
                 stand_in.touch()
+    # A command for a SLURM cluster: its `hydra.launcher.*` keys must be the launcher's; the
+    # rest is checked as on any launcher (the launcher itself runs against a real scheduler in
+    # tests/test_slurm.py, which asks a cluster that CI starts after this suite).
+    if "hydra/launcher=slurm" in overrides:
+        known = set((ROOT / "configs/hydra/launcher/slurm.yaml").read_text().split("\n"))
+        for override in overrides:
+            key = override.partition("=")[0]
+            if key.startswith("hydra.launcher.") and not any(
+                line.startswith(key.removeprefix("hydra.launcher.") + ":") for line in known
+            ):
+                return f"{key} is not a key of hydra/launcher=slurm"
+        overrides = [
+            o
+            for o in overrides
+            if o != "hydra/launcher=slurm" and not o.startswith("hydra.launcher.")
+        ]
     # A config folder on Hydra's search path is named from the repository root, where the
     # docs' commands run; the check runs in a scratch folder.
     overrides = [

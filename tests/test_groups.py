@@ -371,7 +371,7 @@ def test_the_groups_are_listed_in_help():
     assert out.returncode == 0, out.stderr
     for line in (
         "optimizer: adamw, sgd",
-        "scheduler: constant, cosine, onecycle",
+        "scheduler: constant, cosine, linear, onecycle",
         "trainer: cpu, ddp, default, gpu",
         "callbacks: default, none",
         "debug: fdr",

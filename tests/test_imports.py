@@ -209,6 +209,9 @@ ENTRY_LAYER = {
         "config_doc",
         "hydra_callbacks",
         "frontier_sweep",
+        "slurm",
+        "slurm_launcher",
+        "slurm_learners",
     )
 }
 

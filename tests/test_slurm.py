@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lipt.cluster.slurm import slurm_problem
+from lipt.run.slurm import slurm_problem
 from tests.helpers import FAST, ROOT, run_entry
 
 pytestmark = pytest.mark.slurm

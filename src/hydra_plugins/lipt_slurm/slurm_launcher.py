@@ -1,5 +1,5 @@
 """`hydra/launcher=slurm`: Hydra's submitit SlurmLauncher with lipt's launch
-(lipt.cluster.launcher.launch). Hydra loads launchers only from this namespace, and imports it
+(lipt.run.slurm_launcher.launch). Hydra loads launchers only from this namespace, and imports it
 whenever it starts, so the class is thin and the logic is imported when a sweep is launched."""
 
 from __future__ import annotations
@@ -34,6 +34,6 @@ class LiptSlurmLauncher(SubmititSlurmLauncher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from lipt.cluster.launcher import launch
+        from lipt.run.slurm_launcher import launch
 
         return launch(self, job_overrides, initial_job_idx)

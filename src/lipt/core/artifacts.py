@@ -24,6 +24,9 @@ from torch import Tensor
 from lipt.core.errors import UserError
 
 SUBSET_FORMAT_VERSION = 1
+# A run's jigsaw learner checkpoints, learner_<i>.ckpt (lipt.jigsaw.checkpoints), and the records
+# of the array tasks that trained them on SLURM: in this folder of the run.
+LEARNERS_DIR = "learners"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 

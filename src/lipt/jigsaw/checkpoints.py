@@ -14,7 +14,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from lipt.core import console
-from lipt.core.artifacts import load_checkpoint, save_checkpoint
+from lipt.core.artifacts import LEARNERS_DIR, load_checkpoint, save_checkpoint
 from lipt.core.errors import UserError
 from lipt.core.job import sweep_dir_of_job
 from lipt.data import DataModule
@@ -24,8 +24,6 @@ from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.weights import is_finite_state_dict
 
 log = logging.getLogger(__name__)
-
-LEARNERS_DIR = "learners"
 
 
 def recipe(

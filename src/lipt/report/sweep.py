@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
+from lipt.core.artifacts import LEARNERS_DIR
 from lipt.core.errors import UserError, fail
-from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.frontier import reference_approach
 from lipt.report.frontier_render import write_frontier
 from lipt.report.paired import paired_rows, parse_baseline

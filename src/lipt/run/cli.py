@@ -16,10 +16,10 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from lipt.cluster.slurm import check_slurm_launcher, is_slurm_launcher
 from lipt.core.errors import UserError, fail, one_line
 from lipt.core.settings import Run
 from lipt.run.frontier_sweep import check_frontier_settings, with_reference
+from lipt.run.slurm import check_slurm_launcher, is_slurm_launcher
 
 
 def config_dir() -> Path:

@@ -27,7 +27,6 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
 
-from lipt.cluster.slurm import is_slurm_launcher
 from lipt.core import console
 from lipt.core.console import shown
 from lipt.core.errors import UserError, fail, one_line
@@ -36,6 +35,7 @@ from lipt.report.pictures import log_sweep_report
 from lipt.report.render import MARKDOWN_COLUMNS
 from lipt.report.sweep import aggregate, load_summaries, varying_keys
 from lipt.run.config import run_of
+from lipt.run.slurm import is_slurm_launcher
 from lipt.stages.jigsaw import merge_learner_dir
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class SoupCallback(Callback):
             seconds = 0.0 if self.start is None else time.perf_counter() - self.start
             launcher = config.hydra.get("launcher")
             if is_slurm_launcher(launcher):  # the sweep's host is a login node: merge in a job
-                from lipt.cluster.launcher import run_as_job
+                from lipt.run.slurm_launcher import run_as_job
 
                 args = (run_of(cfg), folder, sweep_dir, seconds)
                 summary = run_as_job(launcher, "lipt-soup", merge_learner_dir, *args)

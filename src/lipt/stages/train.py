@@ -32,7 +32,6 @@ from lipt.builder.objects import (
     build_trainer,
     progress_bars,
 )
-from lipt.cluster.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
 from lipt.core import console
 from lipt.core.artifacts import check_subset, load_subset, write_json
 from lipt.core.errors import UserError
@@ -47,6 +46,7 @@ from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import log_to_wandb
 from lipt.stages.clean import clean_pool
 from lipt.stages.dynamic import DynamicSetup, describe, dynamic_pruning
+from lipt.stages.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
 from lipt.stages.reselect import Reselect, latest_subset
 from lipt.stages.results import Selected, Trained
 from lipt.stages.seen import SeenSamples
@@ -162,7 +162,7 @@ def run(run: Run) -> dict[str, Any]:
     """`train.py`, on the run's typed settings (lipt.run.config.validate builds them): returns
     summary.json's payload."""
     # In a SLURM job: the time-limit signal is noted from now on, and a requeued attempt
-    # resumes from its own folder's last checkpoint (lipt.cluster.requeue).
+    # resumes from its own folder's last checkpoint (lipt.stages.requeue).
     requeue = RequeueOnSignal() if in_slurm_job() else None
     if run.settings.ckpt_path is None and restarted_by_slurm():
         run = replace(run, settings=replace(run.settings, ckpt_path="last"))

@@ -16,7 +16,7 @@ SLURM job array), it
   with one line that names it (exit 2), never a hang.
 
 A job requeued by SLURM (preemption, `scontrol requeue`, or the time-limit signal that
-lipt.cluster.requeue answers) runs again from the same pickled submission, in the same folder,
+lipt.stages.requeue answers) runs again from the same pickled submission, in the same folder,
 and resumes from its last checkpoint.
 """
 
@@ -36,14 +36,14 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydra_plugins.lipt_slurm.slurm_launcher import OWN_KEYS, LiptSlurmLauncher
-from lipt.cluster.learners import (
+from lipt.core.errors import UserError, fail, one_line
+from lipt.run.slurm_learners import (
     LearnerGroup,
     groups_of,
     missing_learners,
     train_learner_group,
     uses_jigsaw_learners,
 )
-from lipt.core.errors import UserError, fail, one_line
 
 log = logging.getLogger(__name__)
 
