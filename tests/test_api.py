@@ -255,6 +255,30 @@ def test_jigsaw_pretrain_runs_on_the_resident_path_too():
     assert result.learner_heads is not None and len(result.learner_heads) == 2
 
 
+def test_jigsaw_pretrain_trains_its_learners_at_the_optim_given(monkeypatch):
+    """`optim` reaches each learner: its lr and weight decay on the paper's SGD, its schedule."""
+    import lipt.jigsaw.api
+
+    seen: list[tuple[float, float, str]] = []
+    real = lipt.jigsaw.api.train_learner
+
+    def spy(ctx, settings, *args, **kwargs):
+        module = ctx.classifier(nn.Linear(2, 2), **settings.learner_optim())
+        optimizer = module.make_optimizer([nn.Parameter(torch.zeros(1))])
+        group = optimizer.param_groups[0]
+        seen.append((group["lr"], group["weight_decay"], module.make_scheduler.__name__))
+        return real(ctx, settings, *args, **kwargs)
+
+    monkeypatch.setattr(lipt.jigsaw.api, "train_learner", spy)
+    data = data_module(False, val_size=0.2, batch_size=32)
+    result = lipt.jigsaw_pretrain(
+        make_net, data, num_learners=2, batches_per_learner=1, local_epochs=1, head="head",
+        optim={"lr": 0.05, "weight_decay": 1e-4, "scheduler": "linear"},
+    )  # fmt: skip
+    assert result.counts["learners_merged"] == 2
+    assert seen and set(seen) == {(0.05, 1e-4, "linear")}
+
+
 def test_the_soup_ranks_the_pool_and_seeds_lipts_dynamic_pruning(soup):
     data, result = soup
     heads = result.learner_heads

@@ -10,6 +10,7 @@ with a cosine schedule) on a single device.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -33,7 +34,8 @@ from lipt.jigsaw.parts import (
     Pruning,
     RandAugment,
 )
-from lipt.models.classifier import QUIET_TRAINER, Classifier
+from lipt.models.classifier import PAPER_SGD, QUIET_TRAINER, Classifier
+from lipt.models.schedules import LEARNER_SCHEDULES
 from lipt.selection.gradients import resolve_head
 
 # (learner id, its shard) -> the trained, pruned learner
@@ -100,8 +102,8 @@ def jigsaw_pretrain(
     validation split, on which the soup is scored).
 
     n = `num_learners` learners, each on its own M = `batches_per_learner` minibatches of the
-    pool for K = `local_epochs` passes, with `optim` (lipt.models.classifier.Classifier's SGD
-    keywords: lr, momentum, nesterov, weight_decay, scheduler), then pruned once by `prune`
+    pool for K = `local_epochs` passes, with `optim` (the paper's SGD at its `lr` and
+    `weight_decay`, and its `scheduler`: cosine, linear or constant), then pruned once by `prune`
     (default: global magnitude pruning at a density from U[0.85, 0.95]); `merge` (default:
     greedy interpolation, `merge=greedy_interp`) makes the soup. `augment`: NoAugment (the
     default: the data set's own transforms augment the shards) or lipt's RandAugment (lipt's
@@ -138,8 +140,18 @@ def jigsaw_pretrain(
     if accelerator == "auto" and torch.cuda.is_available():
         device = torch.device("cuda")
 
-    def classifier(model: nn.Module, **overrides: Any) -> Classifier:
-        return Classifier(model, classes, **overrides)
+    def classifier(
+        model: nn.Module,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        scheduler: str | None = None,
+        **options: Any,
+    ) -> Classifier:
+        # A learner's `optim` (lr, weight_decay, scheduler) on the paper's SGD and cosine.
+        sgd = {"lr": lr, "weight_decay": weight_decay}
+        optimizer = functools.partial(PAPER_SGD, **{k: v for k, v in sgd.items() if v is not None})
+        schedule = LEARNER_SCHEDULES[scheduler] if scheduler is not None else None
+        return Classifier(model, classes, optimizer=optimizer, scheduler=schedule, **options)
 
     def no_run_dir() -> Any:
         raise AssertionError("jigsaw_pretrain keeps its learners in memory")
