@@ -532,18 +532,6 @@ def test_multirun_jobs_and_soup_callback_match_the_in_process_soup(jigsaw_cfg, t
     _same_soup(tmp_path, sweep)
 
 
-@pytest.mark.slow
-def test_submitit_local_multirun_matches_the_in_process_soup(jigsaw_cfg, tmp_path):
-    sweep = _multirun(
-        tmp_path,
-        "hydra/launcher=submitit_local",
-        "hydra.launcher.timeout_min=10",
-        "hydra.launcher.cpus_per_task=1",
-    )
-    pretrain_run(validate(jigsaw_cfg()))
-    _same_soup(tmp_path, sweep)
-
-
 @pytest.mark.parametrize("merge", ["greedy_interp", "greedy", "uniform"])
 def test_a_merge_part_built_in_python_is_the_configs(make_cfg, merge):
     """`GreedyInterpMerge()` in a script gets what `merge=greedy_interp` gives a run."""
