@@ -12,11 +12,10 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import (
     SlurmLauncher as SubmititSlurmLauncher,
 )
 
-# The launcher's own keys (configs/hydra/launcher/slurm.yaml); the rest go to submitit.
-OWN_KEYS = ("learner_array", "learners_per_task", "learner_retries", "poll_s")
-
 
 class LiptSlurmLauncher(SubmititSlurmLauncher):
+    """Its own keys (lipt.run.slurm_launcher.OWN_KEYS) are taken here; the rest go to submitit."""
+
     def __init__(
         self,
         learner_array: bool = True,

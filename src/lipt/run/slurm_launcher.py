@@ -28,14 +28,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn, Protocol, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from hydra_plugins.lipt_slurm.slurm_launcher import OWN_KEYS, LiptSlurmLauncher
 from lipt.core.errors import UserError, fail, one_line
 from lipt.run.slurm_learners import (
     LearnerGroup,
@@ -46,6 +45,22 @@ from lipt.run.slurm_learners import (
 )
 
 log = logging.getLogger(__name__)
+
+# The launcher's own keys (configs/hydra/launcher/slurm.yaml); the rest go to submitit.
+OWN_KEYS = ("learner_array", "learners_per_task", "learner_retries", "poll_s")
+
+
+class SlurmSweepLauncher(Protocol):
+    """What `launch` reads of hydra_plugins.lipt_slurm's SlurmSweepLauncher (Hydra's submitit
+    launcher: its config, context and submitit keys; and lipt's own keys)."""
+
+    config: DictConfig | None
+    hydra_context: Any
+    params: dict[str, Any]
+    learner_array: bool
+    learners_per_task: int
+    learner_retries: int
+    poll_s: float
 
 
 @dataclass
@@ -64,7 +79,7 @@ class SweepJob:
 
 
 def launch(
-    launcher: LiptSlurmLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    launcher: SlurmSweepLauncher, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
 ) -> list[JobReturn]:
     """The sweep's jobs on SLURM: finished ones skipped, learners first, then the jobs."""
     assert launcher.config is not None
@@ -95,7 +110,7 @@ def launch(
     return [returns[job.num] for job in jobs]
 
 
-def sweep_job(launcher: LiptSlurmLauncher, num: int, overrides: list[str]) -> SweepJob:
+def sweep_job(launcher: SlurmSweepLauncher, num: int, overrides: list[str]) -> SweepJob:
     """The job's config as Hydra's run_job will compose it, and the folder it will run in."""
     assert launcher.hydra_context is not None and launcher.config is not None
     loader = launcher.hydra_context.config_loader
@@ -146,7 +161,7 @@ def run_as_job(launcher: DictConfig, name: str, function: Any, *args: Any) -> An
     return wait([job], [name], float(params.get("poll_s", 10.0)))[0]
 
 
-def train_learners(launcher: LiptSlurmLauncher, jobs: list[SweepJob]) -> None:
+def train_learners(launcher: SlurmSweepLauncher, jobs: list[SweepJob]) -> None:
     """Every job's missing jigsaw learners as one job array, `learners_per_task` a task;
     tasks that died are submitted again, for the learners they did not write."""
     counts = {job.num: uses_jigsaw_learners(job.config) for job in jobs}
@@ -188,7 +203,7 @@ def train_learners(launcher: LiptSlurmLauncher, jobs: list[SweepJob]) -> None:
         )
 
 
-def run_jobs(launcher: LiptSlurmLauncher, jobs: list[SweepJob]) -> dict[int, JobReturn]:
+def run_jobs(launcher: SlurmSweepLauncher, jobs: list[SweepJob]) -> dict[int, JobReturn]:
     """The jobs themselves, as one array (Hydra's own __call__ runs each)."""
     from hydra.core.singleton import Singleton
 
