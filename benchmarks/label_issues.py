@@ -11,7 +11,7 @@ one run, on the same noisy pool, seed by seed.
 A method is a `clean` option and its overrides (`lipt:members=soup`, `lipt:pretrain.local_epochs=
 1`: keys without a dot are clean.*); a noise is kind:rate, drawn with --noise-seed (the test
 split is untouched; only the training pool is scored). Each row runs the `clean` stage alone
-(lipt.stages.clean.find_pool_issues): data loading and main training are not timed. Detection
+(lipt.stages.clean.find_scored_issues): data loading and main training are not timed. Detection
 seconds include the pre-training lipt's finder needs; pool-epochs trained are the samples the
 fold models or the jigsaw learners trained on, over the pool's size (not timed, so not
 inflated by a busy machine). Prints mean ± std over seeds, each
@@ -50,7 +50,7 @@ def detect(
 
     from lipt.builder.objects import build_datamodule
     from lipt.run.config import validate
-    from lipt.stages.clean import cleaning_method, find_pool_issues
+    from lipt.stages.clean import cleaning_method, find_scored_issues
 
     kind, rate = noise.split(":")
     shutil.rmtree(out, ignore_errors=True)  # saved jigsaw learners would be reused, not timed
@@ -71,7 +71,7 @@ def detect(
     dm = build_datamodule(run)
     method_settings = cleaning_method(run)
     assert method_settings is not None
-    cleaned = find_pool_issues(run, dm, method_settings)
+    cleaned, _ = find_scored_issues(run, dm, method_settings)
     # Training cost in passes over the pool: the fold models' samples, or the jigsaw learners'.
     trained = cleaned.stats["samples"] + (cleaned.pretrain_stats or {}).get("samples", 0)
     pool_epochs = trained / cleaned.stats["pool"]

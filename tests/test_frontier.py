@@ -490,3 +490,22 @@ def test_the_report_draws_a_frontier_per_noise_kind_and_a_detection_table(
     # K-fold cleaning's models are trained samples: part of the run's cost
     assert costs({"stages": {"clean": {"seconds": 3.0, "samples": 40}, "train": {
         "seconds": 1.0, "samples": 10}}}) == (4.0, 50)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("approach", "learners"),
+    [("lipt_dynamic", 10), ("coverage", 10), ("full_schedule", 0), ("infobatch", 0), ("random", 0)],
+)
+def test_the_slurm_launcher_trains_learners_as_an_array_only_for_runs_that_pre_train(
+    make_cfg, approach, learners
+):
+    """hydra/launcher=slurm's learner array: the jigsaw's learners of a run that ranks, prunes
+    with lipt's scores or cleans with the soup; none for the whole pool, InfoBatch or random."""
+    from omegaconf import OmegaConf
+
+    from lipt.run.slurm_learners import uses_jigsaw_learners
+
+    config = OmegaConf.to_container(
+        make_cfg([f"+approach={approach}", "+experiment=frontier_cpu"]), resolve=True
+    )
+    assert uses_jigsaw_learners(config) == learners

@@ -1,6 +1,6 @@
-"""What lipt asks of a SLURM cluster before it submits anything, through SLURM's own clients
-(`sinfo`, `sacct`, `scontrol`): is one reachable, does the partition exist, what state a job
-ended in. A bad answer is a `UserError` (one line, exit 2) raised before a job is submitted."""
+"""What lipt asks of a SLURM cluster before it submits anything, through SLURM's own client
+(`sinfo`): is one reachable, does the partition exist. A bad answer is a `UserError` (one line,
+exit 2) raised before a job is submitted."""
 
 from __future__ import annotations
 
@@ -75,11 +75,3 @@ def check_slurm_launcher(launcher: Mapping[str, Any], multirun: bool) -> None:
                 f"hydra.launcher.partition={partition} is not a partition of this cluster; "
                 f"use one of {', '.join(known) or '(none)'}"
             )
-
-
-def job_state(job_id: str) -> str:
-    """A job's state as accounting has it (COMPLETED, FAILED, CANCELLED, ...; UNKNOWN if none
-    is recorded yet)."""
-    out = _client("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State")
-    states = out.stdout.split()
-    return states[0].split()[0] if states else "UNKNOWN"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lipt.core.selector import selector_settings
 from lipt.jigsaw.checkpoints import LEARNERS_DIR, learner_file
 
 
@@ -45,11 +46,7 @@ def uses_jigsaw_learners(config: dict[str, Any]) -> int:
         return 0
     if pretrain.get("merge_from") or config.get("subset_path"):
         return 0
-    selector = config.get("selector") or {}
-    # Budget modes (the whole pool, InfoBatch, lipt's) rank nothing; random needs no model.
-    ranks = selector.get("name") not in ("full", "infobatch", "lipt") and bool(
-        selector.get("needs_model", True)
-    )
+    ranks = selector_settings(config.get("selector") or {}).needs_model
     prunes = (config.get("dynamic") or {}).get("name") == "lipt"
     cleans = (config.get("clean") or {}).get("name") == "lipt"
     pretrains = ranks or prunes or cleans

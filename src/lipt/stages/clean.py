@@ -120,11 +120,6 @@ def check_folds(method: Method, pool_size: int) -> None:
         )
 
 
-def find_pool_issues(run: Run, dm: DataModule, method: Method) -> Cleaned:
-    """Probabilities for the whole pool (rows in pool order), then cleanlab's decision."""
-    return find_scored_issues(run, dm, method)[0]
-
-
 @dataclass(frozen=True)
 class Scored:
     """What lipt's finder computed on the pool (rows in pool order): the soup's outputs, its
@@ -135,7 +130,8 @@ class Scored:
 
 
 def find_scored_issues(run: Run, dm: DataModule, method: Method) -> tuple[Cleaned, Scored | None]:
-    """`find_pool_issues`, and for lipt's finder what it scored the pool with (None: K folds)."""
+    """Probabilities for the whole pool (rows in pool order), then cleanlab's decision; and for
+    lipt's finder what it scored the pool with (None: K folds)."""
     seed = run.settings.seed
     pool = dm.pool_indices
     labels = dm.train_source.labels[pool]  # [N], the labels as given
