@@ -146,8 +146,13 @@ SLURM = ["hydra/launcher=slurm", "hydra.launcher.poll_s=1"]
             {"SLURM_CONF": "/no/such/slurm.conf"},
             ["no SLURM cluster is reachable", "make slurm-up"],
         ),
+        (
+            ["-m", "hydra/launcher=slurm", "hydra.launcher.learners_per_task=0"],
+            {},
+            ["hydra.launcher.learners_per_task=0", "at least 1"],
+        ),
     ],
-    ids=["no-multirun", "no-such-partition", "no-slurm"],
+    ids=["no-multirun", "no-such-partition", "no-slurm", "no-learners-a-task"],
 )
 def test_bad_input_is_one_line_before_anything_is_submitted(
     slurm_env, tmp_path, args, env_extra, words

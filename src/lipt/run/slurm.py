@@ -51,9 +51,19 @@ def check_slurm_launcher(launcher: Mapping[str, Any], multirun: bool) -> None:
     """A SLURM launcher's settings, before anything is submitted.
 
     Raises:
-        UserError: not a multirun (Hydra would run the job here, not on SLURM), no SLURM
-            controller answers, or the partition does not exist.
+        UserError: lipt's own launcher keys out of range, not a multirun (Hydra would run the
+            job here, not on SLURM), no SLURM controller answers, or the partition does not
+            exist.
     """
+    for key, least in (("learners_per_task", 1), ("learner_retries", 0)):
+        value = launcher.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise UserError(
+                f"hydra.launcher.{key}={value} must be a whole number of at least {least}"
+            )
+    poll = launcher.get("poll_s")
+    if isinstance(poll, bool) or not isinstance(poll, (int, float)) or poll <= 0:
+        raise UserError(f"hydra.launcher.poll_s={poll} must be a positive number of seconds")
     if not multirun:
         raise UserError(
             "hydra/launcher submits a multirun's jobs to SLURM, but this is a single run that "

@@ -83,11 +83,9 @@ def launch(
 ) -> list[JobReturn]:
     """The sweep's jobs on SLURM: finished ones skipped, learners first, then the jobs."""
     assert launcher.config is not None
+    # The launcher's keys were checked before Hydra started (lipt.run.slurm).
+    assert launcher.learners_per_task >= 1 and launcher.learner_retries >= 0
     try:
-        if launcher.learners_per_task < 1:
-            raise UserError(
-                f"hydra.launcher.learners_per_task={launcher.learners_per_task} must be at least 1"
-            )
         with open_dict(launcher.config):  # one folder for the submitter, jobs and requeues
             launcher.config.hydra.sweep.dir = str(launcher.config.hydra.sweep.dir)
         jobs = [
