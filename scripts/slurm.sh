@@ -6,7 +6,8 @@
 #   scripts/slurm.sh down [DIR]   cancel the cluster's jobs, stop exactly what `up` started
 #   scripts/slurm.sh status [DIR]
 # All state (configs, logs, spool, database, PID files) lives under DIR (default: .slurm in the
-# repository). Clients find the cluster with SLURM_CONF=DIR/slurm.conf (the tests set it).
+# repository), but munged's: it runs as the munge user, so its files stay beside its socket in
+# /run/munge. Clients find the cluster with SLURM_CONF=DIR/slurm.conf (the tests set it).
 set -euo pipefail
 
 cmd="${1:-}"
@@ -112,13 +113,16 @@ start_munge() {
         say "munged already answers on $MUNGE_SOCKET: using it (not ours to stop)"
         return 0
     fi
-    mkdir -p "$(dirname "$MUNGE_SOCKET")" "$DIR/munge"
-    chown munge:munge "$(dirname "$MUNGE_SOCKET")" "$DIR/munge"
-    chmod 755 "$(dirname "$MUNGE_SOCKET")" "$DIR/munge"
+    # munged runs as the munge user, who may not enter DIR (a clone under a private temporary
+    # folder): its own files stay beside its socket.
+    local home; home="$(dirname "$MUNGE_SOCKET")"
+    mkdir -p "$home"
+    chown munge:munge "$home"
+    chmod 755 "$home"
     runuser -u munge -- /usr/sbin/munged --socket="$MUNGE_SOCKET" \
-        --pid-file="$DIR/munge/munged.pid" --log-file="$DIR/munge/munged.log" \
-        --seed-file="$DIR/munge/munged.seed"
-    cp "$DIR/munge/munged.pid" "$DIR/run/munged.pid"
+        --pid-file="$home/lipt-munged.pid" --log-file="$home/lipt-munged.log" \
+        --seed-file="$home/lipt-munged.seed"
+    cp "$home/lipt-munged.pid" "$DIR/run/munged.pid"
     wait_for 10 munged sh -c 'munge -n | unmunge'
 }
 
