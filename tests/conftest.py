@@ -26,9 +26,12 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`gpu`-marked tests are skipped where no CUDA device is present (the marker's contract)."""
+    """`first`-marked tests start first (a long test started last holds one core of an
+    otherwise finished suite); `gpu`-marked tests are skipped where no CUDA device is present
+    (the marker's contract)."""
     import torch
 
+    items.sort(key=lambda item: item.get_closest_marker("first") is None)  # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

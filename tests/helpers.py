@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,22 +41,36 @@ FAST = [
 ]
 
 
+# What the interpreter and the libraries read once, at start or import: runs that set them
+# differently fork from different preloaded Pythons. (PYTHONPATH: the child puts it on sys.path.)
+READ_AT_IMPORT = (
+    "ATEN_CPU_CAPABILITY",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "PYTHONHASHSEED",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
 def run_entry(
     script: str,
     args: Sequence[str],
     cwd: Path = ROOT,
     timeout: float = 600,
     env: dict | None = None,
-    preloaded: bool = False,
+    preloaded: bool = True,
 ) -> subprocess.CompletedProcess:
-    """Run an entry script as a user would, from the repository root. `preloaded`: in a fresh
-    process forked from a Python that imported the libraries already (tests.preloaded), for
-    runs that end in their checks; not for settings read at import (ATEN_CPU_CAPABILITY)."""
+    """Run an entry script as a user would, from the repository root, and wait for it.
+
+    By default in a fresh process forked from a Python that imported the libraries already
+    (tests.preloaded: a run spends 5-7 s of CPU importing torch, Lightning and Hydra), one
+    started with `env`'s settings of what is read at import (READ_AT_IMPORT);
+    `preloaded=False` starts a new Python, for runs about the start itself."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     if preloaded:
         from tests.preloaded import preloaded_python  # it reads ROOT from here
 
-        server = preloaded_python()
+        server = preloaded_python(full_env)
         if server is not None:
             return server.run(script, args, cwd, timeout, full_env)
     return subprocess.run(
@@ -66,6 +81,28 @@ def run_entry(
         timeout=timeout,
         env=full_env,
         stdin=subprocess.DEVNULL,
+    )
+
+
+def start_entry(script: str, args: Sequence[str], env: dict | None = None) -> Any:
+    """Start an entry script from the repository root in the background, in a process group of
+    its own, its output dropped: a run forked from the preloaded Python as run_entry's
+    (tests.preloaded.PreloadedRun, which behaves as a subprocess.Popen), or a Popen where none
+    can fork. For runs a test kills."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    from tests.preloaded import preloaded_python
+
+    server = preloaded_python(full_env)
+    if server is not None:
+        return server.start(script, args, ROOT, full_env)
+    return subprocess.Popen(
+        [sys.executable, script, *args],
+        cwd=ROOT,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 

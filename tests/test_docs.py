@@ -22,9 +22,9 @@ USER_DOCS = [*DOCS, *sorted((ROOT / "src" / "lipt").rglob("README.md"))]
 
 
 def prechecked_by_test_experiments(command: str) -> bool:
-    """docs/RESULTS.md's sweep commands: tests/test_experiments.py runs each through
-    lipt.run.cli.precheck (test_the_cli_precheck_passes_each_sweep_with_the_experiments_own_params),
-    the check this file would run, so it is not run twice (the sweeps take ~4 s each)."""
+    """docs/RESULTS.md's sweep commands: tests/test_experiments.py composes and checks every
+    job of each (test_results_doc_sweep_command_composes_every_run), more than the precheck this
+    file would run, so they are not checked twice (the sweeps take ~4 s each)."""
     from tests.test_experiments import results_commands
 
     return command.startswith("python train.py -m ") and (

@@ -19,7 +19,6 @@ def test_a_dry_run_checks_and_builds_then_exits_0_writing_nothing(tmp_path: Path
         str(ROOT / "train.py"),
         [*FAST, "dry_run=true", f"hydra.run.dir={run_dir}"],
         cwd=tmp_path,
-        preloaded=True,
     )
     assert out.returncode == 0, out.stderr
     assert "dry run: 1 job composed, checked and built" in out.stdout
@@ -34,13 +33,12 @@ def test_a_dry_run_of_a_sweep_composes_every_job_and_refuses_a_bad_combination(
         str(ROOT / "train.py"),
         ["-m", *args, "seed=0,1,2", "fraction=0.1,0.2"],
         cwd=tmp_path,
-        preloaded=True,
     )
     assert out.returncode == 0, out.stderr
     assert "dry run: 6 jobs composed" in out.stdout
     # Each value is fine alone; one pairing is not (dynamic pruning chooses no subset).
     bad = ["-m", *args, "selector=random,full", "dynamic=none,infobatch"]
-    out = run_entry(str(ROOT / "train.py"), bad, cwd=tmp_path, preloaded=True)
+    out = run_entry(str(ROOT / "train.py"), bad, cwd=tmp_path)
     assert out.returncode == 2 and "selector=random cannot choose a subset" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
@@ -49,7 +47,7 @@ def test_a_dry_run_of_a_sweep_composes_every_job_and_refuses_a_bad_combination(
 @pytest.mark.parametrize("script", ["pretrain.py", "select.py"])
 def test_every_entry_script_has_a_dry_run(script: str, tmp_path: Path) -> None:
     args = [*FAST, "dry_run=true", "selector=random"]
-    out = run_entry(str(ROOT / script), args, cwd=tmp_path, preloaded=True)
+    out = run_entry(str(ROOT / script), args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "dry run: 1 job" in out.stdout and list(tmp_path.iterdir()) == []
 

@@ -423,7 +423,6 @@ def test_a_bad_dynamic_value_exits_2_with_one_line_before_any_stage(tmp_path):
     out = run_entry(
         "train.py",
         [*FAST, "selector=full", "dynamic=lipt", "dynamic.budget=2", f"hydra.run.dir={run_dir}"],
-        preloaded=True,
     )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()

@@ -33,7 +33,7 @@ from lipt.report.frontier import (
 from lipt.report.frontier_render import table_rows, validation_rows
 from lipt.run.frontier_sweep import PinToCore, with_reference
 from lipt.selection import Selection, SelectionInputs
-from tests.helpers import FAST, ROOT
+from tests.helpers import FAST, ROOT, run_entry
 
 
 # --- a method of a user's own: this selector, and one config file naming it ----------------
@@ -114,7 +114,7 @@ def test_each_approach_turns_fraction_into_its_budget(make_cfg: Any) -> None:
             [f"+approach={approach}", f"fraction={fraction}", "+experiment=frontier_cpu"]
         )
 
-    for fraction in (0.1, 0.2, 0.3, 0.5):
+    for fraction in (0.1, 0.5):
         full = validate(job("full_schedule", fraction), deep=False)
         assert full.selector is not None and full.selector.budget_steps and full.selector.is_full
         info = validate(job("infobatch", fraction), deep=False)
@@ -355,6 +355,7 @@ def test_the_timing_caveats_name_busy_pinned_runs_and_loaded_unpinned_ones() -> 
 
 
 @pytest.mark.slow
+@pytest.mark.first
 def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_path: Path) -> None:
     """Two jobs at a time on joblib, each pinned; a method from outside the package joins
     through one config file on Hydra's search path; label cleaning runs cleanlab inside a
@@ -373,8 +374,7 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 
     def sweep_once() -> subprocess.CompletedProcess:
-        done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+        done = run_entry(args[0], args[1:], env={"PYTHONPATH": str(ROOT)}, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         return done
 
@@ -418,8 +418,10 @@ def test_the_noisy_frontier_composes_its_cleaning_jobs_as_the_sweeper_does(
     from lipt.run.cli import precheck
     from lipt.run.config import validate
 
-    # 2 noise kinds x 7 methods x 2 budgets x 3 seeds, and a reference per kind and seed
-    assert precheck("train", ["+experiment=frontier_noisy", "dry_run=true"], multirun=True) == 90
+    # 2 noise kinds x 7 methods x 2 budgets, and a reference per kind (for one seed: the seeds
+    # are leaves that no job's composition reads)
+    one_seed = ["+experiment=frontier_noisy", "hydra.sweeper.params.seed=0", "dry_run=true"]
+    assert precheck("train", one_seed, multirun=True) == 30
     for approach, target, action in (
         ("clean_lipt", "lipt.cleaning.JigsawCleaning", "drop"),
         ("clean_lipt_relabel", "lipt.cleaning.JigsawCleaning", "relabel"),

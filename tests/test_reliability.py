@@ -258,7 +258,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, bad_files, script, overrides
         script,
         [*args, f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={sweep_dir}"],
         timeout=300,
-        preloaded=True,
     )
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])

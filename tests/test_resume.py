@@ -10,14 +10,14 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from tests.helpers import FAST, ROOT
+from tests.helpers import FAST, run_entry, start_entry
 
 
 @pytest.mark.slow
@@ -41,14 +41,7 @@ def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
     killed_at = killed_ckpt["global_step"]
     first_attempt = json.loads((run_dir / "stages.json").read_text())
 
-    out = subprocess.run(
-        [sys.executable, "train.py", *args, "ckpt_path=last"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
+    out = run_entry("train.py", [*args, "ckpt_path=last"])
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     subset = summary["subset_size"]  # 0.5 * (3000 - 100)
@@ -123,17 +116,11 @@ def test_an_interrupted_sweep_resumes_with_ckpt_path_last(tmp_path):
     assert json.loads((sweep / "2" / "summary.json").read_text())["stages"]["train"]["seconds"] > 0
 
 
-def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+def _start(args: list[str]) -> Any:
+    return start_entry("train.py", args)
 
 
-def _kill_when(proc: subprocess.Popen, ready: Path, timeout: float = 300) -> None:
+def _kill_when(proc: Any, ready: Path, timeout: float = 300) -> None:
     """SIGKILL the run (no clean-up: a crash or a pre-emption) as soon as `ready` exists."""
     try:
         deadline = time.time() + timeout
@@ -150,13 +137,7 @@ def _kill_when(proc: subprocess.Popen, ready: Path, timeout: float = 300) -> Non
 def _kill_after_epoch(args: list[str], last: Path, epoch: int) -> None:
     """Start train.py with `args` and SIGKILL it (no clean-up: as a crash or a pre-emption)
     once `last` holds epoch `epoch` or later."""
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    proc = _start(args)
     try:
         deadline = time.time() + 300
         while time.time() < deadline and proc.poll() is None:
@@ -169,6 +150,7 @@ def _kill_after_epoch(args: list[str], last: Path, epoch: int) -> None:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @pytest.mark.slow
@@ -214,14 +196,7 @@ def test_a_killed_step_budget_run_resumes_to_the_uninterrupted_steps_and_weights
 
 
 def _finish(args: list[str]) -> subprocess.CompletedProcess:
-    out = subprocess.run(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
+    out = run_entry("train.py", args)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 

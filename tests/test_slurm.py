@@ -7,12 +7,14 @@ Each run on the cluster is compared with the same run here, without SLURM: bit f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,8 +48,9 @@ def slurm_env() -> dict[str, str]:
 
 def slurm(env: dict[str, str], *args: str) -> str:
     out = subprocess.run(
-        args, capture_output=True, text=True, env={**os.environ, **env}, timeout=60, check=True
+        args, capture_output=True, text=True, env={**os.environ, **env}, timeout=60
     )
+    assert out.returncode == 0, f"{' '.join(args)}: exit {out.returncode}: {out.stderr.strip()}"
     return out.stdout
 
 
@@ -58,9 +61,26 @@ def job_ids(env: dict[str, str]) -> set[str]:
     )
 
 
+SUBMITTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(slurm_env, tmp_path):
+    """However a test ends, its submitting processes and its jobs end with it: a job left
+    running would be the next test's "running job"."""
+    yield
+    for proc in SUBMITTED:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    SUBMITTED.clear()
+    for job in jobs_under(slurm_env, tmp_path):
+        subprocess.run(["scancel", job], env={**os.environ, **slurm_env}, check=False)
+
+
 def submit(env: dict[str, str], script: str, args: list[str]) -> subprocess.Popen[str]:
     """Start a sweep's submitting process in the background, as a user on a login node would."""
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, script, *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
@@ -69,6 +89,8 @@ def submit(env: dict[str, str], script: str, args: list[str]) -> subprocess.Pope
         stderr=subprocess.PIPE,
         text=True,
     )
+    SUBMITTED.append(proc)
+    return proc
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 400) -> tuple[int, str, str]:
@@ -86,14 +108,26 @@ def until(what: str, check: Callable[[], object], timeout: float = 120) -> objec
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def running_jobs(env: dict[str, str], name: str) -> list[str]:
-    """Ids of this user's running jobs called `name` (array tasks as <array>_<task>)."""
-    out = slurm(env, "squeue", "-h", "-t", "RUNNING", "-n", name, "-o", "%i")
-    return out.split()
+def jobs_under(env: dict[str, str], folder: Path, state: str = "all", name: str = "") -> list[str]:
+    """Ids of the jobs whose batch script submitit wrote under `folder` (array tasks as
+    <array>_<task>): a test's own jobs, not an earlier test's."""
+    named = ["-n", name] if name else []
+    out = slurm(env, "squeue", "-h", "-t", state, *named, "-o", "%i %o")
+    return [
+        job
+        for job, script in (line.split(" ", 1) for line in out.splitlines())
+        if script.startswith(f"{folder}/")
+    ]
 
 
-def kill_tasks_python(env: dict[str, str], job: str) -> None:
-    """SIGKILL the Python process that runs SLURM job `job` (<array>_<task> or an id)."""
+def running_jobs(env: dict[str, str], name: str, folder: Path) -> list[str]:
+    """Ids of the running jobs called `name` that a test submitted into `folder`."""
+    return jobs_under(env, folder, "RUNNING", name)
+
+
+def job_pythons(env: dict[str, str], job: str) -> list[int]:
+    """The PIDs of the Python processes that run SLURM job `job` (<array>_<task> or an id), once
+    it has some."""
     raw = slurm(env, "squeue", "-h", "-j", job, "-o", "%A").split()[0]
 
     def pids() -> list[int]:
@@ -108,8 +142,27 @@ def kill_tasks_python(env: dict[str, str], job: str) -> None:
                 found.append(int(proc.name))
         return found
 
-    for pid in until(f"job {job}'s Python", pids):  # type: ignore[union-attr]
-        os.kill(pid, 9)
+    return until(f"job {job}'s Python", pids)  # type: ignore[return-value]
+
+
+def kill_tasks_python(env: dict[str, str], job: str) -> None:
+    """SIGKILL the Python process that runs SLURM job `job`."""
+    for pid in job_pythons(env, job):
+        os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def frozen(pids: list[int]) -> Iterator[None]:
+    """The processes stopped (SIGSTOP) meanwhile: what the test sees of a run (its last epoch)
+    stays true while it acts, however fast this machine trains. Signals sent meanwhile wait."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -211,7 +264,7 @@ def test_main_job_learners_as_an_array_then_ddp_under_srun_as_run_here(slurm_env
             "hydra.launcher.tasks_per_node=2",
         ],
     )
-    task = until("a learner task running", lambda: running_jobs(slurm_env, "lipt-learners"))
+    task = until("a learner task running", lambda: running_jobs(slurm_env, "lipt-learners", sweep))
     kill_tasks_python(slurm_env, task[0])  # it dies (a crash, the OOM killer): not cancelled
     here = run_entry("train.py", [*MAIN, f"hydra.run.dir={tmp_path / 'here'}"], timeout=300)
     assert here.returncode == 0, here.stderr[-3000:]
@@ -233,11 +286,12 @@ def test_main_job_learners_as_an_array_then_ddp_under_srun_as_run_here(slurm_env
 # --------------------------------------------------------------------------- preemption
 
 # Main training alone (no pre-training), long enough to be interrupted twice mid-run.
+MAX_EPOCHS = 20
 LONG = [
     *FAST,
     "selector=full",
     "dataset.num_train=1000",
-    "trainer.max_epochs=20",
+    f"trainer.max_epochs={MAX_EPOCHS}",
 ]
 
 
@@ -264,13 +318,18 @@ def test_time_limit_signal_and_requeue_resume_in_the_same_folder_bit_for_bit(slu
     sweep = tmp_path / "sweep"
     proc = submit(slurm_env, "train.py", ["-m", *LONG, *SLURM, f"hydra.sweep.dir={sweep}"])
     run = sweep / "0"
-    job = until("the job running", lambda: running_jobs(slurm_env, "train"))[0]  # type: ignore[index]
+    job = until("the job running", lambda: running_jobs(slurm_env, "train", sweep))[0]  # type: ignore[index]
+    pythons = job_pythons(slurm_env, job)
     until("its first epoch's checkpoint", lambda: last_epoch(run) >= 0, timeout=180)
-    slurm(slurm_env, "scancel", "--signal=USR2", job)  # the time limit is near
+    with frozen(pythons):
+        assert last_epoch(run) < MAX_EPOCHS - 2  # epochs left to requeue at
+        slurm(slurm_env, "scancel", "--signal=USR2", job)  # the time limit is near
     until("the job requeued by itself", lambda: restarts(slurm_env, job) == 1, timeout=180)
     resumed_from = last_epoch(run)
     until("the resumed attempt training", lambda: last_epoch(run) > resumed_from, timeout=180)
-    slurm(slurm_env, "scontrol", "requeue", job)  # preempted mid-run
+    with frozen(job_pythons(slurm_env, job)):  # the resumed attempt's
+        assert last_epoch(run) < MAX_EPOCHS - 1
+        slurm(slurm_env, "scontrol", "requeue", job)  # preempted mid-run
     here = run_entry("train.py", [*LONG, f"hydra.run.dir={tmp_path / 'here'}"], timeout=300)
     assert here.returncode == 0, here.stderr[-3000:]
     code, _, err = finish(proc)
@@ -291,36 +350,38 @@ def test_time_limit_signal_and_requeue_resume_in_the_same_folder_bit_for_bit(slu
 
 
 @pytest.mark.slow
-def test_frontier_small_on_slurm_gives_joblibs_results_survives_a_requeue_and_resumes(
+def test_frontier_small_on_slurm_gives_the_local_sweeps_results_survives_a_requeue(
     slurm_env, tmp_path
 ):
     """frontier_small's reference and the whole pool's shorter schedule on SLURM, each job
-    pinned to a core, one requeued mid-sweep: every row, with joblib's weights and accuracies bit
-    for bit. Submitting the sweep again submits nothing, and `make report` draws it. (The
-    learners' array inside a sweep: the main job's test.)"""
+    pinned to a core, one requeued mid-sweep: every row, with the weights and accuracies of the
+    same sweep here (Hydra's basic launcher), bit for bit. Submitting the sweep again submits
+    nothing, and `make report` draws it. (The learners' array inside a sweep: the main job's
+    test.)"""
     narrow = ["+experiment=frontier_small", "+approach=full_schedule", "fraction=0.5"]
-    on_slurm, on_joblib = tmp_path / "slurm", tmp_path / "joblib"
+    on_slurm, on_here = tmp_path / "slurm", tmp_path / "here"
     cores = f"hydra.callbacks.pin.lock_dir={on_slurm / 'cores'}"
     args = ["-m", *narrow, cores, *SLURM, f"hydra.sweep.dir={on_slurm}"]
     proc = submit(slurm_env, "train.py", args)
-    job = until("a frontier job running", lambda: running_jobs(slurm_env, "train"), timeout=180)
+    job = until(
+        "a frontier job running", lambda: running_jobs(slurm_env, "train", on_slurm), timeout=180
+    )
     slurm(slurm_env, "scontrol", "requeue", job[0])  # type: ignore[index]
-    joblib = ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={on_joblib}"]
-    cores = f"hydra.callbacks.pin.lock_dir={on_joblib / 'cores'}"
-    here = run_entry("train.py", ["-m", *narrow, cores, *joblib], timeout=600)
+    cores = f"hydra.callbacks.pin.lock_dir={on_here / 'cores'}"
+    here = run_entry("train.py", ["-m", *narrow, cores, f"hydra.sweep.dir={on_here}"], timeout=600)
     assert here.returncode == 0, here.stderr[-3000:]
     code, _, err = finish(proc)
     assert code == 0, err[-3000:]
 
-    rows = sorted(p.parent.name for p in on_joblib.glob("*/summary.json"))
+    rows = sorted(p.parent.name for p in on_here.glob("*/summary.json"))
     assert rows == ["+approach=full_data,seed=0", "+approach=full_schedule,fraction=0.5,seed=0"]
     assert sorted(p.parent.name for p in on_slurm.glob("*/summary.json")) == rows
     assert sum(summary(on_slurm / row)["slurm"]["restarts"] for row in rows) == 1
     for row in rows:
-        assert summary(on_slurm / row)["test_accuracy"] == summary(on_joblib / row)["test_accuracy"]
+        assert summary(on_slurm / row)["test_accuracy"] == summary(on_here / row)["test_accuracy"]
         same_weights(
             on_slurm / row / "checkpoints" / "last.ckpt",
-            on_joblib / row / "checkpoints" / "last.ckpt",
+            on_here / row / "checkpoints" / "last.ckpt",
         )
 
     before = job_ids(slurm_env)
@@ -332,13 +393,14 @@ def test_frontier_small_on_slurm_gives_joblibs_results_survives_a_requeue_and_re
     )
     assert report.returncode == 0, report.stderr[-2000:]
     table = (on_slurm / "frontier.md").read_text()
-    assert "full_schedule" in table and "full_data" in table
+    assert "| reference (whole pool, 2 epochs) | 1 | 1 |" in table
+    assert "| full_schedule | 0.5 | 1 |" in table
 
 
 @pytest.mark.slow
 def test_a_cancelled_job_ends_the_wait_with_one_line_naming_it(slurm_env, tmp_path):
     proc = submit(slurm_env, "train.py", ["-m", *LONG, *SLURM, f"hydra.sweep.dir={tmp_path}"])
-    job = until("the job running", lambda: running_jobs(slurm_env, "train"), timeout=180)
+    job = until("the job running", lambda: running_jobs(slurm_env, "train", tmp_path), timeout=180)
     slurm(slurm_env, "scancel", job[0])  # type: ignore[index]
     code, _, err = finish(proc, timeout=120)
     lines = [line for line in err.splitlines() if line.strip()]

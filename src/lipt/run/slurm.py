@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from lipt.core.errors import UserError
@@ -31,6 +32,9 @@ def slurm_problem() -> str | None:
     """Why no SLURM controller answers here (None: one does)."""
     if shutil.which("sinfo") is None:
         return "no SLURM client (sinfo) on this machine"
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not Path(conf).is_file():  # else sinfo looks for a controller in DNS, for 20 s
+        return f"SLURM_CONF={conf} is no file"
     try:
         out = _client("sinfo", "-h", "-o", "%P")
     except subprocess.TimeoutExpired:
