@@ -28,8 +28,11 @@ run: install data
 # One pytest worker per core (pytest-xdist); worksteal evens out tests of unequal length.
 XDIST := -n auto --dist worksteal
 
+# make test: the default suite. MARKS="not slurm" adds the slow end-to-end tests to the same
+# pytest (one start, and its long tests begin first: what CI runs beside the SLURM suite).
+MARKS ?= not slow and not slurm
 test: install
-	$(PY) -m pytest -m "not slow and not slurm" $(XDIST) $(ARGS)
+	$(PY) -m pytest -m "$(MARKS)" $(XDIST) $(ARGS)
 
 test-slow: install data
 	$(PY) -m pytest -m "slow and not slurm" $(XDIST) $(ARGS)

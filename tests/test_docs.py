@@ -38,6 +38,7 @@ def run_by_test_api(command: str) -> bool:
     return command == "python examples/own_model.py"
 
 
+@pytest.mark.first
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_command_in_the_doc_runs(doc, tmp_path):
     elsewhere = {"RESULTS.md": prechecked_by_test_experiments, "README.md": run_by_test_api}.get(

@@ -110,6 +110,7 @@ def run_pinned(script: str, args: list[str], run_dir: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+@pytest.mark.first
 @pytest.mark.parametrize("data_path", sorted(PINNED))
 def test_jigsaw_soup_and_coverage_subset_are_pinned(
     fashion_mnist_dir: Path, tmp_path: Path, data_path: str

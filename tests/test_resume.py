@@ -20,6 +20,7 @@ import torch
 from tests.helpers import FAST, run_entry, start_entry
 
 
+@pytest.mark.first
 @pytest.mark.slow
 def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
     run_dir = tmp_path / "run"

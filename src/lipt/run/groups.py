@@ -6,6 +6,7 @@ deep checks only.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Mapping
 from typing import Any
@@ -52,6 +53,7 @@ def declared_keys(group: str, node: Mapping[str, Any]) -> tuple[dict[str, Any], 
     return declared, open_keys
 
 
+@functools.cache  # a failed import costs ms of file lookups; a sweep's precheck asks often
 def locate(path: str) -> Any:
     """The object a dotted `_target_` path names (the longest importable module, then
     attributes), without Hydra's logging of a failure."""
