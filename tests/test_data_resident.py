@@ -34,7 +34,7 @@ def fashion_mnist():
 
 
 def _dm(make_cfg, data_dir, resident: bool, *extra: str):
-    return build_datamodule(
+    dm = build_datamodule(
         run_of(
             make_cfg(
                 [
@@ -46,6 +46,10 @@ def _dm(make_cfg, data_dir, resident: bool, *extra: str):
             )
         )
     )
+    # These compare the resident path with the DataLoader's on the CPU; with no Trainer attached,
+    # a machine with CUDA would keep the resident copy there (the gpu-marked test's case).
+    dm.device = "cpu"
+    return dm
 
 
 def _epoch(loader) -> list[tuple[torch.Tensor, ...]]:
