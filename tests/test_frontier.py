@@ -374,7 +374,10 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 
     def sweep_once() -> subprocess.CompletedProcess:
-        done = run_entry(args[0], args[1:], env={"PYTHONPATH": str(ROOT)}, timeout=600)
+        # a new Python, not the preloaded one's fork: loky's workers have hung at its exit
+        done = run_entry(
+            args[0], args[1:], env={"PYTHONPATH": str(ROOT)}, timeout=600, preloaded=False
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return done
 
