@@ -19,7 +19,8 @@ shell line (backslash continuations joined, `# comments` dropped) is checked by 
 - anything else must match ALLOWED, so a new kind of command fails until someone decides how
   to check it.
 
-```python blocks run for real in a subprocess from the repository root.
+```python blocks run for real in a new process (forked from the tests' preloaded Python), from
+the repository root.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import io
 import re
 import runpy
 import shlex
-import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,7 +251,7 @@ def check_shell(command: str, session: Session) -> str | None:
     if argv[1].startswith("examples/") and argv[1].endswith(".py"):
         if not (ROOT / argv[1]).is_file():
             return f"no such example {argv[1]}"
-        return run_python([argv[1], *argv[2:]])
+        return run_python(argv[1], argv[2:])
     if argv[1] == "-m" and len(argv) > 2 and argv[2].startswith("lipt."):
         args = argv[3:]
         if len(args) >= 2 and args[-2] == ">":  # stdout to a file
@@ -268,19 +269,24 @@ def check_shell(command: str, session: Session) -> str | None:
     return f"not a kind of python command the doc checker knows: {' '.join(argv[:2])}"
 
 
-def run_python(args: list[str]) -> str | None:
-    """`python ARGS` for real, from the repository root: None if it exits 0."""
-    done = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+def run_python(script: str, args: list[str]) -> str | None:
+    """`python SCRIPT ARGS` for real, from the repository root: None if it exits 0. Forked from
+    the tests' preloaded Python (tests.helpers.run_entry), which has imported torch already."""
+    from tests.helpers import run_entry
+
+    done = run_entry(script, args, timeout=300)
     if done.returncode != 0:
         return f"exit {done.returncode}: {done.stderr.strip()[-500:]}"
     return None
 
 
 def check_python(code: str) -> str | None:
-    """Run a ```python block for real, from the repository root."""
-    return run_python(["-c", code])
+    """Run a ```python block for real, from the repository root (as a script file, since the
+    preloaded Python runs files)."""
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "block.py"
+        script.write_text(code)
+        return run_python(str(script), [])
 
 
 def check_doc(

@@ -59,24 +59,28 @@ def run_entry(
     timeout: float = 600,
     env: dict | None = None,
     preloaded: bool = True,
+    stderr_to_stdout: bool = False,
 ) -> subprocess.CompletedProcess:
-    """Run an entry script as a user would, from the repository root, and wait for it.
+    """Run an entry script as a user would, from the repository root, and wait for it
+    (`script="-m"`: python -m args[0] args[1:]).
 
     By default in a fresh process forked from a Python that imported the libraries already
     (tests.preloaded: a run spends 5-7 s of CPU importing torch, Lightning and Hydra), one
     started with `env`'s settings of what is read at import (READ_AT_IMPORT);
-    `preloaded=False` starts a new Python, for runs about the start itself."""
+    `preloaded=False` starts a new Python, for runs about the start itself. With
+    `stderr_to_stdout`, stderr goes into stdout, in the order written (stderr is None)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     if preloaded:
         from tests.preloaded import preloaded_python  # it reads ROOT from here
 
         server = preloaded_python(full_env)
         if server is not None:
-            return server.run(script, args, cwd, timeout, full_env)
+            return server.run(script, args, cwd, timeout, full_env, stderr_to_stdout)
     return subprocess.run(
         [sys.executable, script, *args],
         cwd=cwd,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if stderr_to_stdout else subprocess.PIPE,
         text=True,
         timeout=timeout,
         env=full_env,

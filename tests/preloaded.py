@@ -44,20 +44,27 @@ def run(req):
     os.environ.update(req["env"])
     stdin = os.open(os.devnull, os.O_RDONLY)
     out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    # stderr onto stdout's file (its offset shared), as subprocess's stderr=STDOUT
+    err = out
+    if req["stderr"] is not None:
+        err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     for fd, target in ((stdin, 0), (out, 1), (err, 2)):
         os.dup2(fd, target)
     sys.stdin = open(0, closefd=False)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
-    sys.argv = [req["script"], *req["args"]]
-    sys.path[0] = os.path.dirname(os.path.abspath(req["script"]))
+    module = req["args"][0] if req["script"] == "-m" else None  # python -m MODULE ARGS
+    sys.argv = [req["script"], *req["args"]] if module is None else list(req["args"])
+    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.abspath(req["script"]))
     # PYTHONPATH's folders come next, as the interpreter puts them at its start
     extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[1:1] = [os.path.abspath(p) for p in extra]
     code = 0
     try:
-        runpy.run_path(req["script"], run_name="__main__")
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(req["script"], run_name="__main__")
     except SystemExit as e:  # as the interpreter treats it at the top level
         if e.code is None:
             code = 0
@@ -131,9 +138,12 @@ class PreloadedPython:
         line, self.pending = self.pending.split(b"\n", 1)
         return json.loads(line)
 
-    def start(self, script: str, args: Sequence[str], cwd: Path, env: dict) -> PreloadedRun:
+    def start(
+        self, script: str, args: Sequence[str], cwd: Path, env: dict, stderr_to_stdout: bool = False
+    ) -> PreloadedRun:
         """`script` with `args` in `cwd` under exactly `env`, started: the run, in a process
-        group of its own (the server serves no other run until it ends)."""
+        group of its own (the server serves no other run until it ends); with
+        `stderr_to_stdout`, both in one stream, in the order written."""
         assert self.proc.stdin is not None
         scratch = tempfile.TemporaryDirectory()
         out, err = Path(scratch.name) / "stdout", Path(scratch.name) / "stderr"
@@ -143,7 +153,7 @@ class PreloadedPython:
             "cwd": str(cwd),
             "env": env,
             "stdout": str(out),
-            "stderr": str(err),
+            "stderr": None if stderr_to_stdout else str(err),
         }
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
@@ -151,10 +161,16 @@ class PreloadedPython:
         return PreloadedRun(self, pid, [sys.executable, script, *args], scratch)
 
     def run(
-        self, script: str, args: Sequence[str], cwd: Path, timeout: float, env: dict
+        self,
+        script: str,
+        args: Sequence[str],
+        cwd: Path,
+        timeout: float,
+        env: dict,
+        stderr_to_stdout: bool = False,
     ) -> subprocess.CompletedProcess:
         """`script` with `args` in `cwd` under exactly `env`, as subprocess.run reports it."""
-        started = self.start(script, args, cwd, env)
+        started = self.start(script, args, cwd, env, stderr_to_stdout)
         started.wait(timeout)
         return started.output()
 
@@ -199,7 +215,8 @@ class PreloadedRun:
         """What it wrote, as subprocess.run(capture_output=True, text=True) reports it."""
         folder = Path(self.scratch.name)
         try:
-            out, err = (folder / "stdout").read_text(), (folder / "stderr").read_text()
+            out = (folder / "stdout").read_text()
+            err = (folder / "stderr").read_text() if (folder / "stderr").exists() else None
         finally:
             self.scratch.cleanup()
         return subprocess.CompletedProcess(self.args, self.wait(), out, err)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset
 
 import lipt
+from tests.helpers import run_entry
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES, DIM, N = 10, 48, 1200
@@ -388,15 +388,8 @@ def ddp_main(out: Path, resident: bool) -> None:
 @pytest.mark.ddp
 @PATHS
 def test_ddp_ranks_prune_alike_and_split_each_plan(tmp_path, resident):
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__)), str(tmp_path), str(int(resident))],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    env = {"PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
+    done = run_entry(str(Path(__file__)), [str(tmp_path), str(int(resident))], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0["scores"] == r1["scores"] and r0["pruned_share"] == r1["pruned_share"]
@@ -408,14 +401,7 @@ def test_ddp_ranks_prune_alike_and_split_each_plan(tmp_path, resident):
 
 
 def test_the_readme_example_runs_as_written():
-    done = subprocess.run(
-        [sys.executable, "examples/own_model.py"],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_entry("examples/own_model.py", [], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "dynamic pruning: pruned shares" in done.stdout
     lines = [line for line in done.stdout.splitlines() if "test accuracy" in line]

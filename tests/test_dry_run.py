@@ -95,3 +95,49 @@ def test_unwritable_names_why(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
     assert unwritable(tmp_path / "f" / "x") == f"{tmp_path / 'f'} is not a folder"
     assert unwritable(tmp_path / "f") == f"{tmp_path / 'f'} is not a folder"
+
+
+def composed_alone(job: list[str]) -> str:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        return OmegaConf.to_yaml(compose("train", job, return_hydra_config=False))
+
+
+def test_jobs_that_share_their_group_choices_compose_as_each_alone() -> None:
+    """The precheck composes a sweep's jobs once per combination of group choices and sets the
+    plain values on a copy: key for key what composing each job alone gives, with values added
+    (+), forced (++), deleted (~), given as a dict, and set inside a group's node, in order."""
+    from omegaconf import OmegaConf
+
+    from lipt.run.cli import compose_jobs
+
+    jobs = [
+        ["+experiment=frontier_cpu", "+approach=infobatch", "fraction=0.1", "seed=0"],
+        ["+experiment=frontier_cpu", "+approach=infobatch", "fraction=0.3", "seed=2"],
+        ["+experiment=frontier_cpu", "+approach=full_schedule", "fraction=0.3", "seed=2"],
+        ["selector=glister", "optimizer=adamw", "optimizer.lr=0.003", "+extra.note=a"],
+        ["selector=glister", "optimizer=adamw", "++optimizer.lr=0.01", "~trainer.max_epochs"],
+        ["selector=glister", "optimizer=adamw", "++dataset={num_train: 500}", "seed=7"],
+        ["selector=coverage", "seed=7", "optimizer={lr: 0.5}", "+extra={a: 1}"],
+    ]
+    shared = [OmegaConf.to_yaml(cfg) for cfg in compose_jobs("train", jobs)]
+    alone = [composed_alone(job) for job in jobs]
+    assert len(set(alone)) == len(jobs)  # every job differs: the comparison could fail
+    assert shared == alone
+
+
+def test_a_value_a_shared_composition_cannot_set_fails_as_composing_it_alone() -> None:
+    from hydra.errors import ConfigCompositionException
+
+    from lipt.run.cli import compose_jobs
+
+    job = ["selector=coverage", "selector.no_such_key=1"]
+    with pytest.raises(ConfigCompositionException) as alone:
+        composed_alone(job)
+    with pytest.raises(ConfigCompositionException) as shared:
+        list(compose_jobs("train", [["selector=coverage", "seed=1"], job]))
+    assert str(shared.value) == str(alone.value) and "no_such_key" in str(shared.value)

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -371,7 +370,6 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
         "+approach=full_schedule,hardest,clean_cleanlab", "fraction=0.5",
         f"hydra.sweep.dir={sweep}",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
 
     def sweep_once() -> subprocess.CompletedProcess:
         # a new Python, not the preloaded one's fork: loky's workers have hung at its exit
@@ -401,8 +399,7 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
     stamps = {name: (sweep / name / "summary.json").stat().st_mtime_ns for name in jobs}
     sweep_once()  # resumes: every job finished already, its summary.json left as it was
     assert stamps == {name: (sweep / name / "summary.json").stat().st_mtime_ns for name in jobs}
-    report = subprocess.run([sys.executable, "-m", "lipt.report.sweep", str(sweep)], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    report = run_entry("-m", ["lipt.report.sweep", str(sweep)], env={"PYTHONPATH": str(ROOT)})
     assert report.returncode == 0, report.stderr[-3000:]
     text = (sweep / "frontier.md").read_text()
     assert "| reference (whole pool, 2 epochs) | 1 | 1 |" in text

@@ -10,8 +10,6 @@ import functools
 import itertools
 import json
 import statistics
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from lipt.report import sweep as sweep_report
-from tests.helpers import CONFIGS, FAST, ROOT, run_entry
+from tests.helpers import CONFIGS, FAST, run_entry
 
 DATASET_TRAIN_SIZE = 60000
 PRETRAIN_UNIQUE = 2560
@@ -335,13 +333,7 @@ def test_nothing_to_report_is_one_line_and_exit_2(tmp_path, capsys, make):
 
 def test_command_line_error_has_no_traceback(tmp_path):
     # As a user runs it, from the repository root.
-    out = subprocess.run(
-        [sys.executable, "-m", "lipt.report.sweep", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_entry("-m", ["lipt.report.sweep", str(tmp_path)], timeout=60)
     assert out.returncode == 2
     assert out.stderr == f"error: no readable summary.json under {tmp_path}\n"
 
@@ -421,13 +413,7 @@ def test_report_of_a_real_sweep_is_recomputed_from_its_summaries(real_sweep, tmp
     assert "pretrain" in groups["el2n"][0]["stages"]
     assert "pretrain" not in groups["random"][0]["stages"]
 
-    out = subprocess.run(
-        [sys.executable, "-m", "lipt.report.sweep", str(real_sweep), "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_entry("-m", ["lipt.report.sweep", str(real_sweep), "--out", str(tmp_path)])
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""  # nothing skipped
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))

@@ -25,7 +25,7 @@ from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
 from lipt.report.pictures import sample_grid, write_subset_picture
 from lipt.run.config import run_of, validate
 from lipt.selection import PoolOutputs, SelectionInputs, select_balanced, select_glister
-from tests.helpers import CONFIGS, ROOT
+from tests.helpers import CONFIGS, ROOT, run_entry
 from tests.test_jigsaw import JIGSAW
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -64,18 +64,11 @@ def run_script(
     """Run an entry script as a user would, its output on a pseudo-terminal or a pipe; returns
     (exit code, everything it printed, stdout and stderr together)."""
     command = [sys.executable, str(ROOT / script), *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TERM": "xterm", "COLUMNS": "120"}
-    if not terminal:
-        out = subprocess.run(
-            command,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-        )
-        return out.returncode, out.stdout.decode()
+    env = {"TERM": "xterm", "COLUMNS": "120"}
+    if not terminal:  # forked from the preloaded Python (tests.helpers.run_entry)
+        out = run_entry(str(ROOT / script), args, cwd, timeout, env, stderr_to_stdout=True)
+        return out.returncode, out.stdout
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
     import fcntl
     import pty
     import struct

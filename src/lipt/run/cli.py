@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,11 +102,46 @@ def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> Declar
     )
 
 
+def compose_jobs(config_name: str, jobs: list[list[str]]) -> Iterator[DictConfig]:
+    """Each job's config as `hydra.compose` makes it, without Hydra's node. Jobs that differ
+    only in plain values, not in a config group's choice, share one composition: Hydra sets
+    those values after composing the defaults, and so does this, with Hydra's own function
+    (a sweep's seeds and fractions cost a copy, not a composition of ~30 files)."""
+    import copy
+
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.global_hydra import GlobalHydra
+
+    composed: dict[tuple[str, ...], DictConfig] = {}
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(config_dir()), version_base="1.3"):
+        hydra = GlobalHydra.instance().hydra
+        assert hydra is not None
+        loader = hydra.config_loader
+        assert isinstance(loader, ConfigLoaderImpl)
+        for job in jobs:
+            # as Hydra's defaults list tells them apart (hydra._internal.defaults_list.Overrides)
+            parsed, repo = loader._parse_overrides_and_create_caching_repo(config_name, job)
+            is_value = [
+                not o.is_hydra_override()
+                and (isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group))
+                for o in parsed
+            ]
+            groups = tuple(line for line, value in zip(job, is_value, strict=True) if not value)
+            if groups not in composed:
+                composed[groups] = compose(config_name, list(groups), return_hydra_config=False)
+            cfg = copy.deepcopy(composed[groups])
+            values = [o for o, value in zip(parsed, is_value, strict=True) if value]
+            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+            yield cfg
+
+
 def precheck(config_name: str, args: list[str], multirun: bool = False) -> int | None:
     """Compose and validate the config from `args` as Hydra will; exit 2 on the first problem.
     With `dry_run=true`, also compose and check every job of a sweep and build what each run
     builds first; returns the number of jobs checked then (None without dry_run)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -135,14 +170,11 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
             declared = _declared_sweep(config_name, args, multirun)
         candidates = declared.with_reference(_candidate_overrides(overrides, declared.params))
         configs = []
-        for candidate in candidates:
-            GlobalHydra.instance().clear()
-            with initialize_config_dir(str(config_dir()), version_base="1.3"):
-                cfg = compose(config_name, overrides=candidate, return_hydra_config=False)
-                cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
-                validate(cfg, deep=False)
-                check_optimized_metric(cfg)
-                configs.append(cfg)
+        for cfg in compose_jobs(config_name, candidates):
+            cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
+            validate(cfg, deep=False)
+            check_optimized_metric(cfg)
+            configs.append(cfg)
         # then what builds the Trainer, selector, ... (imports torch)
         runs = [validate(cfg) for cfg in configs]
         if not any(run.settings.dry_run for run in runs):
@@ -153,12 +185,9 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         for run in runs:
             build_everything(run, loaded)
         jobs = declared.with_reference(_every_job(overrides, declared.params))
-        for job in jobs:  # each combination of a sweep: the checks across keys
-            GlobalHydra.instance().clear()
-            with initialize_config_dir(str(config_dir()), version_base="1.3"):
-                cfg = compose(config_name, overrides=job, return_hydra_config=False)
-                cfg.paths.output_dir = "."
-                validate(cfg, deep=False)
+        for cfg in compose_jobs(config_name, jobs):  # each combination: the checks across keys
+            cfg.paths.output_dir = "."
+            validate(cfg, deep=False)
         return len(jobs)
     except (HydraException, OmegaConfBaseException, UserError) as e:
         fail(one_line(e) + ("" if isinstance(e, UserError) else _hint(e)))
