@@ -227,6 +227,17 @@ def test_infobatch_trains_on_both_data_paths_and_feeds_exactly_each_plan(tmp_pat
         column = metrics[0].split(",").index("train/pruned_share")
         logged = [float(row.split(",")[column]) for row in metrics[1:] if row.split(",")[column]]
         assert logged == pytest.approx([shares[str(e)] for e in range(4)], abs=1e-6)
+        # The bar's train/loss is the samples' own mean; the loss trained on carries the
+        # weights that restore a whole epoch's sum: larger in the pruned epochs only.
+        rows = [
+            dict(zip(metrics[0].split(","), row.split(","), strict=True)) for row in metrics[1:]
+        ]
+        epoch_rows = [r for r in rows if r["train/weighted_loss"]]
+        mean = [float(r["train/loss_epoch"]) for r in epoch_rows]
+        weighted = [float(r["train/weighted_loss"]) for r in epoch_rows]
+        assert len(mean) == 4
+        assert weighted[1] > 1.05 * mean[1] and weighted[2] > 1.05 * mean[2]
+        assert weighted[0] == pytest.approx(mean[0]) and weighted[3] == pytest.approx(mean[3])
 
 
 def test_the_default_trains_infobatch_for_the_epochs_its_fraction_buys(tmp_path):

@@ -358,8 +358,9 @@ def test_the_timing_caveats_name_busy_pinned_runs_and_loaded_unpinned_ones() -> 
 def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_path: Path) -> None:
     """Two jobs at a time on joblib, each pinned; a method from outside the package joins
     through one config file on Hydra's search path; label cleaning runs cleanlab inside a
-    joblib worker; a second invocation skips every job; the report writes frontier.md and
-    frontier.png into the sweep folder."""
+    joblib worker; a second invocation (on Hydra's basic launcher: what skips a job is the
+    job's own) skips every job; the report writes frontier.md and frontier.png into the sweep
+    folder."""
     configs = tmp_path / "my_configs"
     (configs / "approach").mkdir(parents=True)
     (configs / "approach" / "hardest.yaml").write_text(HARDEST_APPROACH)
@@ -371,10 +372,16 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
         f"hydra.sweep.dir={sweep}",
     ]  # fmt: skip
 
-    def sweep_once() -> subprocess.CompletedProcess:
-        # a new Python, not the preloaded one's fork: loky's workers have hung at its exit
+    def sweep_once(launcher: str = "joblib") -> subprocess.CompletedProcess:
+        # joblib: a new Python, not the preloaded one's fork (loky's workers have hung at its
+        # exit); the basic launcher runs its jobs in the fork
+        swept = [a.replace("=joblib", f"={launcher}") for a in args[1:] if "n_jobs" not in a]
         done = run_entry(
-            args[0], args[1:], env={"PYTHONPATH": str(ROOT)}, timeout=600, preloaded=False
+            args[0],
+            args[1:] if launcher == "joblib" else swept,
+            env={"PYTHONPATH": str(ROOT)},
+            timeout=600,
+            preloaded=launcher != "joblib",
         )
         assert done.returncode == 0, done.stderr[-3000:]
         return done
@@ -397,7 +404,7 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
     assert cleaned["method"] == "cleanlab" and cleaned["samples"] > 0  # 5 folds trained
     assert (sweep / "+approach=clean_cleanlab,fraction=0.5,seed=0" / "label_issues.csv").is_file()
     stamps = {name: (sweep / name / "summary.json").stat().st_mtime_ns for name in jobs}
-    sweep_once()  # resumes: every job finished already, its summary.json left as it was
+    sweep_once("basic")  # resumes: every job finished already, its summary.json left as it was
     assert stamps == {name: (sweep / name / "summary.json").stat().st_mtime_ns for name in jobs}
     report = run_entry("-m", ["lipt.report.sweep", str(sweep)], env={"PYTHONPATH": str(ROOT)})
     assert report.returncode == 0, report.stderr[-3000:]

@@ -380,3 +380,29 @@ def test_wandb_sweep_logs_the_report_tables_and_plots(tmp_path):
     assert media >= {"accuracy", "stage", "results"}, media
     assert f"(tables and plots in {sweep.relative_to(tmp_path)}/report)" in raw
     assert "anonymous setting" not in raw  # wandb's notice about Lightning's anonymous=None
+
+
+def test_the_end_of_a_run_says_what_its_budget_bought(tmp_path):
+    """Dynamic pruning trains on the whole pool: the closing block shows no subset of 100% but
+    the samples trained against the whole pool's run, and so does a multirun job's line."""
+    dynamic = {
+        "test_accuracy": 0.8342,
+        "train_size": 55000,
+        "subset_size": 55000,
+        "config": {"trainer": {"max_epochs": 12}},
+        "stages": {"train": {"seconds": 40.0, "samples": 65850}},
+    }
+    block = console.closing_block(dynamic, tmp_path)
+    assert "subset" not in block
+    assert (
+        "trained           65,850 samples, 10.0% of the whole pool's 12 epochs (660,000)" in block
+    )
+    line = console.job_line(dynamic, tmp_path, "#0 selector=lipt:")
+    assert "subset" not in line and "trained 10.0%" in line
+    subset = {
+        **dynamic,
+        "subset_size": 5500,
+        "stages": {"train": {"seconds": 40.0, "samples": 66000}},
+    }
+    assert "subset            5,500 of 55,000 (10.0%)" in console.closing_block(subset, tmp_path)
+    assert "subset 5,500  trained 10.0%" in console.job_line(subset, tmp_path, "#1")

@@ -228,7 +228,3 @@ def quiet_trainer(run: Run, **overrides: Any) -> L.Trainer:
     """A single-device trainer for inner stages (warm-up, learners): QUIET_TRAINER's settings,
     `overrides` winning."""
     return build_trainer(run, **{"devices": 1, "strategy": "auto", **QUIET_TRAINER, **overrides})
-
-
-def state_dict_cpu(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}

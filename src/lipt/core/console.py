@@ -4,7 +4,7 @@
   plain text by `TerminalHandler`; `TerminalFilter` keeps third-party notices and Python warnings
   off the terminal (they stay in `<run>/<stage>.log`, see configs/hydra/default.yaml).
 - `progress` draws a rich bar on a terminal and does nothing when output is piped, in CI, in a
-  Hydra multirun job or in an extra DDP rank; pure code (lipt.selection, lipt.soup) never sees
+  Hydra multirun job or in an extra DDP rank; pure code (lipt.selection, lipt.jigsaw) never sees
   rich: callers hand it a plain callback or wrap its inputs (`counted`, `counting_selector`).
 - `closing_block` (a single run) and `job_line` (a multirun job) print the result; `SweepTable`
   (lipt.run.hydra_callbacks) prints a short table when a sweep ends.
@@ -255,14 +255,40 @@ def closing_block(summary: Mapping[str, Any], out: Path) -> str:
     if summary.get("test_accuracy") is not None:
         lines.append(f"  {'test accuracy':<17} {summary['test_accuracy']:.4f}")
     size, pool = summary.get("subset_size"), summary.get("train_size")
-    if size is not None and pool:
+    if size is not None and pool and size < pool:
         lines.append(f"  {'subset':<17} {_count(size)} of {_count(pool)} ({size / pool:.1%})")
+    trained = _trained(summary)
+    if trained:
+        lines.append(f"  {'trained':<17} {trained}")
     if summary.get("stages"):
         lines.append(f"  {'seconds':<17} {_seconds(summary['stages'])}")
     files = [(Path(name).name, out / name) for name in ARTIFACTS if (out / name).is_file()]
     files += [("log", path) for path in sorted(out.glob("*.log"))[:1]]
     lines += [f"  {name:<17} {shown(path)}" for name, path in files]
     return "\n".join(lines)
+
+
+def _trained(summary: Mapping[str, Any]) -> str | None:
+    """What main training's budget bought: the samples it trained on, against the whole pool's
+    run for as many epochs (a subset's, dynamic pruning's and InfoBatch's alike)."""
+    share = _trained_share(summary)
+    if share is None:
+        return None
+    samples, full, epochs = share
+    return (
+        f"{_count(samples)} samples, {samples / full:.1%} of the whole pool's "
+        f"{epochs} epochs ({_count(full)})"
+    )
+
+
+def _trained_share(summary: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """(samples trained, samples of the whole pool's run, its epochs), if the summary says."""
+    samples = ((summary.get("stages") or {}).get("train") or {}).get("samples")
+    pool = summary.get("train_size")
+    epochs = ((summary.get("config") or {}).get("trainer") or {}).get("max_epochs")
+    if samples is None or not pool or not epochs:
+        return None
+    return int(samples), int(pool) * int(epochs), int(epochs)
 
 
 def shown(path: Path) -> str:
@@ -278,8 +304,12 @@ def job_line(summary: Mapping[str, Any], out: Path, label: str) -> str:
     parts = [label]
     if summary.get("test_accuracy") is not None:
         parts.append(f"test {summary['test_accuracy']:.4f}")
-    if summary.get("subset_size") is not None:
-        parts.append(f"subset {_count(summary['subset_size'])}")
+    size, pool = summary.get("subset_size"), summary.get("train_size")
+    if size is not None and not (pool and size >= pool):
+        parts.append(f"subset {_count(size)}")
+    share = _trained_share(summary)
+    if share is not None:
+        parts.append(f"trained {share[0] / share[1]:.1%}")
     total = sum(float(s.get("seconds", 0.0)) for s in (summary.get("stages") or {}).values())
     parts += [f"{total:.0f} s", shown(out)]
     return "  ".join(parts)

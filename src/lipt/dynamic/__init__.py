@@ -1,6 +1,6 @@
 """Dynamic data pruning during main training (`dynamic=infobatch`, `dynamic=lipt`): a plan of
 kept samples and loss weights per epoch from each sample's last training loss. The pure plans
-are in `plan`, the Lightning callback in `callback`, the wiring into train.py in `stage`;
+are in `plan`, the Lightning callback in `callback`; lipt.stages.dynamic wires them into train.py;
 README.md in this folder is the one-page card."""
 
 from lipt.dynamic.callback import DynamicPruning

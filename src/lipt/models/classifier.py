@@ -20,7 +20,14 @@ from lipt.models.loss import weighted_loss
 from lipt.models.schedules import Clock, cosine, is_torch_scheduler
 
 # What training_step, validation_step and test_step log (what a callback may monitor).
-LOGGED_METRICS = ("val/acc", "val/loss", "train/loss", "train/loss_step", "train/loss_epoch")
+LOGGED_METRICS = (
+    "val/acc",
+    "val/loss",
+    "train/loss",
+    "train/loss_step",
+    "train/loss_epoch",
+    "train/weighted_loss",
+)
 
 # The paper's optimiser (appendix A), configs/optimizer/sgd.yaml's settings.
 PAPER_SGD = functools.partial(
@@ -105,7 +112,11 @@ class Classifier(L.LightningModule):
             self.epoch_batches = int(batches) if math.isfinite(batches) else 1
         self.epoch_batches_done = batch_idx + 1
         self.samples_seen += int(y.shape[0])
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True)
+        # The bar shows the samples' own mean loss. The loss trained on differs under dynamic
+        # pruning, whose weights restore a whole epoch's sum (~1/(1 - pruned share) larger).
+        shown = per_sample.detach().mean()
+        self.log("train/loss", shown, prog_bar=True, on_step=True, on_epoch=True)
+        self.log("train/weighted_loss", loss.detach(), on_step=False, on_epoch=True)
         return loss
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:

@@ -68,7 +68,7 @@ def schedule_steps(fraction: float, epochs: int, steps_per_epoch: int) -> int:
     return max(1, round(fraction * epochs * steps_per_epoch))
 
 
-def selector_of(run: Run) -> SelectorSettings:
+def chosen_selector(run: Run) -> SelectorSettings:
     """The chosen selector's settings, in the stages that have a `selector` group."""
     assert run.selector is not None, "select.py and train.py have a selector group"
     return run.selector
@@ -77,7 +77,7 @@ def selector_of(run: Run) -> SelectorSettings:
 def check_held_out(run: Run, dm: DataModule) -> None:
     """A selector that matches the validation split needs validation rows (else its target
     would silently be the pool)."""
-    selector = selector_of(run)
+    selector = chosen_selector(run)
     if selector.needs_held_out and len(dm.val_indices) == 0:
         raise UserError(
             f"selector={selector.label} matches the validation split, which is empty here; "
@@ -103,7 +103,7 @@ def ranking_models(run: Run, dm: DataModule, made: Pretrained | None = None) -> 
     `selector.repeats` times from `repeat_seed(seed, r)`; `made`: the first of them, already
     pre-trained in this run (for label cleaning), is not made again."""
     check_held_out(run, dm)  # before any pre-training
-    repeats = selector_of(run).repeats
+    repeats = chosen_selector(run).repeats
     settings = run.settings
     ckpt_path = settings.ckpt_path if settings.stage == "select" else None
     if made is not None and not ckpt_path:
@@ -158,7 +158,7 @@ def choose_subset(
     A selector that needs no model (random) never runs `models` over the pool, so random
     online (`selector=random reselect_every=R`) only re-draws."""
     check_held_out(run, dm)
-    selector = selector_of(run)
+    selector = chosen_selector(run)
     pool_size = len(dm.pool_indices)
     budget = budget_for(run, pool_size)
     console.stage(console.describe_selection(selector, budget, pool_size))
@@ -216,7 +216,7 @@ def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
         "dataset_train_size": len(dm.train_source),
         "val_size": len(dm.val_indices),
         "split_seed": run.dataset.split_seed,
-        "selector": selector_of(run).label,
+        "selector": chosen_selector(run).label,
         "pretrain": run.pretrain_name,
         "fraction": float(run.settings.fraction),
         "seed": run.settings.seed,
@@ -226,7 +226,7 @@ def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
 def select_subset(run: Run, dm: DataModule, made: Pretrained | None = None) -> Selected:
     """Stage 2 as select.py and train.py run it: the ranking model(s) (`made`: pre-trained in
     this run already, by label cleaning), then the subset."""
-    needs_model = selector_of(run).needs_model
+    needs_model = chosen_selector(run).needs_model
     ranking = ranking_models(run, dm, made) if needs_model else Ranking([])
     start = time.perf_counter()
     diagnostics: dict[str, int] = {}
@@ -276,7 +276,7 @@ def selection_stages(selected: Selected) -> dict[str, dict[str, Any]]:
 def run(run: Run) -> dict[str, Any]:
     """`select.py`, on the run's typed settings (lipt.run.config.validate builds them):
     subset.npz, merge_report.json (a soup made here) and summary.json."""
-    if selector_of(run).is_full:
+    if chosen_selector(run).is_full:
         raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
     out = run_dir(run)
     dm = build_datamodule(run)

@@ -54,10 +54,10 @@ from lipt.stages.select import (
     STAGES_FILE,
     SUBSET_FILE,
     choose_subset,
+    chosen_selector,
     ranking_models,
     schedule_steps,
     select_subset,
-    selector_of,
     subset_meta,
     subset_steps,
     with_cleaning,
@@ -121,7 +121,7 @@ def obtain_subset(
     """The subset to train on: given (subset_path), none (selector=full), the one a resumed or
     restarted run already chose, or selected now exactly as select.py selects (`made`: the
     model pre-trained in this run already, by label cleaning)."""
-    settings, selector = run.settings, selector_of(run)
+    settings, selector = run.settings, chosen_selector(run)
     if settings.subset_path:
         return TrainingSet(load_checked_subset(dm, Path(settings.subset_path)))
     if selector.is_full:
@@ -217,7 +217,7 @@ def run(run: Run) -> dict[str, Any]:
     )
     # A step budget (the whole pool on `fraction` of the schedule, or a subset's steps): the
     # cosine spans it and StopAtStep ends the fit there, with max_epochs the epochs it needs.
-    selector = selector_of(run)
+    selector = chosen_selector(run)
     step_budget: int | None = None
     epochs = run.main_epochs
     if selector.is_full and selector.match_subset_steps:
