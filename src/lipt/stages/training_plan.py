@@ -1,0 +1,161 @@
+"""Main training's plan: what trains (the classifier around the initial model), for how many
+epochs or optimiser steps, with which callbacks, loggers and Trainer settings. Built once from
+the run and what the stages before it made; lipt.stages.train fits it.
+
+The budget modes: a subset for `trainer.max_epochs`; the whole pool on a step budget (a share
+of the schedule: `full_schedule`, or a subset's steps: `full_steps`), which the cosine spans and
+StopAtStep ends; InfoBatch's fewer epochs; dynamic pruning's epochs of a shrinking pool.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import Tensor, nn
+
+from lipt.builder.objects import build_callbacks, build_classifier, build_loggers, progress_bars
+from lipt.core import console
+from lipt.core.seeding import reselect_seed
+from lipt.core.settings import Run
+from lipt.data import DataModule
+from lipt.dynamic.plan import infobatch_epochs
+from lipt.models.classifier import Classifier
+from lipt.stages.dynamic import DynamicSetup
+from lipt.stages.requeue import RequeueOnSignal
+from lipt.stages.reselect import Reselect
+from lipt.stages.seen import SeenSamples
+from lipt.stages.select import (
+    choose_subset,
+    chosen_selector,
+    schedule_steps,
+    subset_meta,
+    subset_steps,
+)
+
+
+@dataclass
+class TrainingPlan:
+    """What Trainer.fit runs: `module` for `epochs` (what the stage line announces; a step
+    budget's StopAtStep may end the last one early), with `callbacks` and `loggers`, and the
+    Trainer settings that differ from the `trainer` group's (`trainer_settings`)."""
+
+    module: Classifier
+    epochs: int
+    subset_size: int  # the images an epoch trains on before any pruning: the subset, or the pool
+    callbacks: list[L.Callback]
+    loggers: list[Any]
+    trainer_settings: dict[str, Any]
+    reselect: Reselect | None
+    dynamic: DynamicSetup | None
+
+
+class StopAtStep(L.Callback):
+    """Ends the fit once `steps` optimiser steps are done (a step budget, mid-epoch too)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.steps:
+            trainer.should_stop = True
+
+
+def step_budget(
+    run: Run, dm: DataModule, subset: tuple[Tensor, Tensor] | None, pool_before_cleaning: int
+) -> tuple[int | None, int]:
+    """(the optimiser steps main training stops at, None for none; the epochs it runs)."""
+    settings, selector = run.settings, chosen_selector(run)
+    steps: int | None = None
+    epochs = run.main_epochs
+    if selector.is_full and selector.match_subset_steps:
+        steps = subset_steps(run, len(dm.pool_indices))  # approach=full_steps
+    if selector.budget_steps and subset is None:  # the whole pool on `fraction` of the schedule
+        # The steps are the whole pool's before cleaning dropped any: a cleaned pool trains as
+        # many as full_schedule does at this budget (the same spend, cleaning on top), over
+        # more of its epochs.
+        budget_batches = math.ceil(pool_before_cleaning / settings.batch_size)
+        steps = schedule_steps(settings.fraction, epochs, budget_batches)
+        per_epoch = math.ceil(len(dm.pool_indices) / settings.batch_size)
+        epochs = math.ceil(steps / per_epoch)
+    return steps, epochs
+
+
+def reselection(
+    run: Run, dm: DataModule, out: Path, subset: tuple[Tensor, Tensor] | None
+) -> Reselect | None:
+    """Re-selection every `reselect_every` epochs with the model being trained, for a subset
+    this run selected (None otherwise)."""
+    settings = run.settings
+    if settings.reselect_every <= 0 or subset is None or settings.subset_path is not None:
+        return None
+
+    def choose(module: nn.Module, epoch: int, profile: dict[str, float]) -> tuple[Tensor, Tensor]:
+        model = cast(nn.Module, module.model)  # the Classifier's network
+        with console.no_bars():  # Lightning's own bar is live during training
+            seed = reselect_seed(settings.seed, epoch)
+            return choose_subset(run, dm, [model], seed, profile=profile)
+
+    return Reselect(settings.reselect_every, dm, choose, out, subset_meta(run, dm))
+
+
+def training_plan(
+    run: Run,
+    dm: DataModule,
+    out: Path,
+    model: nn.Module,
+    subset: tuple[Tensor, Tensor] | None,
+    dynamic: DynamicSetup | None,
+    pool_before_cleaning: int,
+    requeue: RequeueOnSignal | None,
+) -> TrainingPlan:
+    """The plan for `model` on `dm`'s training set (`subset` of the pool, None: the whole
+    pool), built in the order the objects consume nothing random."""
+    settings = run.settings
+    # Dynamic pruning's weights restore a full epoch's loss sum: mean over the batch, and a
+    # schedule over epochs, whose lengths vary (lipt.models.classifier.Classifier).
+    dynamic_optim: dict[str, Any] = (
+        {"loss_norm": "batch", "schedule_over": "epochs"} if dynamic is not None else {}
+    )
+    steps, epochs = step_budget(run, dm, subset, pool_before_cleaning)
+    module = build_classifier(run, model, total_steps=steps, **dynamic_optim)
+    callbacks: list[L.Callback] = [
+        # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
+        ModelCheckpoint(
+            dirpath=out / "checkpoints",
+            filename="last",
+            save_top_k=1,
+            save_last=False,
+            enable_version_counter=False,
+        )
+    ]
+    if settings.record_seen:
+        callbacks.append(SeenSamples(out))
+    if requeue is not None:
+        callbacks.append(requeue)
+    trainer_settings: dict[str, Any] = {}
+    reselect = reselection(run, dm, out, subset)
+    if reselect is not None:
+        callbacks.append(reselect)
+        trainer_settings["reload_dataloaders_every_n_epochs"] = settings.reselect_every
+    if dynamic is not None:
+        callbacks.append(dynamic.callback)
+        trainer_settings["reload_dataloaders_every_n_epochs"] = 1  # each epoch asks its plan
+    if steps is not None:
+        # Not Lightning's max_steps: a fit with max_steps that resumes from an epoch's end
+        # counts that epoch twice and stops one epoch short (Lightning 2.6).
+        callbacks.append(StopAtStep(steps))
+        trainer_settings["max_epochs"] = epochs
+    if run.budget_epochs:  # selector=infobatch: the epochs `fraction` of the cost buys
+        epochs = trainer_settings["max_epochs"] = infobatch_epochs(float(settings.fraction), epochs)
+    loggers = build_loggers(run)
+    # The `callbacks` group: those the run has what they need for.
+    callbacks += build_callbacks(run, loggers, progress_bars(run), len(dm.val_indices) > 0)
+    size = len(dm.pool_indices) if subset is None else len(subset[0])
+    return TrainingPlan(
+        module, epochs, size, callbacks, loggers, trainer_settings, reselect, dynamic
+    )
