@@ -141,3 +141,30 @@ def test_a_value_a_shared_composition_cannot_set_fails_as_composing_it_alone() -
     with pytest.raises(ConfigCompositionException) as shared:
         list(compose_jobs("train", [["selector=coverage", "seed=1"], job]))
     assert str(shared.value) == str(alone.value) and "no_such_key" in str(shared.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["pretrain=none", "selector=random"],  # nothing pre-trains
+        ["pretrain=jigsaw", "selector=random"],  # random ranks without a model
+        ["selector=infobatch"],  # InfoBatch scores by the training loss
+    ],
+)
+def test_init_from_pretrained_without_pre_training_is_refused_before_any_stage(
+    overrides: list[str], tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [*FAST, *overrides, "init_from=pretrained", f"hydra.run.dir={run_dir}"]
+    out = run_entry(str(ROOT / "train.py"), args, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        "error: init_from=pretrained needs a model pre-trained in this run: use a pretrain other "
+        "than none and a selector that ranks with a model"
+    ]
+    assert not run_dir.exists()
+
+
+def test_init_from_pretrained_passes_where_the_run_pre_trains(make_cfg) -> None:
+    for overrides in (["selector=glister"], ["selector=lipt"], ["selector=coverage"]):
+        validate(make_cfg(["init_from=pretrained", *overrides]), deep=False)

@@ -199,6 +199,19 @@ def run_of(cfg: DictConfig) -> Run:
     return Run(run_settings(values), dataset_settings(values), _selector(values), values)
 
 
+def pretrains(run: Run) -> bool:
+    """Whether a train.py run can pre-train a model (what init_from=pretrained starts from):
+    false when pre-training is none, or when neither the selector (a subset it selects),
+    dynamic=lipt nor label cleaning asks for one."""
+    name_of = {g: str(run.node(g).get("name", "none")) for g in ("pretrain", "clean", "dynamic")}
+    if name_of["clean"] != "none":
+        return True  # cleaning may pre-train on its own (clean=lipt's soup)
+    selector = run.selector
+    selects = selector is not None and selector.needs_model and run.settings.subset_path is None
+    lipt_pruning = run.dynamic_enabled and name_of["dynamic"] == "lipt"
+    return name_of["pretrain"] != "none" and (selects or lipt_pruning)
+
+
 def validate(cfg: DictConfig, deep: bool = True) -> Run:
     """The run's typed settings (`run_of`), once every check passes. Raise UserError naming the
     key and the fix for the first problem found: the declared type and range of every
@@ -243,6 +256,11 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
     if top.stage == "select" and selector is not None and selector.is_full:
         raise UserError(
             f"selector={selector.label} selects nothing; choose a selector, e.g. selector=glister"
+        )
+    if top.stage == "train" and top.init_from == "pretrained" and not pretrains(run):
+        raise UserError(
+            "init_from=pretrained needs a model pre-trained in this run: use a pretrain "
+            "other than none and a selector that ranks with a model"
         )
     if not deep:
         return run

@@ -215,6 +215,7 @@ def fit_and_test(
     dynamic, reselect, module = plan.dynamic, plan.reselect, plan.module
     console.stage(line if dynamic is None else f"{line}; {describe(dynamic.callback.method)}")
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    seconds = module.seconds_trained()  # before the test pass; earlier attempts' included
     samples = module.total_samples_seen()
     epochs_trained = int(trainer.current_epoch)  # after fit: the epochs completed
     # The last epoch's validation accuracy: what hyper-parameters are chosen on (never test).
@@ -222,7 +223,7 @@ def fit_and_test(
     test_accuracy = float(trainer.test(module, datamodule=dm, verbose=False)[0]["test/acc"])
     unique = subset_size if reselect is None else len(reselect.unique)
     return Trained(
-        seconds=module.seconds_trained(),  # a resumed run's earlier attempts included
+        seconds=seconds,
         samples=samples,
         unique_samples=unique if dynamic is None else dynamic.callback.unique_samples(),
         test_accuracy=test_accuracy,
