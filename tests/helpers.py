@@ -35,8 +35,9 @@ FAST = [
     "trainer.enable_progress_bar=false",
     "logger=none",
     # The whole pool pruned by InfoBatch, which needs no pre-training; tests that exercise the
-    # jigsaw stage or lipt's default (selector=lipt) ask for them.
-    "selector=infobatch",
+    # jigsaw stage or lipt's default (budget=lipt) ask for them, and a test that picks a
+    # selector adds budget=subset (a budget on the command line wins over the selector's).
+    "budget=infobatch",
     "pretrain=none",
 ]
 

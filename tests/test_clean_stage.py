@@ -57,8 +57,8 @@ def test_lipt_cleaning_drops_what_it_flags_and_reports_detection(make_cfg, tmp_p
 
 
 def test_cleaning_and_selection_share_one_soup(make_cfg, tmp_path):
-    # selector=lipt scores the pool with the soup that clean=lipt pre-trained: trained once
-    summary = train_stage.run(validate(make_cfg([*NOISY, *JIGSAW, "selector=lipt", "clean=lipt"])))
+    # budget=lipt scores the pool with the soup that clean=lipt pre-trained: trained once
+    summary = train_stage.run(validate(make_cfg([*NOISY, *JIGSAW, "budget=lipt", "clean=lipt"])))
     assert summary["stages"]["pretrain"]["samples"] == 4 * 32 * 3
     learners = sorted(p.name for p in (tmp_path / "learners").iterdir())
     assert learners == [f"learner_{i}.ckpt" for i in range(4)]
@@ -122,9 +122,9 @@ def test_select_py_lists_the_label_issues(make_cfg, tmp_path):
 
 
 def test_a_cleaned_pool_trains_the_steps_of_the_whole_pools_budget(make_cfg, tmp_path):
-    # full_schedule's budget (selector.budget_steps) on a pool that cleaning shrank: the steps
-    # the whole noisy pool takes at this budget (the same spend), over more of its epochs
-    schedule = [*NOISY, "selector=full", "selector.budget_steps=true", "fraction=0.5"]
+    # budget=full_schedule on a pool that cleaning shrank: the steps the whole noisy pool takes
+    # at this budget (the same spend), over more of its epochs
+    schedule = [*NOISY, "budget=full_schedule", "fraction=0.5"]
     schedule += ["trainer.max_epochs=4"]
     whole = train_stage.run(
         validate(make_cfg([*schedule, f"paths.output_dir={tmp_path / 'whole'}"]))

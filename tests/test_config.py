@@ -48,8 +48,12 @@ ACCEPTED = [
     ["pretrain.min_learners=10"],
     ["pretrain.min_learners=1", "pretrain.optim.scheduler=constant"],
     ["pretrain=full", "pretrain.epochs=1"],
-    ["selector=full", "pretrain=none", "dynamic=infobatch", "dynamic.ratio=0", "dynamic.delta=1"],
-    ["selector=full", "dynamic=lipt", "dynamic.budget=1", "dynamic.floor=1"],
+    ["budget=infobatch", "pretrain=none", "budget.ratio=0", "budget.delta=1"],
+    ["budget=infobatch", "pretrain=none", "budget.epochs=all"],
+    ["budget=lipt", "fraction=1", "budget.floor=1"],
+    ["budget=full", "pretrain=none"],
+    ["budget=full_steps", "pretrain=none"],
+    ["selector=random", "budget=subset"],
 ]
 
 REFUSED = [
@@ -80,7 +84,7 @@ REFUSED = [
     (["+logger.csv.bogus=1"], ["logger.csv", "bogus"]),
     (["logger.csv._target_=no.such.Logger"], ["logger=csv", "install"]),
     (["+pretrain.epochs=2"], ["pretrain=jigsaw", "pretrain.epochs", "not a setting"]),
-    (["pretrain=none", "+pretrain.epochs=2"], ["pretrain=none", "epochs"]),
+    (["pretrain=none", "budget=full", "+pretrain.epochs=2"], ["pretrain=none", "epochs"]),
     (["+merge.bogus=1"], ["merge=", "merge.bogus", "not a setting"]),
     (["+prune.bogus=1"], ["prune=", "prune.bogus", "not a setting"]),
     (["+augment.bogus=1"], ["augment=", "augment.bogus", "not a setting"]),
@@ -101,23 +105,17 @@ REFUSED = [
     (["dataset=cifar10", "dataset.data_dir={empty}"], ["CIFAR-10 files missing"]),
     (["dataset=imagenet", "dataset.data_dir={empty}"], ["train/ and val/"]),
     (["subset_path={empty}"], ["subset_path", "does not exist"]),
-    (["selector=full", "dynamic=infobatch", "dynamic.ratio=1"], ["dynamic.ratio", "[0, 1)"]),
-    (["selector=coverage", "dynamic=infobatch"], ["dynamic=infobatch", "selector=full"]),
-    (
-        ["selector=infobatch", "dynamic=none"],
-        ["selector=infobatch", "dynamic=none", "selector=full dynamic=none"],
-    ),
-    (["selector=infobatch", "dynamic=lipt"], ["selector=infobatch", "selector=full dynamic=lipt"]),
-    (["selector=infobatch", "dynamic.budget=0.3"], ["selector=infobatch", "dynamic.budget"]),
-    (["dynamic=none"], ["selector=lipt", "dynamic=none", "selector=full dynamic=none"]),
-    (["dynamic=infobatch"], ["selector=lipt", "selector=full dynamic=infobatch"]),
-    (["dynamic.budget=0.3"], ["selector=lipt", "dynamic.budget=0.3", "fraction=0.3"]),
-    (["pretrain=none"], ["selector=lipt", "pretrain=none", "selector=infobatch"]),
+    (["budget=infobatch", "budget.ratio=1"], ["budget.ratio", "[0, 1)"]),
+    (["selector=coverage", "budget=infobatch"], ["budget=infobatch", "selector=coverage"]),
+    (["+approach=coverage", "budget=full_schedule"], ["budget=full_schedule", "selector=none"]),
+    (["budget=subset"], ["budget=subset", "selector=none", "subset_path"]),
+    (["budget=lipt", "+budget.steps=all"], ["budget.steps", "not a setting"]),
+    (["budget=full", "budget.steps=half"], ["budget.steps", "all"]),
+    (["budget=lipt", "budget.delta=0"], ["budget.delta"]),
+    (["pretrain=none"], ["budget=lipt", "pretrain=none", "budget=infobatch"]),
+    (["budget=lipt", "+budget.bogus=1"], ["budget=lipt", "bogus"]),
+    (["budget._target_=lipt.budget.Nothing"], ["budget._target_", "cannot be imported"]),
     (["selector=random", "+selector.budget_steps=true"], ["budget_steps", "selector=random"]),
-    (["+approach=full_schedule", "selector.match_subset_steps=true"], ["budget_steps"]),
-    (["+approach=full_schedule", "dynamic=infobatch"], ["dynamic=infobatch", "budget_steps"]),
-    (["selector=full", "dynamic=lipt", "pretrain=none"], ["dynamic=lipt", "pretrain=none"]),
-    (["selector=full", "dynamic=lipt", "+dynamic.bogus=1"], ["dynamic=lipt", "bogus"]),
 ]
 
 
@@ -261,40 +259,63 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
 
 
 # What the stages ask of each selector option (lipt.core.selector: the one place that reads
-# selector.name to choose code): (is_full, needs_model, needs_held_out, match_subset_steps,
-# budget_epochs).
+# selector.name to choose code): (budget chosen, needs_model, needs_held_out); None: selects
+# nothing (selector=none).
 SELECTOR_SETTINGS = [
-    (["selector=full"], (True, False, False, False, False)),
-    (["selector=infobatch"], (True, False, False, False, True)),
-    (["selector=lipt"], (True, False, False, False, False)),
-    (["+approach=full_schedule"], (True, False, False, False, False)),
-    (["+approach=full_steps"], (True, False, False, True, False)),
-    (["selector=random"], (False, False, False, False, False)),
-    (["selector=random_balanced"], (False, False, False, False, False)),
-    (["selector=glister"], (False, True, True, False, False)),
-    (["selector=gradmatch"], (False, True, False, False, False)),
-    (["selector=gradmatch", "selector.target=val"], (False, True, True, False, False)),
-    (["selector=coverage"], (False, True, False, False, False)),
-    (["selector=craig"], (False, True, False, False, False)),
-    (["selector=ccs"], (False, True, False, False, False)),
-    (["selector=el2n"], (False, True, False, False, False)),
-    (["selector=uncertainty"], (False, True, False, False, False)),
-    (["selector=grand"], (False, True, False, False, False)),
+    (["selector=none"], ("lipt", None)),
+    (["selector=random"], ("subset", (False, False))),
+    (["selector=random_balanced"], ("subset", (False, False))),
+    (["selector=glister"], ("subset", (True, True))),
+    (["selector=gradmatch"], ("subset", (True, False))),
+    (["selector=gradmatch", "selector.target=val"], ("subset", (True, True))),
+    (["selector=coverage"], ("subset", (True, False))),
+    (["selector=craig"], ("subset", (True, False))),
+    (["selector=ccs"], ("subset", (True, False))),
+    (["selector=el2n"], ("subset", (True, False))),
+    (["selector=uncertainty"], ("subset", (True, False))),
+    (["selector=grand"], ("subset", (True, False))),
 ]
 
 
 @pytest.mark.parametrize(("overrides", "expected"), SELECTOR_SETTINGS)
 def test_selector_settings_of_each_option(make_cfg, overrides, expected):
-    settings = selector_settings(make_cfg(overrides).selector)
-    assert settings.label == make_cfg(overrides).selector.name
-    flags = (
-        settings.is_full,
-        settings.needs_model,
-        settings.needs_held_out,
-        settings.match_subset_steps,
-        settings.budget_epochs,
-    )
-    assert flags == expected
+    cfg = make_cfg(overrides)
+    settings = selector_settings(cfg.selector)
+    flags = None if settings is None else (settings.needs_model, settings.needs_held_out)
+    assert (cfg.budget.name, flags) == expected
+    assert settings is None or settings.label == cfg.selector.name
+
+
+# Each budget option's arithmetic on the Fashion-MNIST pool (55,000 rows, batches of 256: 215 a
+# epoch) at 10% of 12 epochs: (epochs, optimiser steps that end the fit).
+BUDGET_SCHEDULES = [
+    ("subset", 55_000, (12, None)),
+    ("full", 55_000, (12, None)),
+    ("full_steps", 55_000, (12, 12 * 22)),  # 5,500 rows: 22 batches an epoch
+    ("full_schedule", 55_000, (2, 258)),  # round(0.1 * 12 * 215) steps
+    ("full_schedule", 50_000, (2, 258)),  # a cleaned pool: the same steps, 196 a epoch
+    ("infobatch", 55_000, (2, None)),  # round(0.1 * 12 / 0.7)
+    ("lipt", 55_000, (12, None)),
+]
+
+
+@pytest.mark.parametrize(("option", "pool", "expected"), BUDGET_SCHEDULES)
+def test_each_budget_option_owns_its_arithmetic(make_cfg, option, pool, expected):
+    from lipt.budget import PoolSizes
+    from lipt.run.config import run_of
+
+    args = [f"budget={option}", "fraction=0.1", "trainer.max_epochs=12", "batch_size=256"]
+    run = run_of(make_cfg([*args, *(["selector=random"] if option == "subset" else [])]))
+    sizes = PoolSizes(pool, 55_000, 256, 12, 0.1)
+    schedule = run.budget.schedule(sizes)
+    assert (schedule.epochs, schedule.steps) == expected
+    assert run.budget.trains_subset == (option == "subset")
+    assert run.prunes == (option in ("infobatch", "lipt"))
+
+
+def test_budget_options_are_all_tested():
+    options = {p.stem for p in (CONFIGS / "budget").glob("*.yaml")}
+    assert options == {option for option, _, _ in BUDGET_SCHEDULES}
 
 
 def test_selector_settings_cover_every_selector_option():

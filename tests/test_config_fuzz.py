@@ -38,7 +38,7 @@ BASE = [
     "model.width=8",
     "trainer.accelerator=cpu",
     "logger=none",
-    "selector=infobatch",  # the whole pool without pre-training (the default, lipt, needs one)
+    "budget=infobatch",  # the whole pool without pre-training (the default, lipt, needs one)
     "pretrain=none",
 ]
 ADDED_BASE = ["trainer.accelerator=cpu", "logger=none"]
@@ -48,11 +48,8 @@ NEEDS = {
     ("dataset", "cifar10"): ["dataset.data_dir={cifar10}"],
     ("dataset", "cifar100"): ["dataset.data_dir={cifar100}"],
     ("dataset", "imagenet"): ["dataset.data_dir={imagenet}", "dataset.val_size=10"],
-    ("dynamic", "infobatch"): ["selector=full"],
-    ("dynamic", "none"): ["selector=full"],
-    ("dynamic", "lipt"): ["selector=full", "pretrain=jigsaw"],
-    ("selector", "full"): [],
-    ("selector", "lipt"): ["pretrain=jigsaw"],
+    ("budget", "lipt"): ["pretrain=jigsaw"],
+    ("budget", "subset"): ["selector=random"],
     ("clean", "lipt"): ["pretrain=jigsaw"],
 }
 # Groups added to the config with `+` (no default option in train.yaml).
@@ -158,6 +155,8 @@ def dry_run(cfg: DictConfig, loaded: dict[str, Any]) -> str | None:
 def compose_option(group: str, option: str, data: dict[str, Path], out: Path) -> DictConfig:
     choice = [] if not group else [f"{'+' if group in ADDED else ''}{group}={option}"]
     needs = [o.format(**data) for o in NEEDS.get((group, option), [])]
+    if group == "selector" and option != "none":
+        needs.append("budget=subset")  # BASE's budget, given on the command line, would win
     if group == "experiment":
         needs.append(f"+approach={first_approach(option)}")
     # An added group (an approach, an experiment) chooses groups itself: only what keeps the

@@ -123,9 +123,9 @@ def test_config_doc_lists_every_option_key_and_comment(tmp_path):
     )
     for group in ("dataset", "model", "pretrain", "selector", "experiment", "hydra/callbacks"):
         assert f"## Group `{group}`" in text
-    assert "### `selector=coverage`" in text and "`lipt` (default)" in text
-    # dynamic's default is named after the selector's choice (train.yaml's `${selector}`)
-    assert "- [`dynamic`](#group-dynamic): `infobatch`, `lipt` (default), `none`" in text
+    assert "### `selector=coverage`" in text and "`none` (default)" in text
+    budgets = "`full`, `full_schedule`, `full_steps`, `infobatch`, `lipt` (default), `subset`"
+    assert f"- [`budget`](#group-budget): {budgets}" in text
 
 
 def test_config_doc_needs_neither_hydra_nor_torch_and_no_stage_imports_it():

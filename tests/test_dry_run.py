@@ -36,8 +36,8 @@ def test_a_dry_run_of_a_sweep_composes_every_job_and_refuses_a_bad_combination(
     )
     assert out.returncode == 0, out.stderr
     assert "dry run: 6 jobs composed" in out.stdout
-    # Each value is fine alone; one pairing is not (dynamic pruning chooses no subset).
-    bad = ["-m", *args, "selector=random,full", "dynamic=none,infobatch"]
+    # Each value is fine alone; one pairing is not (InfoBatch prunes the whole pool).
+    bad = ["-m", *args, "selector=random,none", "budget=infobatch"]
     out = run_entry(str(ROOT / "train.py"), bad, cwd=tmp_path)
     assert out.returncode == 2 and "selector=random cannot choose a subset" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
@@ -46,7 +46,7 @@ def test_a_dry_run_of_a_sweep_composes_every_job_and_refuses_a_bad_combination(
 
 @pytest.mark.parametrize("script", ["pretrain.py", "select.py"])
 def test_every_entry_script_has_a_dry_run(script: str, tmp_path: Path) -> None:
-    args = [*FAST, "dry_run=true", "selector=random"]
+    args = [*FAST, "dry_run=true", "selector=random", "budget=subset"]
     out = run_entry(str(ROOT / script), args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "dry run: 1 job" in out.stdout and list(tmp_path.iterdir()) == []
@@ -146,9 +146,9 @@ def test_a_value_a_shared_composition_cannot_set_fails_as_composing_it_alone() -
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["pretrain=none", "selector=random"],  # nothing pre-trains
-        ["pretrain=jigsaw", "selector=random"],  # random ranks without a model
-        ["selector=infobatch"],  # InfoBatch scores by the training loss
+        ["pretrain=none", "selector=random", "budget=subset"],  # nothing pre-trains
+        ["pretrain=jigsaw", "selector=random", "budget=subset"],  # random ranks without a model
+        ["budget=infobatch"],  # InfoBatch scores by the training loss
     ],
 )
 def test_init_from_pretrained_without_pre_training_is_refused_before_any_stage(
@@ -160,11 +160,11 @@ def test_init_from_pretrained_without_pre_training_is_refused_before_any_stage(
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.strip().splitlines() == [
         "error: init_from=pretrained needs a model pre-trained in this run: use a pretrain other "
-        "than none and a selector that ranks with a model"
+        "than none and budget=lipt or a selector that ranks with a model"
     ]
     assert not run_dir.exists()
 
 
 def test_init_from_pretrained_passes_where_the_run_pre_trains(make_cfg) -> None:
-    for overrides in (["selector=glister"], ["selector=lipt"], ["selector=coverage"]):
+    for overrides in (["selector=glister"], ["budget=lipt"], ["selector=coverage"]):
         validate(make_cfg(["init_from=pretrained", *overrides]), deep=False)

@@ -1,5 +1,5 @@
 """Dynamic data pruning (lipt.dynamic): the pure plans at Fashion-MNIST's pool size with
-realistic loss distributions, then main training with dynamic=infobatch and dynamic=lipt end to
+realistic loss distributions, then main training with budget=infobatch and budget=lipt end to
 end: both data paths, the audit trail, the ledger, a bit-for-bit resume, DDP, bad values."""
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def test_bad_arguments_are_value_errors():
         lambda: budget_plan(losses, 0, 10, 0.0, 0.875, 0.25, g),
         lambda: budget_plan(losses, 0, 10, 0.5, 0.875, 1.5, g),
         lambda: pruned_epochs(0, 0.5),
-        lambda: InfoBatch(budget=0.5),
+        lambda: InfoBatch(ratio=1.0),
         lambda: LiptBudget(budget=1.2),
     ):
         with pytest.raises(ValueError):
@@ -192,7 +192,8 @@ def compose_in(out: Path, overrides: list[str]):
         return compose("train", overrides=[f"paths.output_dir={out}", *overrides])
 
 
-INFOBATCH = [*FAST, "selector=full", "dynamic=infobatch", "trainer.max_epochs=4"]
+# InfoBatch as published: every epoch of trainer.max_epochs.
+INFOBATCH = [*FAST, "budget.epochs=all", "trainer.max_epochs=4"]
 
 
 @pytest.mark.parametrize("resident", ["true", "false"])
@@ -241,13 +242,14 @@ def test_infobatch_trains_on_both_data_paths_and_feeds_exactly_each_plan(tmp_pat
 
 
 def test_the_default_trains_infobatch_for_the_epochs_its_fraction_buys(tmp_path):
-    # train.yaml's default, selector=infobatch: 30% of a 10-epoch run's cost, at InfoBatch's
-    # ~70% kept, buys round(3 / 0.7) = 4 epochs of the whole pool, pruned as dynamic=infobatch.
+    # budget=infobatch (FAST's): 30% of a 10-epoch run's cost, at InfoBatch's ~70% kept, buys
+    # round(3 / 0.7) = 4 epochs of the whole pool, pruned as InfoBatch prunes.
     summary = train_stage.run(
         validate(compose_in(tmp_path, [*FAST, "fraction=0.3", "trainer.max_epochs=10"]))
     )
     ledger = summary["stages"]["train"]["dynamic"]
-    assert ledger["method"] == "infobatch" and summary["config"]["selector"]["name"] == "infobatch"
+    assert ledger["method"] == "infobatch" and summary["config"]["budget"]["name"] == "infobatch"
+    assert summary["config"]["selector"]["name"] == "none" and len(ledger["pruned_share"]) == 4
     shares = ledger["pruned_share"]
     assert sorted(shares) == ["0", "1", "2", "3"]  # 4 epochs, not trainer.max_epochs=10
     assert shares["0"] == 0 and shares["3"] == 0 and shares["1"] > 0.1  # as published
@@ -296,8 +298,8 @@ def test_a_dynamic_run_resumes_bit_for_bit(tmp_path, monkeypatch):
 
 def test_lipt_prunes_from_epoch_0_with_the_jigsaw_ensemble_within_its_budget(tmp_path):
     jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
-    args = [*FAST, *jigsaw, "merge.ratios=3", "selector=full", "dynamic=lipt"]
-    args += ["dynamic.budget=0.4", "trainer.max_epochs=5", "init_from=pretrained"]
+    args = [*FAST, *jigsaw, "merge.ratios=3", "budget=lipt"]
+    args += ["fraction=0.4", "trainer.max_epochs=5", "init_from=pretrained"]
     summary = train_stage.run(validate(compose_in(tmp_path, args)))
     stages = summary["stages"]
     assert stages["pretrain"]["learners_merged"] >= 2 and stages["score"]["samples"] == 500
@@ -315,7 +317,7 @@ def test_a_lipt_run_resumes_bit_for_bit_without_pre_training_again(tmp_path, mon
     from lipt.stages import dynamic as dynamic_stage
 
     jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
-    args = [*FAST, *jigsaw, "merge.ratios=3", "selector=full", "dynamic=lipt"]
+    args = [*FAST, *jigsaw, "merge.ratios=3", "budget=lipt"]
     args += ["trainer.max_epochs=4", "record_seen=true"]
     real_step = Classifier.training_step
 
@@ -384,58 +386,61 @@ def test_ddp_ranks_keep_identical_scores_and_train_halves_of_each_plan(tmp_path)
 
 
 REFUSED = [
-    (["dynamic=infobatch", "dynamic.ratio=1"], "dynamic.ratio"),
-    (["dynamic=infobatch", "dynamic.ratio=-0.1"], "dynamic.ratio"),
-    (["dynamic=infobatch", "dynamic.delta=0"], "dynamic.delta"),
-    (["dynamic=infobatch", "dynamic.delta=1.5"], "dynamic.delta"),
-    (["dynamic=infobatch", "dynamic.budget=0.5"], "dynamic.budget"),
-    (["dynamic=lipt", "dynamic.budget=0"], "dynamic.budget"),
-    (["dynamic=lipt", "dynamic.budget=1.5"], "dynamic.budget"),
-    (["dynamic=lipt", "dynamic.floor=0"], "dynamic.floor"),
-    (["dynamic=lipt", "pretrain=none"], "pretrain=none"),
-    (["dynamic=infobatch", "selector=coverage"], "selector=full"),
-    (["dynamic=infobatch", "selector.match_subset_steps=true"], "match_subset_steps"),
+    (["budget=infobatch", "budget.ratio=1"], "budget.ratio"),
+    (["budget=infobatch", "budget.ratio=-0.1"], "budget.ratio"),
+    (["budget=infobatch", "budget.delta=0"], "budget.delta"),
+    (["budget=infobatch", "budget.delta=1.5"], "budget.delta"),
+    (["budget=infobatch", "budget.epochs=some"], "budget.epochs"),
+    (["budget=infobatch", "+budget.budget=0.5"], "budget.budget"),
+    (["budget=lipt", "pretrain=jigsaw", "fraction=0"], "fraction"),
+    (["budget=lipt", "pretrain=jigsaw", "fraction=1.5"], "fraction"),
+    (["budget=lipt", "pretrain=jigsaw", "budget.floor=0"], "budget.floor"),
+    (["budget=lipt", "pretrain=none"], "pretrain=none"),
+    (["budget=infobatch", "selector=coverage"], "selector=coverage"),
+    (["budget=subset"], "selector=none"),
 ]
 
 
 @pytest.mark.parametrize(("overrides", "key"), REFUSED, ids=lambda v: str(v)[:50])
-def test_bad_dynamic_settings_are_refused_naming_the_key(make_cfg, overrides, key):
-    cfg = make_cfg([*FAST, "selector=full", *overrides])
+def test_bad_budget_settings_are_refused_naming_the_key(make_cfg, overrides, key):
+    cfg = make_cfg([*FAST, *overrides])
     with pytest.raises(UserError) as caught:
         validate(cfg)  # the ranges are declared on the plans: the deep checks import them
     assert key in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_dynamic_configs_compose_and_pass_every_check(make_cfg):
-    validate(make_cfg([*FAST, "selector=full", "dynamic=infobatch"]))
-    validate(make_cfg(["selector=full", "dynamic=lipt", "dynamic.budget=0.3"]))  # jigsaw default
-    assert "_target_" not in make_cfg(["selector=full", "dynamic=none"]).dynamic  # none built
-    # The dynamic option is the one named after the selector: lipt for the default, infobatch
-    # for selector=infobatch, no node for a subset selector or the unpruned whole pool.
-    assert make_cfg([]).dynamic._target_ == "lipt.dynamic.LiptBudget"
-    assert make_cfg(["selector=infobatch"]).dynamic._target_ == "lipt.dynamic.InfoBatch"
-    assert make_cfg(["selector=coverage"]).get("dynamic") is None
-    assert make_cfg(["selector=full"]).get("dynamic") is None
+def test_budget_configs_compose_and_pass_every_check(make_cfg):
+    validate(make_cfg([*FAST, "budget.epochs=all"]))
+    validate(make_cfg(["budget=lipt", "fraction=0.3"]))  # jigsaw: the default pre-training
+    # lipt for the default; a selector chooses budget=subset itself, a budget given wins.
+    assert make_cfg([]).budget._target_ == "lipt.budget.LiptDynamic"
+    assert make_cfg([]).selector.name == "none"
+    assert make_cfg(["selector=coverage"]).budget._target_ == "lipt.budget.Subset"
+    assert (
+        make_cfg(["selector=coverage", "budget=lipt"]).budget._target_ == "lipt.budget.LiptDynamic"
+    )
+    assert make_cfg(["+approach=coverage"]).budget.name == "subset"
+    assert make_cfg(["+approach=full_data"]).budget.name == "full"
 
 
 def test_the_frontier_sweeps_pass_the_cli_precheck_and_a_bad_budget_fails_it(capsys):
     # The frontier's methods as overrides: every job's config composed as the sweeper does.
-    infobatch = ["selector=full", "pretrain=none", "dynamic=infobatch", "trainer.max_epochs=2"]
+    infobatch = ["budget=infobatch", "pretrain=none", "trainer.max_epochs=2"]
     precheck("train", [*infobatch, "seed=0,1"], multirun=True)
-    lipt = ["selector=full", "dynamic=lipt", "trainer.max_epochs=2", "seed=0"]
-    precheck("train", [*lipt, "dynamic.budget=0.3,0.5"], multirun=True)
+    lipt = ["budget=lipt", "trainer.max_epochs=2", "seed=0"]
+    precheck("train", [*lipt, "fraction=0.3,0.5"], multirun=True)
     with pytest.raises(SystemExit) as exit_:
-        precheck("train", [*lipt, "dynamic.budget=0.5,1.5"], multirun=True)
-    assert exit_.value.code == 2 and "dynamic.budget=1.5" in capsys.readouterr().err
+        precheck("train", [*lipt, "budget.floor=0.5,1.5"], multirun=True)
+    assert exit_.value.code == 2 and "budget.floor=1.5" in capsys.readouterr().err
 
 
 def test_a_bad_dynamic_value_exits_2_with_one_line_before_any_stage(tmp_path):
     run_dir = tmp_path / "run"
     out = run_entry(
         "train.py",
-        [*FAST, "selector=full", "dynamic=lipt", "dynamic.budget=2", f"hydra.run.dir={run_dir}"],
+        [*FAST, "budget=lipt", "budget.delta=2", f"hydra.run.dir={run_dir}"],
     )
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "dynamic.budget=2" in lines[0], out.stderr
+    assert len(lines) == 1 and "budget.delta=2" in lines[0], out.stderr
     assert not run_dir.exists()

@@ -168,7 +168,7 @@ def test_every_run_of_an_experiment_follows_the_paper(
             assert cfg.reselect_every == (period if reselects else 0), (approach, job)
             assert cfg.selector.get("repeats", 1) == (10 if approach == "grand_full" else 1)
             if approach == "full_steps":
-                assert cfg.selector.name == "full" and cfg.selector.match_subset_steps
+                assert cfg.selector.name == "none" and cfg.budget.steps == "subset"
             for fraction in fractions_of(varied) or [float(cfg.fraction)]:
                 cfg.fraction = fraction
                 # The Trainer, selector and data-file checks once per approach (fractions do

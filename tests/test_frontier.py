@@ -103,9 +103,8 @@ def test_every_frontier_job_passes_the_precheck_and_a_bad_budget_fails_it(capsys
 
 
 def test_each_approach_turns_fraction_into_its_budget(make_cfg: Any) -> None:
-    from lipt.dynamic.plan import infobatch_epochs
+    from lipt.budget import infobatch_epochs, schedule_steps
     from lipt.run.config import validate
-    from lipt.stages.select import schedule_steps
 
     def job(approach: str, fraction: float) -> Any:
         # the order Hydra's sweeper gives: the approach, the budget, then the experiment
@@ -115,17 +114,16 @@ def test_each_approach_turns_fraction_into_its_budget(make_cfg: Any) -> None:
 
     for fraction in (0.1, 0.5):
         full = validate(job("full_schedule", fraction), deep=False)
-        assert full.selector is not None and full.selector.budget_steps and full.selector.is_full
+        assert full.selector is None and full.node("budget")["steps"] == "schedule"
         info = validate(job("infobatch", fraction), deep=False)
-        assert info.budget_epochs and info.pretrain_name == "none"
-        assert info.node("dynamic")["_target_"] == "lipt.dynamic.InfoBatch"
+        assert info.pretrain_name == "none" and info.prunes
+        assert info.node("budget")["_target_"] == "lipt.budget.InfoBatchEpochs"
+        assert info.node("budget")["epochs"] == "fraction"
         lipt = validate(job("lipt_dynamic", fraction), deep=False)
-        assert lipt.node("dynamic")["budget"] == fraction and lipt.dynamic_enabled
+        assert lipt.node("budget")["_target_"] == "lipt.budget.LiptDynamic" and lipt.prunes
         assert lipt.pretrain_name == "jigsaw" and lipt.settings.init_from == "init"
         warm = validate(job("lipt_warm", fraction), deep=False)
-        assert (
-            warm.settings.init_from == "pretrained" and warm.node("dynamic")["budget"] == fraction
-        )
+        assert warm.settings.init_from == "pretrained" and warm.node("budget")["name"] == "lipt"
         for subset in ("random", "coverage", "paper"):
             run = validate(job(subset, fraction), deep=False)
             assert run.settings.fraction == fraction and run.main_epochs == 12
@@ -134,8 +132,8 @@ def test_each_approach_turns_fraction_into_its_budget(make_cfg: Any) -> None:
     assert schedule_steps(0.1, 12, 215) == 258 and infobatch_epochs(0.1, 12) == 2
     assert validate(job("paper", 0.1), deep=False).settings.reselect_every == 1
     reference = validate(make_cfg(["+approach=full_data", "+experiment=frontier_cpu"]), deep=False)
-    assert reference.selector is not None and reference.selector.is_full
-    assert not reference.selector.budget_steps and not reference.dynamic_enabled
+    assert reference.selector is None and reference.node("budget")["steps"] == "all"
+    assert not reference.prunes and not reference.trains_subset
 
 
 def test_the_whole_pools_shorter_schedule_anneals_over_its_steps(make_cfg: Any) -> None:
@@ -143,15 +141,15 @@ def test_the_whole_pools_shorter_schedule_anneals_over_its_steps(make_cfg: Any) 
     last of the shorter run's steps, not at the end of max_epochs whole epochs."""
     import lightning as L
 
+    from lipt.budget import schedule_steps
     from lipt.builder.objects import build_classifier, build_datamodule, build_model, build_trainer
     from lipt.run.config import run_of
-    from lipt.stages.select import schedule_steps
 
-    fast = [o for o in FAST if not o.startswith("selector=")]  # the preset's selector: full
+    fast = [o for o in FAST if not o.startswith("budget=")]  # the preset's budget: full_schedule
     run = run_of(
         make_cfg([*fast, "+approach=full_schedule", "fraction=0.3", "trainer.max_epochs=2"])
     )
-    assert run.selector is not None and run.selector.budget_steps
+    assert run.node("budget")["steps"] == "schedule"
     dm = build_datamodule(run)
     dm.set_subset(None)
     per_epoch = math.ceil(len(dm.pool_indices) / run.settings.batch_size)
@@ -186,14 +184,12 @@ def test_the_main_job_runs_lipts_pipeline_on_fraction(make_cfg: Any) -> None:
     from lipt.run.config import validate
 
     default = validate(make_cfg([]), deep=False)
-    assert default.pretrain_name == "jigsaw" and default.dynamic_enabled
-    assert default.node("dynamic")["_target_"] == "lipt.dynamic.LiptBudget"
-    assert default.node("dynamic")["budget"] == default.settings.fraction == 0.1
-    infobatch = validate(make_cfg(["selector=infobatch"]), deep=False)
-    assert (
-        infobatch.budget_epochs
-        and infobatch.node("dynamic")["_target_"] == "lipt.dynamic.InfoBatch"
-    )
+    assert default.pretrain_name == "jigsaw" and default.prunes and default.selector is None
+    assert default.node("budget")["_target_"] == "lipt.budget.LiptDynamic"
+    method = default.budget.pruning(default.settings.fraction)
+    assert method.needs_ensemble and method.budget == default.settings.fraction == 0.1
+    infobatch = validate(make_cfg(["budget=infobatch"]), deep=False)
+    assert infobatch.prunes and type(infobatch.budget.pruning(0.1)).__name__ == "InfoBatch"
 
 
 # --- pinning -------------------------------------------------------------------------------
@@ -452,7 +448,7 @@ def test_the_noisy_frontier_composes_its_cleaning_jobs_as_the_sweeper_does(
             "seed": 0,
             "pairs": [6, 3, 4, 1, 2, 7, 0, 5, 9, 8],
         }
-        assert run.selector is not None and run.selector.budget_steps  # as full_schedule trains
+        assert run.node("budget")["name"] == "full_schedule"  # as full_schedule trains
         assert run.pretrain_name == ("jigsaw" if "lipt" in approach else "none")
         assert run.main_epochs == 12 and run.settings.ckpt_path == "last"
 

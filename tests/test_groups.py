@@ -224,7 +224,14 @@ def test_trainer_presets_compose_on_the_default(make_cfg):
 @pytest.mark.ddp
 def test_trainer_ddp_trains_on_two_cpu_processes(tmp_path):
     run_dir = tmp_path / "run"
-    args = [*FAST, "trainer=ddp", "trainer.accelerator=cpu", "selector=random", "fraction=0.4"]
+    args = [
+        *FAST,
+        "trainer=ddp",
+        "trainer.accelerator=cpu",
+        "selector=random",
+        "budget=subset",
+        "fraction=0.4",
+    ]
     out = run_entry("train.py", [*args, f"hydra.run.dir={run_dir}"], timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -246,6 +253,7 @@ def test_callbacks_default_adds_best_checkpoint_and_lr_log_and_changes_no_result
             [
                 *FAST,
                 "selector=coverage",
+                "budget=subset",
                 "logger=csv",
                 "trainer.max_epochs=3",
                 "trainer.log_every_n_steps=1",
@@ -290,7 +298,7 @@ def test_callbacks_that_need_a_bar_or_a_logger_are_left_out_without_them(make_cf
 def test_callbacks_default_runs_without_a_validation_split_and_stops_mid_epoch(make_cfg):
     """A run stopped by max_steps mid-epoch (approach=full_steps) or without validation rows
     still runs with the default callbacks."""
-    overrides = ["selector=full", "dataset.val_size=0", "++trainer.max_steps=5"]
+    overrides = ["budget=full", "dataset.val_size=0", "++trainer.max_steps=5"]
     summary = train_stage.run(validate(make_cfg([*FAST, *overrides])))
     assert summary["stages"]["train"]["samples"] == 5 * 32 and summary["val_accuracy"] is None
 

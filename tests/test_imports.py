@@ -125,7 +125,7 @@ LAYERS = (
     ("data", "models"),
     ("selection",),
     ("jigsaw", "dynamic", "report", "cleaning"),
-    ("builder",),
+    ("builder", "budget"),
     ("stages",),
     ("run",),
 )

@@ -10,7 +10,7 @@ from tests.helpers import FAST
 
 
 def test_csv_logger_gets_stage_times_and_test_accuracy(make_cfg, tmp_path):
-    cfg = make_cfg([o for o in FAST if o != "logger=none"] + ["selector=el2n"])
+    cfg = make_cfg([o for o in FAST if o != "logger=none"] + ["selector=el2n", "budget=subset"])
     summary = train_stage.run(validate(cfg))
     metrics = next((tmp_path / "csv").rglob("metrics.csv"))
     rows = list(csv.DictReader(metrics.open()))

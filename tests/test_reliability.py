@@ -90,7 +90,7 @@ CASES = [
     ("pretrain.py", ["pretrain=jigsaw", "pretrain.num_learners=0"], ["pretrain.num_learners"]),
     ("pretrain.py", ["pretrain=nope"], ["pretrain"]),
     ("select.py", ["ckpt_path=/no/such.ckpt"], ["ckpt_path", "pretrain.ckpt"]),
-    ("select.py", ["selector=full"], ["selector"]),
+    ("select.py", ["selector=none"], ["selector=none", "selects nothing"]),
     # Settings only main training reads: refused before pre-training starts.
     ("train.py", ["optimizer.lr=0"], ["optimizer.lr", "> 0"]),
     ("train.py", ["optimizer.momentum=1"], ["optimizer.momentum"]),
@@ -112,7 +112,7 @@ CASES = [
     ),
     (
         "train.py",
-        ["clean=lipt", "pretrain=none", "selector=infobatch"],
+        ["clean=lipt", "pretrain=none", "budget=infobatch"],
         ["clean=lipt", "pretrain=none"],
     ),
     ("pretrain.py", ["clean=lipt"], ["select.py clean=lipt"]),
@@ -169,6 +169,7 @@ CASES = [
             *FAST,
             "pretrain=jigsaw",
             "selector=el2n",
+            "budget=subset",
             "pretrain.num_learners=50",
             "pretrain.batches_per_learner=10",
         ],
@@ -232,19 +233,19 @@ CASES = [
     slow_case(
         "corrupt-ckpt",
         "select.py",
-        [*FAST, "selector=el2n", "ckpt_path={corrupt_ckpt}"],
+        [*FAST, "selector=el2n", "budget=subset", "ckpt_path={corrupt_ckpt}"],
         ["not a readable checkpoint", "pretrain.py"],
     ),
     slow_case(
         "truncated-ckpt",
         "select.py",
-        [*FAST, "selector=el2n", "ckpt_path={truncated_ckpt}"],
+        [*FAST, "selector=el2n", "budget=subset", "ckpt_path={truncated_ckpt}"],
         ["not a readable checkpoint"],
     ),
     slow_case(
         "ckpt-for-another-model",
         "select.py",
-        [*FAST, "selector=el2n", "ckpt_path={foreign_ckpt}"],
+        [*FAST, "selector=el2n", "budget=subset", "ckpt_path={foreign_ckpt}"],
         ["does not fit"],
     ),
 ]
@@ -293,6 +294,7 @@ def test_a_run_writes_only_inside_its_run_dir(tmp_path):
             *[o for o in FAST if o != "logger=none"],
             "logger=wandb",
             "selector=el2n",
+            "budget=subset",
             f"hydra.run.dir={run_dir}",
         ],
         cwd=cwd,
@@ -315,6 +317,7 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
             [
                 *FAST,
                 "selector=gradmatch",
+                "budget=subset",
                 "pretrain=full",
                 "pretrain.epochs=1",
                 f"paths.output_dir={tmp_path / str(attempt)}",
@@ -330,6 +333,7 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
         [
             *FAST,
             "selector=gradmatch",
+            "budget=subset",
             "pretrain=full",
             "pretrain.epochs=1",
             "seed=1",
@@ -373,7 +377,15 @@ def test_same_config_and_seed_give_the_same_trained_model_bit_for_bit(make_cfg, 
         out = tmp_path / attempt
         run(
             validate(
-                make_cfg([*FAST, "selector=random", f"seed={seed}", f"paths.output_dir={out}"])
+                make_cfg(
+                    [
+                        *FAST,
+                        "selector=random",
+                        "budget=subset",
+                        f"seed={seed}",
+                        f"paths.output_dir={out}",
+                    ]
+                )
             )
         )
         ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
@@ -408,6 +420,7 @@ def test_a_resumed_run_trains_bit_for_bit_as_an_uninterrupted_one(
         *[o for o in FAST if not o.startswith("trainer.max_epochs")],
         "trainer.max_epochs=4",
         "selector=random",
+        "budget=subset",
         "fraction=0.5",
         f"dataset.resident={resident}",
         f"reselect_every={reselect_every}",  # 2: random re-drawn, the loader reloaded at epoch 2

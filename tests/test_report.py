@@ -348,7 +348,7 @@ def real_sweep(tmp_path_factory) -> Path:
     """`train.py -m selector=el2n,random seed=0,1` with wandb offline: four jobs, in one process
     (Hydra's basic launcher), as a user runs a sweep."""
     sweep = tmp_path_factory.mktemp("real") / "sweep"
-    fast = [o for o in FAST if o not in ("logger=none", "pretrain=none")]
+    fast = [o for o in FAST if o not in ("logger=none", "pretrain=none", "budget=infobatch")]
     out = run_entry(
         "train.py",
         [

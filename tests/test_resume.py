@@ -31,6 +31,7 @@ def test_killed_run_resumes_with_ckpt_path_last(tmp_path):
         "model.width=16",
         "fraction=0.5",
         "selector=el2n",
+        "budget=subset",
         "reselect_every=2",
         "trainer.max_epochs=6",
         f"hydra.run.dir={run_dir}",
@@ -88,7 +89,9 @@ def test_resume_of_a_finished_run_keeps_its_summary_and_trains_nothing(make_cfg,
     summary.write_text(json.dumps({"test_accuracy": 0.5, "stages": {"train": {"seconds": 9.0}}}))
     before = _stamp(summary)
     # selector=el2n without a pre-trained model would need one: nothing of the run may start.
-    got = train_stage.run(validate(make_cfg([*FAST, "ckpt_path=last", "selector=el2n"])))
+    got = train_stage.run(
+        validate(make_cfg([*FAST, "ckpt_path=last", "selector=el2n", "budget=subset"]))
+    )
     assert got == {"test_accuracy": 0.5, "stages": {"train": {"seconds": 9.0}}}
     assert _stamp(summary) == before
     assert not (tmp_path / "checkpoints").exists()
@@ -162,7 +165,7 @@ def test_a_killed_step_budget_run_resumes_to_the_uninterrupted_steps_and_weights
     epoch's end counted that epoch twice and stopped an epoch short.)"""
     run_dir, clean = tmp_path / "run", tmp_path / "clean"
     args = [
-        *[o for o in FAST if not o.startswith(("trainer.max_epochs", "selector="))],
+        *[o for o in FAST if not o.startswith(("trainer.max_epochs", "budget="))],
         "dataset.num_train=3000",
         "model.width=16",
         "+approach=full_schedule",
@@ -233,6 +236,7 @@ def test_killed_during_pretraining_resumes_with_the_finished_learners(tmp_path):
         "pretrain.num_threads=1",
         "merge.ratios=5",
         "selector=el2n",
+        "budget=subset",
         "fraction=0.2",
     ]
     learners = killed / "learners"
@@ -267,6 +271,7 @@ def test_killed_after_selection_resumes_with_the_saved_subset(tmp_path):
         "model.width=16",
         "fraction=0.5",
         "selector=el2n",
+        "budget=subset",
         "trainer.max_epochs=2",
     ]
     subset = killed / "subset.npz"

@@ -70,7 +70,7 @@ def test_the_lock_is_released_when_its_run_is_killed(make_cfg, tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
     holder = _hold(folder)
-    cfg = make_cfg([*FAST, "selector=random", f"paths.output_dir={folder}"])
+    cfg = make_cfg([*FAST, "selector=random", "budget=subset", f"paths.output_dir={folder}"])
     with pytest.raises(RunDirLockedError, match="in use by another lipt run"):
         train_stage.run(validate(cfg))  # the stage itself refuses too (not only the entry script)
     assert folder.is_dir()  # the other run's folder is left alone
@@ -87,7 +87,7 @@ def test_a_job_lets_go_of_its_folder_when_it_ends_in_a_process_that_goes_on(make
 
     folders = [tmp_path / "job0", tmp_path / "job1"]
     for folder in folders:
-        cfg = make_cfg([*FAST, "selector=random", f"paths.output_dir={folder}"])
+        cfg = make_cfg([*FAST, "selector=random", "budget=subset", f"paths.output_dir={folder}"])
         with released_after(folder):
             train_stage.run(validate(cfg))
     for folder in folders:  # another process can hold them now
@@ -107,7 +107,9 @@ def test_the_lock_is_released_when_a_run_exits(tmp_path):
     folder = tmp_path / "run"
     for _ in range(2):  # the second run finds the folder free after the first ends
         out = run_entry(
-            "train.py", [*FAST, "selector=random", f"hydra.run.dir={folder}"], timeout=300
+            "train.py",
+            [*FAST, "selector=random", "budget=subset", f"hydra.run.dir={folder}"],
+            timeout=300,
         )
         assert out.returncode == 0, out.stderr[-2000:]
     assert "checkpoints" in os.listdir(folder)
@@ -162,7 +164,7 @@ def test_other_write_errors_are_not_reported_as_a_full_disk(tmp_path, monkeypatc
 def test_a_run_whose_disk_fills_keeps_its_last_checkpoint_and_resumes(
     make_cfg, tmp_path, monkeypatch
 ):
-    cfg = make_cfg([*FAST, "selector=random", "trainer.max_epochs=2"])
+    cfg = make_cfg([*FAST, "selector=random", "budget=subset", "trainer.max_epochs=2"])
     last = tmp_path / "checkpoints" / "last.ckpt"
     real = os.fsync
 
@@ -177,7 +179,9 @@ def test_a_run_whose_disk_fills_keeps_its_last_checkpoint_and_resumes(
         train_stage.run(validate(cfg))
     assert torch.load(last, weights_only=True)["epoch"] == 0  # epoch 1's, intact
     monkeypatch.undo()  # space freed: resume
-    resumed = make_cfg([*FAST, "selector=random", "trainer.max_epochs=2", "ckpt_path=last"])
+    resumed = make_cfg(
+        [*FAST, "selector=random", "budget=subset", "trainer.max_epochs=2", "ckpt_path=last"]
+    )
     summary = train_stage.run(validate(resumed))
     assert torch.load(last, weights_only=True)["epoch"] == 1
     assert summary["stages"]["train"]["samples"] == 2 * summary["subset_size"]
@@ -188,7 +192,9 @@ def test_a_run_whose_disk_fills_keeps_its_last_checkpoint_and_resumes(
 
 def test_a_subset_smaller_than_the_classes_is_warned_about_and_counted(make_cfg, tmp_path, caplog):
     # 0.004 of the 500-image pool: 2 images for 4 classes.
-    cfg = make_cfg([*FAST, "selector=random", "fraction=0.004"], config_name="select")
+    cfg = make_cfg(
+        [*FAST, "selector=random", "budget=subset", "fraction=0.004"], config_name="select"
+    )
     with caplog.at_level(logging.WARNING, logger="lipt.stages.summary"):
         summary = select_stage.run(validate(cfg))
     counts = summary["subset_class_counts"]
@@ -204,7 +210,7 @@ def test_a_healthy_subset_records_its_class_counts_without_a_warning(make_cfg, t
 
     from lipt.builder.objects import build_datamodule
 
-    cfg = make_cfg([*FAST, "selector=random", "fraction=0.2"])
+    cfg = make_cfg([*FAST, "selector=random", "budget=subset", "fraction=0.2"])
     with caplog.at_level(logging.WARNING, logger="lipt.stages.summary"):
         summary = train_stage.run(validate(cfg))
     assert caplog.text == ""

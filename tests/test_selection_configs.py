@@ -12,7 +12,6 @@ import torch
 
 from lipt.builder.objects import build_datamodule, build_model
 from lipt.core.errors import UserError
-from lipt.core.selector import WHOLE_POOL
 from lipt.run.config import run_of, validate
 from lipt.selection import split_budget
 from lipt.stages import select as select_stage
@@ -24,13 +23,13 @@ from tests.helpers import CONFIGS, FAST
 MODEL_SELECTORS = sorted(
     p.stem
     for p in (CONFIGS / "selector").glob("*.yaml")
-    if p.stem not in (*WHOLE_POOL, "random", "coverage")
+    if p.stem not in ("none", "random", "coverage")
 )
 
 
 @pytest.mark.parametrize("selector", MODEL_SELECTORS)
 def test_default_selection_is_class_balanced(make_cfg, selector: str) -> None:
-    cfg = make_cfg([*FAST, f"selector={selector}", "fraction=0.3"])
+    cfg = make_cfg([*FAST, f"selector={selector}", "budget=subset", "fraction=0.3"])
     dm = build_datamodule(run_of(cfg))
     labels = dm.train_source.labels
     pool_counts = torch.bincount(labels[dm.pool_indices]).tolist()
@@ -43,7 +42,7 @@ def test_default_selection_is_class_balanced(make_cfg, selector: str) -> None:
 
 @pytest.mark.parametrize("selector", ["glister", "gradmatch"])
 def test_summary_reports_the_selectors_fallbacks(make_cfg, tmp_path, selector: str) -> None:
-    overrides = [*FAST, f"selector={selector}", "fraction=0.3"]
+    overrides = [*FAST, f"selector={selector}", "budget=subset", "fraction=0.3"]
     train_summary = train_stage.run(validate(make_cfg(overrides)))
     select_summary = select_stage.run(validate(make_cfg(overrides, config_name="select")))
     on_disk = json.loads((tmp_path / "summary.json").read_text())
@@ -57,12 +56,14 @@ def test_summary_reports_the_selectors_fallbacks(make_cfg, tmp_path, selector: s
 
 
 def test_no_validation_rows_is_a_user_error_before_any_work(make_cfg, tmp_path) -> None:
-    cfg = make_cfg([*FAST, "selector=glister", "dataset.val_size=0", "pretrain=full"])
+    cfg = make_cfg(
+        [*FAST, "selector=glister", "budget=subset", "dataset.val_size=0", "pretrain=full"]
+    )
     with pytest.raises(UserError, match=r"dataset\.val_size"):
         train_stage.run(validate(cfg))
     assert not (tmp_path / "summary.json").exists() and not (tmp_path / "subset.npz").exists()
     # a split that comes out empty is caught by the stage itself
-    cfg = make_cfg([*FAST, "selector=gradmatch", "dataset.val_size=0"])
+    cfg = make_cfg([*FAST, "selector=gradmatch", "budget=subset", "dataset.val_size=0"])
     dm = build_datamodule(run_of(cfg))
     assert len(dm.val_indices) == 0
     cfg.selector.target = "val"
@@ -74,7 +75,13 @@ def test_no_validation_rows_is_a_user_error_before_any_work(make_cfg, tmp_path) 
 
 def test_gradmatch_per_batch_runs_from_the_config(make_cfg) -> None:
     cfg = make_cfg(
-        [*FAST, "selector=gradmatch", "selector.granularity=batch", "selector.balance=false"]
+        [
+            *FAST,
+            "selector=gradmatch",
+            "budget=subset",
+            "selector.granularity=batch",
+            "selector.balance=false",
+        ]
     )
     assert cfg.selector.batch_size == cfg.batch_size == 32  # the training batch, as in CORDS
     dm = build_datamodule(run_of(cfg))
@@ -88,9 +95,9 @@ def test_gradmatch_per_batch_runs_from_the_config(make_cfg) -> None:
 def test_full_steps_trains_the_whole_pool_for_the_subset_runs_steps(make_cfg) -> None:
     """approach=full_steps: the whole pool (500 rows), stopped after the 2 x ceil(100 / 32) = 8
     optimiser steps a 20% subset run makes in 2 epochs: 8 full batches, not 2 epochs of 500."""
-    # FAST's selector would win over the preset's (command-line overrides win): leave it out
-    fast = [o for o in FAST if not o.startswith("selector=")]
+    # FAST's budget would win over the preset's (command-line overrides win): leave it out
+    fast = [o for o in FAST if not o.startswith("budget=")]
     overrides = [*fast, "+approach=full_steps", "fraction=0.2", "trainer.max_epochs=2"]
     summary = train_stage.run(validate(make_cfg(overrides)))
-    assert summary["config"]["selector"]["name"] == "full" and summary["subset_size"] == 500
+    assert summary["config"]["budget"]["name"] == "full_steps" and summary["subset_size"] == 500
     assert summary["stages"]["train"]["samples"] == 8 * 32

@@ -193,7 +193,7 @@ def test_the_coverage_pipeline_selects_and_hands_the_selector_the_heads(make_cfg
     from lipt.stages.select import choose_subset
     from tests.helpers import FAST
 
-    cfg = make_cfg([*FAST, "selector=coverage", "fraction=0.3"])
+    cfg = make_cfg([*FAST, "selector=coverage", "budget=subset", "fraction=0.3"])
     dm = build_datamodule(run_of(cfg))
     model = build_model(run_of(cfg), 0)
     indices, weights = choose_subset(run_of(cfg), dm, [model], 0)

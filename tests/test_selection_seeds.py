@@ -33,7 +33,7 @@ def test_streams_of_different_runs_share_nothing() -> None:
 
 
 def test_initial_random_selection_keeps_the_seed(make_cfg) -> None:
-    cfg = make_cfg([*FAST, "selector=random", "fraction=0.2"])
+    cfg = make_cfg([*FAST, "selector=random", "budget=subset", "fraction=0.2"])
     dm = build_datamodule(run_of(cfg))
     indices, _ = choose_subset(run_of(cfg), dm, [], 3)
     budget = round(0.2 * len(dm.pool_indices))
@@ -51,7 +51,7 @@ def no_scoring(monkeypatch):
 
 def test_random_baselines_never_score_the_pool(make_cfg, no_scoring) -> None:
     for selector in ("random", "random_balanced"):
-        cfg = make_cfg([*FAST, f"selector={selector}", "fraction=0.2"])
+        cfg = make_cfg([*FAST, f"selector={selector}", "budget=subset", "fraction=0.2"])
         dm = build_datamodule(run_of(cfg))
         choose_subset(
             run_of(cfg), dm, [build_model(run_of(cfg), 0)], 5
@@ -59,7 +59,7 @@ def test_random_baselines_never_score_the_pool(make_cfg, no_scoring) -> None:
 
 
 def test_class_balanced_random_takes_each_class_share(make_cfg, no_scoring) -> None:
-    cfg = make_cfg([*FAST, "selector=random_balanced", "fraction=0.3"])
+    cfg = make_cfg([*FAST, "selector=random_balanced", "budget=subset", "fraction=0.3"])
     dm = build_datamodule(run_of(cfg))
     labels = dm.train_source.labels
     pool_counts = torch.bincount(labels[dm.pool_indices]).tolist()
@@ -71,7 +71,14 @@ def test_class_balanced_random_takes_each_class_share(make_cfg, no_scoring) -> N
 
 def test_random_online_redraws_without_scoring(make_cfg, tmp_path, no_scoring) -> None:
     cfg = make_cfg(
-        [*FAST, "selector=random", "fraction=0.2", "reselect_every=1", "trainer.max_epochs=3"]
+        [
+            *FAST,
+            "selector=random",
+            "budget=subset",
+            "fraction=0.2",
+            "reselect_every=1",
+            "trainer.max_epochs=3",
+        ]
     )
     summary = train_stage.run(validate(cfg))
     assert summary["stages"]["train"]["reselections"] == 2

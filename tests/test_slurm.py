@@ -289,7 +289,7 @@ def test_main_job_learners_as_an_array_then_ddp_under_srun_as_run_here(slurm_env
 MAX_EPOCHS = 20
 LONG = [
     *FAST,
-    "selector=full",
+    "budget=full",
     "dataset.num_train=1000",
     f"trainer.max_epochs={MAX_EPOCHS}",
 ]

@@ -25,7 +25,9 @@ from tests.helpers import FAST, run_entry
 
 
 def test_random_subset_run_writes_summary_and_subset(make_cfg, tmp_path):
-    cfg = make_cfg([*FAST, "selector=random", "fraction=0.2", "trainer.max_epochs=2"])
+    cfg = make_cfg(
+        [*FAST, "selector=random", "budget=subset", "fraction=0.2", "trainer.max_epochs=2"]
+    )
     summary = train_stage.run(validate(cfg))
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["subset_size"] == summary["subset_size"] == 100  # 0.2 * (600 - 100)
@@ -44,9 +46,9 @@ def test_random_subset_run_writes_summary_and_subset(make_cfg, tmp_path):
     assert not np.isin(indices, dm.val_indices.numpy()).any()
 
 
-def test_full_selector_trains_on_the_whole_pool_and_learns(make_cfg, tmp_path):
+def test_the_full_budget_trains_on_the_whole_pool_and_learns(make_cfg, tmp_path):
     cfg = make_cfg(
-        [*FAST, "selector=full", "trainer.max_epochs=3", "optimizer.lr=0.05", "record_seen=true"]
+        [*FAST, "budget=full", "trainer.max_epochs=3", "optimizer.lr=0.05", "record_seen=true"]
     )
     summary = train_stage.run(validate(cfg))
     assert summary["subset_size"] == 500 and summary["stages"]["train"]["samples"] == 1500
@@ -88,6 +90,7 @@ def test_trains_on_each_on_disk_format(make_cfg, fmt, request):
             f"dataset.data_dir={data_dir}",
             *extra,
             "selector=el2n",
+            "budget=subset",
             "fraction=0.5",
         ]
     )
@@ -97,7 +100,7 @@ def test_trains_on_each_on_disk_format(make_cfg, fmt, request):
 
 
 def test_train_on_a_saved_subset_and_refuse_one_for_other_data(make_cfg, tmp_path):
-    cfg = make_cfg([*FAST, "selector=el2n", "fraction=0.1"], config_name="select")
+    cfg = make_cfg([*FAST, "selector=el2n", "budget=subset", "fraction=0.1"], config_name="select")
     select_stage.run(validate(cfg))
     saved = tmp_path / "subset.npz"
     with np.load(saved) as data:
@@ -109,7 +112,7 @@ def test_train_on_a_saved_subset_and_refuse_one_for_other_data(make_cfg, tmp_pat
     indices, _ = load_seen(run2, 0)
     assert np.array_equal(np.sort(indices), chosen)  # trained on the saved subset
     assert "select" not in summary["stages"]
-    # The saved subset replaces the default selector=infobatch, its pruning and its epochs.
+    # The saved subset replaces FAST's budget=infobatch, its pruning and its epochs.
     assert summary["stages"]["train"].get("dynamic") is None
     assert summary["stages"]["train"]["samples"] == len(chosen)  # trainer.max_epochs=1
     other = make_cfg(
@@ -150,6 +153,7 @@ def test_each_epoch_feeds_the_loss_the_subset_in_force_also_after_a_resume(
     args = [
         *FAST,
         "selector=gradmatch",
+        "budget=subset",
         "fraction=0.2",
         "reselect_every=1",
         "trainer.max_epochs=4",
@@ -189,7 +193,9 @@ def test_each_reselection_records_where_its_subset_sits(make_cfg, tmp_path):
     # ranked by that model, must show the hard tail. Random ranks nothing and records none.
     args = [*FAST, "fraction=0.2", "reselect_every=1", "trainer.max_epochs=3"]
     logged = [o for o in args if o != "logger=none"]  # the default logger, csv
-    train = train_stage.run(validate(make_cfg([*logged, "selector=el2n"])))["stages"]["train"]
+    train = train_stage.run(validate(make_cfg([*logged, "selector=el2n", "budget=subset"])))[
+        "stages"
+    ]["train"]
     profiles = train["reselect_profiles"]
     assert sorted(profiles) == ["1", "2"]  # after epochs 1 and 2, none after the last
     for profile in profiles.values():
@@ -200,7 +206,9 @@ def test_each_reselection_records_where_its_subset_sits(make_cfg, tmp_path):
     assert on_disk["stages"]["train"]["reselect_profiles"] == profiles
     metrics = next((tmp_path / "csv").rglob("metrics.csv")).read_text().splitlines()[0]
     assert "stages/train/reselect_profiles/2/difficulty_percentile" in metrics.split(",")
-    random_run = train_stage.run(validate(make_cfg([*args, "selector=random"])))["stages"]["train"]
+    random_run = train_stage.run(validate(make_cfg([*args, "selector=random", "budget=subset"])))[
+        "stages"
+    ]["train"]
     assert random_run["reselections"] == 2 and "reselect_profiles" not in random_run
 
 
@@ -263,7 +271,14 @@ def test_main_training_starts_from_the_pretrained_or_the_common_init(
     make_cfg, monkeypatch, init_from
 ):
     cfg = make_cfg(
-        [*FAST, "selector=el2n", "pretrain=full", "pretrain.epochs=1", f"init_from={init_from}"]
+        [
+            *FAST,
+            "selector=el2n",
+            "budget=subset",
+            "pretrain=full",
+            "pretrain.epochs=1",
+            f"init_from={init_from}",
+        ]
     )
     start, pretrained = _watch_main_training(monkeypatch)
     summary = train_stage.run(validate(cfg))
@@ -276,7 +291,9 @@ def test_main_training_starts_from_the_pretrained_or_the_common_init(
 
 def test_init_from_pretrained_needs_a_pretrained_model(make_cfg):
     with pytest.raises(UserError, match="init_from=pretrained"):
-        train_stage.run(validate(make_cfg([*FAST, "selector=el2n", "init_from=pretrained"])))
+        train_stage.run(
+            validate(make_cfg([*FAST, "selector=el2n", "budget=subset", "init_from=pretrained"]))
+        )
 
 
 @pytest.mark.ddp
@@ -287,6 +304,7 @@ def test_ddp_ranks_train_disjoint_halves_of_the_subset_in_force(tmp_path):
         [
             *FAST,
             "selector=gradmatch",
+            "budget=subset",
             "fraction=0.4",
             "trainer.max_epochs=3",
             "reselect_every=1",

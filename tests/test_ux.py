@@ -397,7 +397,7 @@ def test_the_end_of_a_run_says_what_its_budget_bought(tmp_path):
     assert (
         "trained           65,850 samples, 10.0% of the whole pool's 12 epochs (660,000)" in block
     )
-    line = console.job_line(dynamic, tmp_path, "#0 selector=lipt:")
+    line = console.job_line(dynamic, tmp_path, "#0 budget=lipt:")
     assert "subset" not in line and "trained 10.0%" in line
     subset = {
         **dynamic,

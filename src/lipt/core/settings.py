@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, TypedDict
 
+from lipt.core.budget import Budget
 from lipt.core.errors import UserError
 from lipt.core.schema import (
     BELOW_ONE,
@@ -183,10 +184,6 @@ class SelectorOptions(Checked):
     balance: bool = False  # per-class budgets (lipt.selection.select_balanced)
     needs_model: bool = True  # False: ranks without a model (random)
     repeats: Annotated[int, Range(1, 1000)] = 1  # rank with this many seeds' models and average
-    match_subset_steps: bool = False  # selector=full: the subset run's steps (full_steps)
-    budget_epochs: bool = False  # selector=infobatch: the epochs `fraction` of the cost buys
-    # selector=full: round(fraction x max_epochs x steps per epoch) steps, the schedule over them
-    budget_steps: bool = False
 
 
 @dataclass(frozen=True)
@@ -221,19 +218,19 @@ class Run:
 
     settings: RunSettings
     dataset: DatasetSettings
-    selector: SelectorSettings | None  # None: pretrain.py, which has no selector group
+    selector: SelectorSettings | None  # None: selector=none, which selects nothing
+    budget: Budget  # the `budget` group's option (lipt.budget), built from its node
     config: Mapping[str, Any]  # the whole config, resolved: summary.json records it
 
     def node(self, group: str) -> dict[str, Any]:
-        """A group's resolved node ({} where this run has none, e.g. `dynamic` beside a subset
-        selector)."""
+        """A group's resolved node ({} where this run has none)."""
         node = self.config.get(group)
         return dict(node) if isinstance(node, Mapping) else {}
 
     @property
     def main_epochs(self) -> int:
-        """trainer.max_epochs: main training's epochs as configured (selector=infobatch trains
-        the share of them that `fraction` buys, lipt.dynamic.plan.infobatch_epochs)."""
+        """trainer.max_epochs: the whole pool's full schedule, which `fraction` is a share of
+        (a budget may train fewer: `Budget.schedule`)."""
         return int(self.node("trainer")["max_epochs"])
 
     @property
@@ -242,25 +239,17 @@ class Run:
 
     @property
     def gives_way_to_saved_subset(self) -> bool:
-        """selector=infobatch or lipt with a saved subset (subset_path): the subset replaces the
-        selector, as it replaces any selector, and with it the pruning and the budgeted epochs
-        (the subset trains trainer.max_epochs, unpruned)."""
-        selector = self.selector
-        pruning = selector is not None and selector.prunes_with is not None
-        return pruning and bool(self.settings.subset_path)
+        """A saved subset (subset_path) replaces the selection, and with it a whole-pool
+        budget: the subset trains trainer.max_epochs, unpruned."""
+        return bool(self.settings.subset_path) and not self.budget.trains_subset
 
     @property
-    def budget_epochs(self) -> bool:
-        """selector=infobatch: main training's epochs from `fraction`, pruned by the `dynamic`
-        group; not where a saved subset replaces it."""
-        selector = self.selector
-        budgeted = selector is not None and selector.budget_epochs
-        return budgeted and not self.gives_way_to_saved_subset
+    def trains_subset(self) -> bool:
+        """Main training takes a subset: budget=subset, or a saved subset (subset_path)."""
+        return self.budget.trains_subset or bool(self.settings.subset_path)
 
     @property
-    def dynamic_enabled(self) -> bool:
-        """Main training prunes the whole pool anew every epoch: `dynamic=infobatch` or
-        `dynamic=lipt` (`dynamic=none` builds nothing; a subset selector has no `dynamic` node).
-        selector=infobatch's or lipt's pruning gives way to a saved subset (subset_path), as the
-        selector does."""
-        return "_target_" in self.node("dynamic") and not self.gives_way_to_saved_subset
+    def prunes(self) -> bool:
+        """Main training prunes the whole pool anew every epoch: budget=infobatch or
+        budget=lipt, where no saved subset replaces it."""
+        return self.budget.prunes and not self.gives_way_to_saved_subset

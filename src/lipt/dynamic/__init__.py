@@ -1,4 +1,4 @@
-"""Dynamic data pruning during main training (`dynamic=infobatch`, `dynamic=lipt`): a plan of
+"""Dynamic data pruning during main training (`budget=infobatch`, `budget=lipt`): a plan of
 kept samples and loss weights per epoch from each sample's last training loss. The pure plans
 are in `plan`, the Lightning callback in `callback`; lipt.stages.dynamic wires them into train.py;
 README.md in this folder is the one-page card."""
@@ -12,7 +12,6 @@ from lipt.dynamic.plan import (
     budget_plan,
     budget_schedule,
     ensemble_losses,
-    infobatch_epochs,
     infobatch_plan,
     keep_probabilities,
     pruned_epochs,
@@ -27,7 +26,6 @@ __all__ = [
     "budget_plan",
     "budget_schedule",
     "ensemble_losses",
-    "infobatch_epochs",
     "infobatch_plan",
     "keep_probabilities",
     "pruned_epochs",

@@ -2,7 +2,8 @@
 weights, from each sample's score (its loss the last time it was trained on). No Lightning, no
 Hydra; `lipt.dynamic.callback` feeds the scores and hands each plan to the data module.
 
-Two methods, each a frozen dataclass built from the `dynamic` config group:
+Two methods, each a frozen dataclass that the `budget` config group's pruning options build
+(lipt.budget):
 
 - `InfoBatch` (Qin et al., ICLR 2024, https://arxiv.org/abs/2303.04947): of the samples scored
   below the mean, drop a random share `ratio` and weight the kept ones 1 / (1 - ratio); the rest
@@ -35,11 +36,6 @@ from lipt.selection.types import LearnerHeads
 
 # InfoBatch's published code starts every score at 3.0: all equal, so epoch 0 prunes nothing.
 INFOBATCH_INITIAL_SCORE = 3.0
-# The share of an epoch's samples InfoBatch (ratio 0.5) trains on, about (PEERS.md's ~70%). Its
-# pruned epochs kept 0.68 and 0.63 of the pool on the frontier (runs of 3 and 9 epochs), but its
-# full first and annealing epochs raise a whole run's share to 0.89 and 0.75: the epochs below
-# overspend their budget by that much (docs/results/frontier counts the measured cost).
-INFOBATCH_KEPT_SHARE = 0.7
 # Below this, a float product delta * E is taken as the whole number it stands for
 # (0.57 * 100 = 56.99999999999999 is 57 epochs).
 EPOCH_TOLERANCE = 1e-9
@@ -74,16 +70,6 @@ def pruned_epochs(num_epochs: int, delta: float) -> int:
     if not 0.0 < delta <= 1.0:
         raise ValueError(f"delta must be in (0, 1], got {delta}")
     return min(num_epochs, math.floor(delta * num_epochs + EPOCH_TOLERANCE))
-
-
-def infobatch_epochs(budget: float, full_epochs: int) -> int:
-    """InfoBatch's epochs at about `budget` of the cost of `full_epochs` whole-pool epochs:
-    max(1, round(budget x E / 0.7)), as it trains on about 70% of each epoch."""
-    if not 0.0 < budget <= 1.0:
-        raise ValueError(f"budget must be in (0, 1], got {budget}")
-    if full_epochs < 1:
-        raise ValueError(f"full_epochs must be >= 1, got {full_epochs}")
-    return max(1, round(budget * full_epochs / INFOBATCH_KEPT_SHARE))
 
 
 def infobatch_plan(
@@ -199,20 +185,14 @@ def ensemble_losses(
 
 @dataclass(frozen=True)
 class InfoBatch(Checked):
-    """`dynamic=infobatch`: InfoBatch as published. `budget` must stay None: InfoBatch's cost
-    follows the losses (prune `ratio` of the below-mean rows), it has no budget to meet."""
+    """InfoBatch as published (budget=infobatch, lipt.budget.InfoBatchEpochs): its cost follows
+    the losses (prune `ratio` of the below-mean rows), it has no budget to meet."""
 
     name: str = "infobatch"
     ratio: Annotated[float, BELOW_ONE] = 0.5
     delta: Annotated[float, SHARE] = 0.875
-    budget: Annotated[float, SHARE] | None = None
 
-    PREFIX: ClassVar[str] = "dynamic"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()  # each field's declared type and range
-        if self.budget is not None:
-            raise ValueError("infobatch has no budget (it prunes by ratio); leave budget null")
+    PREFIX: ClassVar[str] = "budget"
 
     needs_ensemble = False
 
@@ -230,7 +210,8 @@ class InfoBatch(Checked):
 
 @dataclass(frozen=True)
 class LiptBudget(Checked):
-    """`dynamic=lipt`: a `budget` share of the full-data cost, epoch 0 scored by the jigsaw
+    """lipt's (budget=lipt, lipt.budget.LiptDynamic): a `budget` share of the full-data cost,
+    epoch 0 scored by the jigsaw
     ensemble (`ensemble_losses`), keep probability proportional to the score (`budget_plan`)."""
 
     name: str = "lipt"
@@ -238,7 +219,7 @@ class LiptBudget(Checked):
     delta: Annotated[float, SHARE] = 0.875
     floor: Annotated[float, SHARE] = 0.25
 
-    PREFIX: ClassVar[str] = "dynamic"
+    PREFIX: ClassVar[str] = "budget"
 
     needs_ensemble = True
 

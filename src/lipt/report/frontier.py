@@ -100,6 +100,13 @@ def costs(summary: Mapping[str, Any]) -> tuple[float, int]:
     return round(seconds, 3), samples
 
 
+def method_of(config: dict[str, Any]) -> str:
+    """A job's method where it names no approach: its selector's name, or, where it selects
+    nothing (selector=none), its budget's."""
+    selector = (config.get("selector") or {}).get("name")
+    return str(selector if selector not in (None, "none") else config["budget"]["name"])
+
+
 def records(
     summaries: Sequence[tuple[str, Mapping[str, Any]]], reference: str
 ) -> tuple[list[Record], int]:
@@ -111,7 +118,7 @@ def records(
     out = []
     for name, summary in runs:
         config = summary["config"]
-        method = str(config.get("approach") or config["selector"]["name"])
+        method = str(config.get("approach") or method_of(config))
         budget = float(config["fraction"])
         if method == reference:
             epochs = int(config["trainer"]["max_epochs"])

@@ -7,22 +7,24 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from lipt.core.budget import Budget
 from lipt.core.errors import UserError
-from lipt.core.schema import check_mapping
+from lipt.core.schema import check_mapping, parameters
 from lipt.core.selector import SelectorSettings, selector_settings
 from lipt.core.settings import DatasetSettings, Run, RunSettings, SelectorOptions
 from lipt.jigsaw.checks import validate_jigsaw
 from lipt.run.checks import get_key
+from lipt.run.groups import locate
 
 
 def _selector(cfg: Mapping[str, Any]) -> SelectorSettings | None:
     """The chosen selector's settings, its lipt keys (SelectorOptions) checked against their
-    declared types first; None for a stage without a `selector` group."""
+    declared types first; None for selector=none."""
     node = cfg.get("selector")
     if node is None:
         return None
@@ -35,61 +37,58 @@ def _selector(cfg: Mapping[str, Any]) -> SelectorSettings | None:
     return selector_settings(node)
 
 
-# The `dynamic` group's methods (lipt.dynamic.plan), by _target_; and pretrain=none's.
-INFOBATCH, LIPT_BUDGET = "lipt.dynamic.InfoBatch", "lipt.dynamic.LiptBudget"
-PRUNING_TARGETS = {"infobatch": INFOBATCH, "lipt": LIPT_BUDGET}  # selector=X prunes with these
+BUDGETS = "subset, full, full_steps, full_schedule, infobatch or lipt"
+
+
+def _budget(cfg: Mapping[str, Any]) -> Budget:
+    """The `budget` group's option, built from its node: each key checked against the fields
+    of its `_target_` (lipt.budget, plain Python: no torch)."""
+    node = dict(cfg.get("budget") or {})
+    target = node.pop("_target_", None)
+    if target is None:
+        raise UserError(f"budget has no _target_; choose budget={BUDGETS}")
+    try:
+        option = locate(str(target))
+    except Exception as e:
+        raise UserError(
+            f"budget._target_={target} cannot be imported ({type(e).__name__}); give a class "
+            "of lipt.budget, or one with its fields and methods (lipt.core.budget.Budget)"
+        ) from e
+    declared, open_keys = parameters(option)
+    try:
+        check_mapping("budget", node, declared, open_keys)
+        return cast(Budget, option(**node))
+    except (UserError, ValueError, TypeError) as e:
+        raise UserError(f"budget={node.get('name')}: {e}") from e
+
+
 NO_PRETRAINING = "lipt.stages.pretrain.NoPretraining"
 
 
-def validate_dynamic(cfg: DictConfig, run: Run) -> None:
-    """dynamic=infobatch / lipt: the whole pool (selector=full), and lipt's ensemble (a
-    pre-training). Each knob's range is declared on its plan (lipt.dynamic.plan)."""
-    node = cfg.get("dynamic")
-    selector = run.selector
-    if selector is not None and selector.prunes_with is not None:
-        wanted = selector.prunes_with
-        if node is None or node.get("_target_") != PRUNING_TARGETS[wanted]:
-            chosen = "none" if node is None else node.get("name", node.get("_target_"))
-            raise UserError(
-                f"selector={selector.label} prunes with dynamic={wanted}, not dynamic={chosen}; "
-                f"use selector=full dynamic={chosen} (or drop the dynamic override)"
-            )
-        budget = get_key(cfg, "dynamic.budget")
-        if budget is not None and budget != run.settings.fraction:
-            raise UserError(
-                f"selector={selector.label} spends `fraction` of the full run's cost, so "
-                f"dynamic.budget={budget} must stay as it is; set fraction={budget} instead"
-            )
-    if node is None or "_target_" not in node:
-        return
-    target, name = str(node._target_), node.get("name", node._target_)
-    budget = get_key(cfg, "dynamic.budget") if "budget" in node else None
-    if target == INFOBATCH and budget is not None:
+def validate_budget(cfg: DictConfig, run: Run) -> None:
+    """The budget against the selector and the pre-training: a subset needs a selector (or a
+    saved subset), the whole pool takes none, and lipt's pruning needs the jigsaw ensemble."""
+    budget, selector, settings = run.budget, run.selector, run.settings
+    if settings.stage == "select":
+        return  # select.py selects, whatever main training would spend
+    if budget.trains_subset and selector is None and settings.subset_path is None:
         raise UserError(
-            f"dynamic.budget={budget!r} is invalid: infobatch prunes by dynamic.ratio and has no "
-            "budget; leave dynamic.budget=null or use dynamic=lipt"
+            f"budget={budget.name} trains a subset, but selector=none chooses none; choose a "
+            "selector (e.g. selector=glister) or a saved subset (subset_path=...)"
         )
-    if target == LIPT_BUDGET and str(get_key(cfg, "pretrain._target_")) == NO_PRETRAINING:
-        if selector is not None and selector.prunes_with == "lipt":
-            raise UserError(
-                f"selector={selector.label} scores the pool with the jigsaw soup, but "
-                "pretrain=none trains none; use pretrain=jigsaw (the default), or "
-                "selector=infobatch or selector=full to train without pre-training"
-            )
+    if not budget.trains_subset and selector is not None and settings.subset_path is None:
         raise UserError(
-            "dynamic=lipt scores epoch 0 with the jigsaw ensemble, but pretrain=none trains "
-            "none; use pretrain=jigsaw (the default) or dynamic=infobatch"
+            f"budget={budget.name} trains the whole pool, so selector={selector.label} cannot "
+            f"choose a subset; drop budget={budget.name} (a selector trains its subset) or use "
+            "selector=none"
         )
-    if selector is not None and not selector.is_full:
+    no_pretraining = str(get_key(cfg, "pretrain._target_")) == NO_PRETRAINING
+    if run.prunes and budget.needs_ensemble and no_pretraining:
         raise UserError(
-            f"dynamic={name} prunes the whole pool every epoch, so selector={selector.label} "
-            "cannot choose a subset too; use selector=full (or dynamic=none)"
+            f"budget={budget.name} scores epoch 0 with the jigsaw ensemble, but pretrain=none "
+            "trains none; use pretrain=jigsaw (the default), or budget=infobatch or "
+            "budget=full_schedule to train without pre-training"
         )
-    if run.settings.subset_path is not None and not run.gives_way_to_saved_subset:
-        raise UserError(f"dynamic={name} prunes the whole pool; drop subset_path")
-    if selector is not None and (selector.match_subset_steps or selector.budget_steps):
-        key = "match_subset_steps" if selector.match_subset_steps else "budget_steps"
-        raise UserError(f"dynamic={name} sets its own cost; drop selector.{key}")
 
 
 JIGSAW_CLEANING = "lipt.cleaning.JigsawCleaning"
@@ -155,7 +154,7 @@ GROUPS = (
     "prune",
     "merge",
     "selector",
-    "dynamic",
+    "budget",
     "clean",
     "optimizer",
     "scheduler",
@@ -192,23 +191,24 @@ def dataset_settings(values: dict[str, Any]) -> DatasetSettings:
 
 
 def run_of(cfg: DictConfig) -> Run:
-    """The typed settings of a composed config: its top level, `dataset.*` and the selector's,
-    each value checked against its declared type and range, and the whole config resolved. The
-    checks across keys and against the libraries are `validate`'s."""
+    """The typed settings of a composed config: its top level, `dataset.*`, the selector's and
+    the budget's, each value checked against its declared type and range, and the whole config
+    resolved. The checks across keys and against the libraries are `validate`'s."""
     values = plain(cfg)
-    return Run(run_settings(values), dataset_settings(values), _selector(values), values)
+    top, dataset = run_settings(values), dataset_settings(values)
+    return Run(top, dataset, _selector(values), _budget(values), values)
 
 
 def pretrains(run: Run) -> bool:
     """Whether a train.py run can pre-train a model (what init_from=pretrained starts from):
-    false when pre-training is none, or when neither the selector (a subset it selects),
-    dynamic=lipt nor label cleaning asks for one."""
-    name_of = {g: str(run.node(g).get("name", "none")) for g in ("pretrain", "clean", "dynamic")}
+    false when pre-training is none, or when neither the selector (a subset it selects), the
+    budget's pruning (budget=lipt) nor label cleaning asks for one."""
+    name_of = {g: str(run.node(g).get("name", "none")) for g in ("pretrain", "clean")}
     if name_of["clean"] != "none":
         return True  # cleaning may pre-train on its own (clean=lipt's soup)
     selector = run.selector
     selects = selector is not None and selector.needs_model and run.settings.subset_path is None
-    lipt_pruning = run.dynamic_enabled and name_of["dynamic"] == "lipt"
+    lipt_pruning = run.prunes and run.budget.needs_ensemble
     return name_of["pretrain"] != "none" and (selects or lipt_pruning)
 
 
@@ -243,24 +243,13 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
             f"selector={selector.label} matches the validation split, but dataset.val_size=0; "
             "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
         )
-    if (
-        selector is not None
-        and selector.budget_steps
-        and (selector.label != "full" or selector.match_subset_steps)
-    ):
-        raise UserError(
-            f"selector.budget_steps=true shortens the whole pool's schedule, so it needs "
-            f"selector=full without match_subset_steps, not selector={selector.label}"
-            + (" with match_subset_steps" if selector.match_subset_steps else "")
-        )
-    if top.stage == "select" and selector is not None and selector.is_full:
-        raise UserError(
-            f"selector={selector.label} selects nothing; choose a selector, e.g. selector=glister"
-        )
+    if top.stage == "select" and selector is None:
+        raise UserError("selector=none selects nothing; choose a selector, e.g. selector=glister")
+    validate_budget(cfg, run)
     if top.stage == "train" and top.init_from == "pretrained" and not pretrains(run):
         raise UserError(
             "init_from=pretrained needs a model pre-trained in this run: use a pretrain "
-            "other than none and a selector that ranks with a model"
+            "other than none and budget=lipt or a selector that ranks with a model"
         )
     if not deep:
         return run
@@ -272,7 +261,6 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
     pretrain = values.get("pretrain")
     if isinstance(pretrain, Mapping) and "num_learners" in pretrain:  # pretrain=jigsaw
         validate_jigsaw(values)  # and the groups augment, prune, merge: across keys
-    validate_dynamic(cfg, run)
     validate_clean(cfg, run)
     preflight(cfg)
     return run

@@ -209,19 +209,13 @@ def key_table(keys: Sequence[Key]) -> list[str]:
 
 
 def group_defaults(top: ConfigFile) -> dict[str, str]:
-    """Group -> its default option, from a top-level defaults list (`- group: option`;
-    `- optional group: ${other}` is the option named as group `other`'s choice)."""
+    """Group -> its default option, from a top-level defaults list (`- group: option`)."""
     chosen: dict[str, str] = {}
     for entry in top.defaults:
         if ":" in entry.value:
             group, option = (s.strip() for s in entry.value.split(":", 1))
             chosen[group.removeprefix("optional ").strip()] = option
     return chosen
-
-
-def named_after(option: str) -> str | None:
-    """The group an interpolated default (`${selector}`) takes its option's name from."""
-    return option[2:-1] if option.startswith("${") and option.endswith("}") else None
 
 
 def groups(config_dir: Path) -> list[str]:
@@ -264,9 +258,7 @@ def render(config_dir: Path) -> str:
     names = groups(config_dir)
     for group in names:
         options = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
-        given = chosen.get(group, "")
-        other = named_after(given)
-        marked = chosen.get(other, "") if other else given
+        marked = chosen.get(group, "")
         listed = ", ".join(f"`{o}`" + (" (default)" if marked == o else "") for o in options)
         out.append(f"- [`{group}`](#group-{group.replace('/', '')}): {listed}")
     out.append("")
@@ -274,13 +266,7 @@ def render(config_dir: Path) -> str:
         package = group.replace("/", ".")
         out += [f"## Group `{group}`", ""]
         default = chosen.get(group)
-        other = None if default is None else named_after(default)
-        if other is not None:
-            line = (
-                f"`{group}=<option>`; default: the option named as the `{other}` choice, where "
-                f"there is one (`{chosen.get(other)}` for the default `{other}`), else none."
-            )
-        elif default == "null":  # in the defaults list, none chosen unless asked
+        if default == "null":  # in the defaults list, none chosen unless asked
             line = f"`{group}=<option>`; default: none."
         elif default:
             line = f"`{group}=<option>`; default: `{default}`."

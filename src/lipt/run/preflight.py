@@ -116,9 +116,9 @@ def unwritable(folder: Path) -> str | None:
     return None
 
 
-# The groups built with lipt.builder.objects.build_part before or during pre-training, label
-# cleaning and main training's dynamic pruning.
-PARTS = ("pretrain", "augment", "prune", "merge", "dynamic", "clean")
+# The groups built with lipt.builder.objects.build_part before or during pre-training and label
+# cleaning (the budget is built with the run's settings, lipt.run.config).
+PARTS = ("pretrain", "augment", "prune", "merge", "clean")
 
 
 def check_parts(cfg: DictConfig) -> None:
@@ -148,7 +148,7 @@ def check_selector(cfg: DictConfig) -> None:
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     node = cfg.get("selector")
-    if node is None or selector_settings(node).is_full:
+    if selector_settings(node) is None:  # selector=none
         return
     name = node.get("name")
     try:

@@ -46,8 +46,9 @@ def uses_jigsaw_learners(config: dict[str, Any]) -> int:
         return 0
     if pretrain.get("merge_from") or config.get("subset_path"):
         return 0
-    ranks = selector_settings(config.get("selector") or {}).needs_model
-    prunes = (config.get("dynamic") or {}).get("name") == "lipt"
+    selector = selector_settings(config.get("selector"))
+    ranks = selector is not None and selector.needs_model
+    prunes = (config.get("budget") or {}).get("name") == "lipt"  # lipt's pruning
     cleans = (config.get("clean") or {}).get("name") == "lipt"
     pretrains = ranks or prunes or cleans
     return int(pretrain.get("num_learners", 0)) if pretrains else 0

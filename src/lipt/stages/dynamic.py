@@ -1,5 +1,6 @@
-"""Dynamic pruning in train.py: the method from the `dynamic` config group, epoch 0's scores
-(lipt's: the jigsaw ensemble on the pool, pre-trained here) and the callback that prunes."""
+"""Dynamic pruning in train.py: the method of the `budget` option (budget=infobatch or lipt),
+epoch 0's scores (lipt's: the jigsaw ensemble on the pool, pre-trained here) and the callback
+that prunes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 
 from torch import Tensor
 
-from lipt.builder.objects import build_part
 from lipt.core import console
 from lipt.core.artifacts import write_json
 from lipt.core.job import is_ddp_child
@@ -60,11 +60,11 @@ def score_with_ensemble(
 def dynamic_pruning(
     run: Run, dm: DataModule, out: Path, resume: str | None, made: Pretrained | None = None
 ) -> DynamicSetup:
-    """The `dynamic` group's method and its callback (where Run.dynamic_enabled). lipt's scores
+    """The budget's pruning method and its callback (where Run.prunes). lipt's scores
     epoch 0 with the ensemble, pre-trained here unless the run resumes (the checkpoint carries
     the scores) or this is an extra DDP rank (rank 0 broadcasts its scores when the fit
     starts)."""
-    method: PruningMethod = build_part(run.node("dynamic"))
+    method: PruningMethod = run.budget.pruning(run.settings.fraction)
     audit = out if run.settings.record_seen else None
     seed = run.settings.seed
     if not method.needs_ensemble or resume is not None or is_ddp_child():

@@ -8,7 +8,6 @@ then writes subset.npz and summary.json.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lipt.budget import subset_rows
 from lipt.builder.objects import build_datamodule, build_model, build_selector
 from lipt.core import console
 from lipt.core.artifacts import load_checkpoint, save_subset, write_json
@@ -45,7 +45,7 @@ STAGES_FILE = "stages.json"
 
 def budget_for(run: Run, pool_size: int) -> int:
     fraction = run.settings.fraction
-    budget = round(fraction * pool_size)
+    budget = subset_rows(fraction, pool_size)
     if budget < 1:
         raise UserError(
             f"fraction={fraction} of a pool of {pool_size} selects nothing; raise fraction"
@@ -53,32 +53,18 @@ def budget_for(run: Run, pool_size: int) -> int:
     return budget
 
 
-def subset_steps(run: Run, pool_size: int) -> int:
-    """Optimiser steps of a main training run on a subset of `fraction` (one device): what
-    `selector.match_subset_steps` gives the full-data run."""
-    batches = math.ceil(budget_for(run, pool_size) / run.settings.batch_size)
-    return run.main_epochs * batches
-
-
-def schedule_steps(fraction: float, epochs: int, steps_per_epoch: int) -> int:
-    """Optimiser steps of the whole pool on `fraction` of a schedule of `epochs` epochs
-    (`selector.budget_steps`: the whole pool for fewer epochs, fractional ones included)."""
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
-    return max(1, round(fraction * epochs * steps_per_epoch))
-
-
 def chosen_selector(run: Run) -> SelectorSettings:
-    """The chosen selector's settings, in the stages that have a `selector` group."""
-    assert run.selector is not None, "select.py and train.py have a selector group"
+    """The chosen selector's settings, where the run selects (lipt.run.config refuses
+    selector=none there)."""
+    assert run.selector is not None, "a run that selects has a selector"
     return run.selector
 
 
 def check_held_out(run: Run, dm: DataModule) -> None:
     """A selector that matches the validation split needs validation rows (else its target
     would silently be the pool)."""
-    selector = chosen_selector(run)
-    if selector.needs_held_out and len(dm.val_indices) == 0:
+    selector = run.selector  # None: budget=lipt's ensemble ranks for no selector
+    if selector is not None and selector.needs_held_out and len(dm.val_indices) == 0:
         raise UserError(
             f"selector={selector.label} matches the validation split, which is empty here; "
             "set dataset.val_size > 0"
@@ -103,7 +89,7 @@ def ranking_models(run: Run, dm: DataModule, made: Pretrained | None = None) -> 
     `selector.repeats` times from `repeat_seed(seed, r)`; `made`: the first of them, already
     pre-trained in this run (for label cleaning), is not made again."""
     check_held_out(run, dm)  # before any pre-training
-    repeats = chosen_selector(run).repeats
+    repeats = 1 if run.selector is None else run.selector.repeats
     settings = run.settings
     ckpt_path = settings.ckpt_path if settings.stage == "select" else None
     if made is not None and not ckpt_path:
@@ -276,8 +262,8 @@ def selection_stages(selected: Selected) -> dict[str, dict[str, Any]]:
 def run(run: Run) -> dict[str, Any]:
     """`select.py`, on the run's typed settings (lipt.run.config.validate builds them):
     subset.npz, merge_report.json (a soup made here) and summary.json."""
-    if chosen_selector(run).is_full:
-        raise UserError("selector=full selects nothing; choose a selector, e.g. selector=glister")
+    if run.selector is None:
+        raise UserError("selector=none selects nothing; choose a selector, e.g. selector=glister")
     out = run_dir(run)
     dm = build_datamodule(run)
     cleaned = clean_pool(run, dm, out, resume=False)

@@ -110,14 +110,15 @@ def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
 def obtain_subset(
     run: Run, dm: DataModule, out: Path, resume: str | None, made: Pretrained | None = None
 ) -> TrainingSet:
-    """The subset to train on: given (subset_path), none (selector=full), the one a resumed or
+    """The subset to train on: given (subset_path), none (a whole-pool budget), the one a resumed or
     restarted run already chose, or selected now exactly as select.py selects (`made`: the
     model pre-trained in this run already, by label cleaning)."""
-    settings, selector = run.settings, chosen_selector(run)
+    settings = run.settings
     if settings.subset_path:
         return TrainingSet(load_checked_subset(dm, Path(settings.subset_path)))
-    if selector.is_full:
+    if not run.trains_subset:
         return TrainingSet(None)
+    selector = chosen_selector(run)
     saved = out / SUBSET_FILE
     if resume is not None and saved.is_file():
         # A resumed run trains on what the first attempt chose (re-selected ones included).
@@ -167,10 +168,10 @@ def training_set_of(
     run: Run, dm: DataModule, out: Path, resume: str | None, cleaned: Cleaned | None
 ) -> TrainingSet:
     """What main training trains on, set on `dm`: a subset (obtain_subset), or the whole pool,
-    pruned anew every epoch under dynamic pruning (selector=full)."""
+    pruned anew every epoch (budget=infobatch, budget=lipt)."""
     made = None if cleaned is None else cleaned.pretrained  # by label cleaning
     training_set = obtain_subset(run, dm, out, resume, made)
-    if run.dynamic_enabled:
+    if run.prunes:
         dynamic = dynamic_pruning(run, dm, out, resume, made)
         training_set.dynamic = dynamic
         training_set.pretrained = dynamic.pretrained
@@ -198,7 +199,7 @@ def initial_model(run: Run, training_set: TrainingSet, resume: str | None) -> nn
         if pretrained is None or not pretrained.trained:  # pretrain=none: the init
             raise UserError(
                 "init_from=pretrained needs a model pre-trained in this run: use a pretrain "
-                "other than none and a selector that ranks with a model"
+                "other than none and budget=lipt or a selector that ranks with a model"
             )
         model = pretrained.model
     return model

@@ -2,14 +2,14 @@
 epochs or optimiser steps, with which callbacks, loggers and Trainer settings. Built once from
 the run and what the stages before it made; lipt.stages.train fits it.
 
-The budget modes: a subset for `trainer.max_epochs`; the whole pool on a step budget (a share
-of the schedule: `full_schedule`, or a subset's steps: `full_steps`), which the cosine spans and
-StopAtStep ends; InfoBatch's fewer epochs; dynamic pruning's epochs of a shrinking pool.
+How long it trains is the `budget` option's arithmetic (lipt.budget): a subset for
+`trainer.max_epochs`; the whole pool on a step budget (a share of the schedule: `full_schedule`,
+or a subset's steps: `full_steps`), which the schedule spans and StopAtStep ends; InfoBatch's
+fewer epochs; dynamic pruning's epochs of a shrinking pool.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -18,24 +18,18 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
+from lipt.budget import PoolSizes, Schedule, Subset
 from lipt.builder.objects import build_callbacks, build_classifier, build_loggers, progress_bars
 from lipt.core import console
 from lipt.core.seeding import reselect_seed
 from lipt.core.settings import Run
 from lipt.data import DataModule
-from lipt.dynamic.plan import infobatch_epochs
 from lipt.models.classifier import Classifier
 from lipt.stages.dynamic import DynamicSetup
 from lipt.stages.requeue import RequeueOnSignal
 from lipt.stages.reselect import Reselect
 from lipt.stages.seen import SeenSamples
-from lipt.stages.select import (
-    choose_subset,
-    chosen_selector,
-    schedule_steps,
-    subset_meta,
-    subset_steps,
-)
+from lipt.stages.select import choose_subset, subset_meta
 
 
 @dataclass
@@ -65,24 +59,19 @@ class StopAtStep(L.Callback):
             trainer.should_stop = True
 
 
-def step_budget(
-    run: Run, dm: DataModule, subset: tuple[Tensor, Tensor] | None, pool_before_cleaning: int
-) -> tuple[int | None, int]:
-    """(the optimiser steps main training stops at, None for none; the epochs it runs)."""
-    settings, selector = run.settings, chosen_selector(run)
-    steps: int | None = None
-    epochs = run.main_epochs
-    if selector.is_full and selector.match_subset_steps:
-        steps = subset_steps(run, len(dm.pool_indices))  # approach=full_steps
-    if selector.budget_steps and subset is None:  # the whole pool on `fraction` of the schedule
-        # The steps are the whole pool's before cleaning dropped any: a cleaned pool trains as
-        # many as full_schedule does at this budget (the same spend, cleaning on top), over
-        # more of its epochs.
-        budget_batches = math.ceil(pool_before_cleaning / settings.batch_size)
-        steps = schedule_steps(settings.fraction, epochs, budget_batches)
-        per_epoch = math.ceil(len(dm.pool_indices) / settings.batch_size)
-        epochs = math.ceil(steps / per_epoch)
-    return steps, epochs
+def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedule:
+    """Main training's epochs, and the optimiser steps a step budget stops at: the budget's
+    arithmetic on this pool (a saved subset trains as budget=subset does)."""
+    budget = Subset() if run.gives_way_to_saved_subset else run.budget
+    settings = run.settings
+    sizes = PoolSizes(
+        pool=len(dm.pool_indices),
+        pool_before_cleaning=pool_before_cleaning,
+        batch_size=settings.batch_size,
+        max_epochs=run.main_epochs,
+        fraction=float(settings.fraction),
+    )
+    return budget.schedule(sizes)
 
 
 def reselection(
@@ -121,7 +110,8 @@ def training_plan(
     dynamic_optim: dict[str, Any] = (
         {"loss_norm": "batch", "schedule_over": "epochs"} if dynamic is not None else {}
     )
-    steps, epochs = step_budget(run, dm, subset, pool_before_cleaning)
+    schedule = main_schedule(run, dm, pool_before_cleaning)
+    steps, epochs = schedule.steps, schedule.epochs
     module = build_classifier(run, model, total_steps=steps, **dynamic_optim)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
@@ -149,9 +139,8 @@ def training_plan(
         # Not Lightning's max_steps: a fit with max_steps that resumes from an epoch's end
         # counts that epoch twice and stops one epoch short (Lightning 2.6).
         callbacks.append(StopAtStep(steps))
+    if epochs != run.main_epochs:
         trainer_settings["max_epochs"] = epochs
-    if run.budget_epochs:  # selector=infobatch: the epochs `fraction` of the cost buys
-        epochs = trainer_settings["max_epochs"] = infobatch_epochs(float(settings.fraction), epochs)
     loggers = build_loggers(run)
     # The `callbacks` group: those the run has what they need for.
     callbacks += build_callbacks(run, loggers, progress_bars(run), len(dm.val_indices) > 0)

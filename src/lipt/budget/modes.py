@@ -1,0 +1,163 @@
+"""The `budget` group's options: how main training spends `fraction` of the whole pool's cost
+(trainer.max_epochs epochs of the whole pool). Each is a frozen dataclass, its option's
+`_target_`, that owns its arithmetic (`schedule`: the epochs, and the optimiser steps where a
+step budget ends the fit) and, for the two that prune the whole pool every epoch, the pruning
+method its callback runs (`pruning`: lipt.dynamic's InfoBatch or LiptBudget).
+
+Plain Python, no torch: lipt.run.config builds the option before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+
+from lipt.core.budget import PoolSizes, Schedule
+from lipt.core.schema import BELOW_ONE, SHARE
+from lipt.core.settings import Checked
+
+if TYPE_CHECKING:
+    from lipt.dynamic.plan import PruningMethod
+
+# The share of an epoch's samples InfoBatch (ratio 0.5) trains on, about (PEERS.md's ~70%). Its
+# pruned epochs kept 0.68 and 0.63 of the pool on the frontier (runs of 3 and 9 epochs), but its
+# full first and annealing epochs raise a whole run's share to 0.89 and 0.75: the epochs below
+# overspend their budget by that much (docs/results/frontier counts the measured cost).
+INFOBATCH_KEPT_SHARE = 0.7
+
+
+def subset_rows(fraction: float, pool: int) -> int:
+    """The rows of a `fraction` subset of a pool of `pool` rows (0 where it selects nothing)."""
+    return round(fraction * pool)
+
+
+def subset_steps(fraction: float, pool: int, batch_size: int, epochs: int) -> int:
+    """Optimiser steps of `epochs` epochs on a subset of `fraction` of the pool (one device)."""
+    return epochs * math.ceil(max(1, subset_rows(fraction, pool)) / batch_size)
+
+
+def schedule_steps(fraction: float, epochs: int, steps_per_epoch: int) -> int:
+    """Optimiser steps of the whole pool on `fraction` of a schedule of `epochs` epochs: the
+    whole pool for fewer epochs, fractional ones included."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    return max(1, round(fraction * epochs * steps_per_epoch))
+
+
+def infobatch_epochs(fraction: float, full_epochs: int) -> int:
+    """InfoBatch's epochs at about `fraction` of the cost of `full_epochs` whole-pool epochs:
+    max(1, round(fraction x E / 0.7)), as it trains on about 70% of each epoch."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if full_epochs < 1:
+        raise ValueError(f"full_epochs must be >= 1, got {full_epochs}")
+    return max(1, round(fraction * full_epochs / INFOBATCH_KEPT_SHARE))
+
+
+@dataclass(frozen=True)
+class Subset(Checked):
+    """`budget=subset`: the selector's subset of `fraction` of the pool (or a saved one,
+    subset_path), trained trainer.max_epochs epochs."""
+
+    PREFIX: ClassVar[str] = "budget"
+    trains_subset: ClassVar[bool] = True
+    prunes: ClassVar[bool] = False
+    needs_ensemble: ClassVar[bool] = False
+
+    name: str = "subset"
+
+    def schedule(self, sizes: PoolSizes) -> Schedule:
+        return Schedule(sizes.max_epochs)
+
+    def pruning(self, fraction: float) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class WholePool(Checked):
+    """`budget=full|full_steps|full_schedule`: the whole pool, unpruned, for
+    - `steps: all`: every epoch of trainer.max_epochs (fraction unused: the reference);
+    - `steps: subset`: as many optimiser steps as a subset of `fraction` takes in as many epochs;
+    - `steps: schedule`: round(fraction x max_epochs x steps per epoch) optimiser steps, the
+      schedule annealed over them (the whole pool on a shorter schedule). The steps per epoch
+      are the pool's before label cleaning dropped any: a cleaned pool spends as much."""
+
+    PREFIX: ClassVar[str] = "budget"
+    trains_subset: ClassVar[bool] = False
+    prunes: ClassVar[bool] = False
+    needs_ensemble: ClassVar[bool] = False
+
+    name: str = "full"
+    steps: Literal["all", "subset", "schedule"] = "all"
+
+    def schedule(self, sizes: PoolSizes) -> Schedule:
+        if self.steps == "all":
+            return Schedule(sizes.max_epochs)
+        if self.steps == "subset":
+            steps = subset_steps(sizes.fraction, sizes.pool, sizes.batch_size, sizes.max_epochs)
+            return Schedule(sizes.max_epochs, steps)
+        budget_batches = math.ceil(sizes.pool_before_cleaning / sizes.batch_size)
+        steps = schedule_steps(sizes.fraction, sizes.max_epochs, budget_batches)
+        per_epoch = math.ceil(sizes.pool / sizes.batch_size)
+        return Schedule(math.ceil(steps / per_epoch), steps)
+
+    def pruning(self, fraction: float) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class InfoBatchEpochs(Checked):
+    """`budget=infobatch`: the whole pool pruned every epoch by InfoBatch as published
+    (lipt.dynamic.InfoBatch: `ratio`, `delta`), for the epochs `fraction` of the cost buys
+    (`epochs: fraction`, infobatch_epochs) or for trainer.max_epochs (`epochs: all`, the
+    published protocol, whose saving follows the losses)."""
+
+    PREFIX: ClassVar[str] = "budget"
+    trains_subset: ClassVar[bool] = False
+    prunes: ClassVar[bool] = True
+    needs_ensemble: ClassVar[bool] = False
+
+    name: str = "infobatch"
+    ratio: Annotated[float, BELOW_ONE] = 0.5
+    delta: Annotated[float, SHARE] = 0.875
+    epochs: Literal["fraction", "all"] = "fraction"
+
+    def schedule(self, sizes: PoolSizes) -> Schedule:
+        if self.epochs == "all":
+            return Schedule(sizes.max_epochs)
+        return Schedule(infobatch_epochs(sizes.fraction, sizes.max_epochs))
+
+    def pruning(self, fraction: float) -> PruningMethod:
+        from lipt.dynamic.plan import InfoBatch  # torch: only once training is built
+
+        return InfoBatch(name=self.name, ratio=self.ratio, delta=self.delta)
+
+
+@dataclass(frozen=True)
+class LiptDynamic(Checked):
+    """`budget=lipt`: the whole pool for trainer.max_epochs epochs on `fraction` of their cost,
+    pruned every epoch by lipt's dynamic pruning (lipt.dynamic.LiptBudget): epoch 0 scored by
+    the jigsaw soup and its learners' heads, later ones by the training losses."""
+
+    PREFIX: ClassVar[str] = "budget"
+    trains_subset: ClassVar[bool] = False
+    prunes: ClassVar[bool] = True
+    needs_ensemble: ClassVar[bool] = True
+
+    name: str = "lipt"
+    # in (0, 1]: the last (1 - delta) share of the epochs anneals on full data while the budget
+    # affords it (fewer annealing epochs, or none, for a small budget)
+    delta: Annotated[float, SHARE] = 0.875
+    floor: Annotated[float, SHARE] = 0.25  # least keep probability, a share of the kept share
+
+    def schedule(self, sizes: PoolSizes) -> Schedule:
+        return Schedule(sizes.max_epochs)
+
+    def pruning(self, fraction: float) -> PruningMethod:
+        from lipt.dynamic.plan import LiptBudget  # torch: only once training is built
+
+        return LiptBudget(name=self.name, budget=fraction, delta=self.delta, floor=self.floor)
+
+
+Pruning = InfoBatchEpochs | LiptDynamic
