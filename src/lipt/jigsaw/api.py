@@ -82,6 +82,69 @@ def learner_trainer(accelerator: str, **overrides: Any) -> L.Trainer:
     return L.Trainer(**{"accelerator": accelerator, "devices": 1, **QUIET_TRAINER, **overrides})
 
 
+def _check_pretrain_args(
+    data: LearnerData, num_learners: int, batches_per_learner: int, local_epochs: int
+) -> None:
+    """Raise ValueError for a learner count, shard size or epoch count below 1, or data whose
+    validation split (on which the soup is scored) is empty."""
+    for key, value in (
+        ("num_learners", num_learners),
+        ("batches_per_learner", batches_per_learner),
+        ("local_epochs", local_epochs),
+    ):
+        if isinstance(value, bool) or int(value) < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+    if len(data.val_indices) == 0:
+        raise ValueError(
+            "the jigsaw soup is scored on the validation split, which is empty: give the data "
+            "module one (PoolDataModule(..., val_size=0.1))"
+        )
+
+
+def _common_init(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """`factory()` under `seed`, the learners' common init; the global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        init = factory()
+    if not isinstance(init, nn.Module):
+        raise ValueError(f"factory must return an nn.Module, not {type(init).__name__}")
+    return init
+
+
+def _scoring_device(accelerator: str) -> torch.device:
+    """Where held-out scoring runs for `accelerator`: CUDA for "gpu" and "cuda", and for "auto"
+    where CUDA is available; else the CPU."""
+    device = torch.device("cuda" if accelerator in ("gpu", "cuda") else "cpu")
+    if accelerator == "auto" and torch.cuda.is_available():
+        device = torch.device("cuda")
+    return device
+
+
+def _paper_classifier(classes: int) -> Callable[..., Classifier]:
+    """The context's `classifier` for a `classes`-way model: (model, **optim) -> a learner's
+    Lightning module."""
+
+    def classifier(
+        model: nn.Module,
+        lr: float | None = None,
+        weight_decay: float | None = None,
+        scheduler: str | None = None,
+        **options: Any,
+    ) -> Classifier:
+        # A learner's `optim` (lr, weight_decay, scheduler) on the paper's SGD and cosine.
+        sgd = {"lr": lr, "weight_decay": weight_decay}
+        optimizer = functools.partial(PAPER_SGD, **{k: v for k, v in sgd.items() if v is not None})
+        schedule = LEARNER_SCHEDULES[scheduler] if scheduler is not None else None
+        return Classifier(model, classes, optimizer=optimizer, scheduler=schedule, **options)
+
+    return classifier
+
+
+def _no_run_dir() -> Any:
+    """The context's `run_dir`: never asked for, the API's learners stay in memory."""
+    raise AssertionError("jigsaw_pretrain keeps its learners in memory")
+
+
 def jigsaw_pretrain(
     factory: Callable[[], nn.Module],
     data: LearnerData,
@@ -118,44 +181,9 @@ def jigsaw_pretrain(
             data without a validation split, a pool too small for n x M minibatches, or
             fewer than `min_learners` (default: half) usable learners at the end.
     """
-    for key, value in (
-        ("num_learners", num_learners),
-        ("batches_per_learner", batches_per_learner),
-        ("local_epochs", local_epochs),
-    ):
-        if isinstance(value, bool) or int(value) < 1:
-            raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
-    if len(data.val_indices) == 0:
-        raise ValueError(
-            "the jigsaw soup is scored on the validation split, which is empty: give the data "
-            "module one (PoolDataModule(..., val_size=0.1))"
-        )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        init = factory()
-    if not isinstance(init, nn.Module):
-        raise ValueError(f"factory must return an nn.Module, not {type(init).__name__}")
+    _check_pretrain_args(data, num_learners, batches_per_learner, local_epochs)
+    init = _common_init(factory, seed)
     classes = resolve_head(init, head).out_features
-    device = torch.device("cuda" if accelerator in ("gpu", "cuda") else "cpu")
-    if accelerator == "auto" and torch.cuda.is_available():
-        device = torch.device("cuda")
-
-    def classifier(
-        model: nn.Module,
-        lr: float | None = None,
-        weight_decay: float | None = None,
-        scheduler: str | None = None,
-        **options: Any,
-    ) -> Classifier:
-        # A learner's `optim` (lr, weight_decay, scheduler) on the paper's SGD and cosine.
-        sgd = {"lr": lr, "weight_decay": weight_decay}
-        optimizer = functools.partial(PAPER_SGD, **{k: v for k, v in sgd.items() if v is not None})
-        schedule = LEARNER_SCHEDULES[scheduler] if scheduler is not None else None
-        return Classifier(model, classes, optimizer=optimizer, scheduler=schedule, **options)
-
-    def no_run_dir() -> Any:
-        raise AssertionError("jigsaw_pretrain keeps its learners in memory")
-
     ctx = PretrainContext(
         data_name=type(data).__name__,
         num_classes=classes,
@@ -164,9 +192,9 @@ def jigsaw_pretrain(
         run_seed=seed,
         fraction=1.0,
         main_epochs=1,
-        device=device,
-        run_dir=no_run_dir,
-        classifier=classifier,
+        device=_scoring_device(accelerator),
+        run_dir=_no_run_dir,
+        classifier=_paper_classifier(classes),
         trainer=lambda **overrides: learner_trainer(accelerator, **overrides),
         augment=NoAugment() if augment is None else augment,
         prune=MagnitudePruning("omp", 0.85, 0.95) if prune is None else prune,

@@ -17,7 +17,8 @@ done in row chunks of `chunk_size` so temporaries stay bounded for million-row p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -185,6 +186,97 @@ def resolve_head(model: nn.Module, head: nn.Linear | str | None = None) -> nn.Li
     return linears[-1]
 
 
+def _default_device(model: nn.Module) -> torch.device:
+    """Where `model`'s first parameter is; the CPU for a model without parameters."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _embeddings_and_logits(
+    model: nn.Module, head: nn.Linear | str | None
+) -> Iterator[Callable[[Tensor], tuple[Tensor, Tensor]]]:
+    """`model`'s pass x -> (embeddings [B, D], logits [B, C]) while the context is open: a
+    model of the lipt protocol (head None) as `classifier(embed(x))`, any other by its own
+    forward and a hook on its final linear layer, removed on exit."""
+    lipt_protocol = head is None and callable(getattr(model, "embed", None))
+    lipt_protocol = lipt_protocol and isinstance(getattr(model, "classifier", None), nn.Module)
+    if lipt_protocol:
+        embed = cast(Callable[[Tensor], Tensor], model.embed)
+        classifier = cast(nn.Module, model.classifier)
+
+        def embed_and_classify(x: Tensor) -> tuple[Tensor, Tensor]:
+            h = embed(x)  # [B, D]
+            return h, classifier(h)  # [B, C]
+
+        yield embed_and_classify
+        return
+    linear = resolve_head(model, head)
+    seen: list[tuple[Tensor, Tensor]] = []  # the head's (input, output) in one forward
+
+    def read_head(x: Tensor) -> tuple[Tensor, Tensor]:
+        seen.clear()
+        model(x)
+        if len(seen) != 1:
+            raise ValueError(
+                f"the head {type(linear).__name__} ran {len(seen)} times in one forward; "
+                "name the final nn.Linear that gives the logits with head="
+            )
+        return seen[0]
+
+    hook = linear.register_forward_hook(lambda _m, inputs, output: seen.append((inputs[0], output)))
+    try:
+        yield read_head
+    finally:
+        hook.remove()
+
+
+@contextlib.contextmanager
+def _evaluating(model: nn.Module, channels_last: bool) -> Iterator[None]:
+    """`model` in eval mode (and its convolution weights channels-last if asked) while the
+    context is open; every submodule's train/eval flag and the weights' layout restored on
+    exit."""
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    restore_layout = channels_last and all(
+        p.is_contiguous() for p in model.parameters() if p.dim() == 4
+    )
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    try:
+        yield
+    finally:
+        if restore_layout:
+            model.to(memory_format=torch.contiguous_format)
+        _restore_modes(model, modes)
+
+
+def _in_index_order(
+    logits: list[Tensor], embeddings: list[Tensor], targets: list[Tensor], indices: list[Tensor]
+) -> PoolOutputs:
+    """The batches' outputs concatenated, rows sorted by dataset index.
+
+    Raises:
+        ValueError: no batch, or an index that comes twice.
+    """
+    if not indices:
+        raise ValueError("model_outputs got an empty loader")
+    idx_all = torch.cat(indices)  # [N] in loader order
+    order = torch.argsort(idx_all)  # loader order -> ascending dataset position
+    idx_sorted = idx_all[order]
+    if len(idx_sorted) > 1 and bool((idx_sorted[1:] == idx_sorted[:-1]).any()):
+        raise ValueError(
+            "model_outputs: the loader yielded some dataset index twice (a padding "
+            "DistributedSampler?); score the pool with a plain, non-distributed loader"
+        )
+    return PoolOutputs(
+        logits=torch.cat(logits)[order],
+        embeddings=torch.cat(embeddings)[order],
+        targets=torch.cat(targets)[order],
+        indices=idx_sorted,
+    )
+
+
 def model_outputs(
     model: nn.Module,
     loader: Iterable[Any],
@@ -214,79 +306,24 @@ def model_outputs(
             loader that is empty or repeats an index.
     """
     if device is None:
-        param = next(model.parameters(), None)
-        device = param.device if param is not None else torch.device("cpu")
-    lipt_protocol = head is None and callable(getattr(model, "embed", None))
-    lipt_protocol = lipt_protocol and isinstance(getattr(model, "classifier", None), nn.Module)
-    seen: list[tuple[Tensor, Tensor]] = []
-    if lipt_protocol:
-        embed = cast(Callable[[Tensor], Tensor], model.embed)
-        classifier = cast(nn.Module, model.classifier)
-
-        def forward(x: Tensor) -> tuple[Tensor, Tensor]:
-            h = embed(x)  # [B, D]
-            return h, classifier(h)  # [B, C]
-    else:
-        linear = resolve_head(model, head)
-
-        def forward(x: Tensor) -> tuple[Tensor, Tensor]:
-            seen.clear()
-            model(x)
-            if len(seen) != 1:
-                raise ValueError(
-                    f"the head {type(linear).__name__} ran {len(seen)} times in one forward; "
-                    "name the final nn.Linear that gives the logits with head="
-                )
-            return seen[0]
-
-    modes = {module: module.training for module in model.modules()}
+        device = _default_device(model)
     logits, embeddings, targets, indices = [], [], [], []
-    hook = None
-    if not lipt_protocol:
-        hook = linear.register_forward_hook(
-            lambda _m, inputs, output: seen.append((inputs[0], output))
-        )
-    model.eval()
-    restore_layout = channels_last and all(
-        p.is_contiguous() for p in model.parameters() if p.dim() == 4
-    )
-    if channels_last:
-        model.to(memory_format=torch.channels_last)
-    try:
-        with torch.no_grad():
-            for batch in loader:
-                x, y, idx = batch[0], batch[1], batch[2]
-                x = x.to(device)
-                if channels_last and x.dim() == 4:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                h, z = forward(x)
-                embeddings.append(h.float().cpu())
-                logits.append(z.float().cpu())
-                targets.append(torch.as_tensor(y).long().cpu())
-                indices.append(torch.as_tensor(idx).long().cpu())
-    finally:
-        if hook is not None:
-            hook.remove()
-        if restore_layout:
-            model.to(memory_format=torch.contiguous_format)
-        _restore_modes(model, modes)
-    if not indices:
-        raise ValueError("model_outputs got an empty loader")
-
-    idx_all = torch.cat(indices)  # [N] in loader order
-    order = torch.argsort(idx_all)  # loader order -> ascending dataset position
-    idx_sorted = idx_all[order]
-    if len(idx_sorted) > 1 and bool((idx_sorted[1:] == idx_sorted[:-1]).any()):
-        raise ValueError(
-            "model_outputs: the loader yielded some dataset index twice (a padding "
-            "DistributedSampler?); score the pool with a plain, non-distributed loader"
-        )
-    return PoolOutputs(
-        logits=torch.cat(logits)[order],
-        embeddings=torch.cat(embeddings)[order],
-        targets=torch.cat(targets)[order],
-        indices=idx_sorted,
-    )
+    with (
+        _embeddings_and_logits(model, head) as forward,
+        _evaluating(model, channels_last),
+        torch.no_grad(),
+    ):
+        for batch in loader:
+            x, y, idx = batch[0], batch[1], batch[2]
+            x = x.to(device)
+            if channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            h, z = forward(x)
+            embeddings.append(h.float().cpu())
+            logits.append(z.float().cpu())
+            targets.append(torch.as_tensor(y).long().cpu())
+            indices.append(torch.as_tensor(idx).long().cpu())
+    return _in_index_order(logits, embeddings, targets, indices)
 
 
 def errors_of(pool: PoolOutputs) -> Tensor:
