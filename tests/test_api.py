@@ -345,6 +345,10 @@ def test_bad_arguments_are_refused_before_any_work(soup):
         lipt.select(Model(), data, 0.0)
     with pytest.raises(ValueError, match="unknown selector"):
         lipt.Reselection(1, data, 0.1, "nope")
+    with pytest.raises(ValueError, match=r"a budget .* or choose, not both"):
+        lipt.Reselection(1, data)  # neither says how to re-select
+    with pytest.raises(ValueError, match=r"a budget .* or choose, not both"):
+        lipt.Reselection(1, data, 0.1, choose=lambda module, epoch, profile: (None, None))
     module = Model()
     with pytest.raises(ValueError, match=r"no submodule 'net\.fc'"):
         trainer(2, [lipt.Reselection(1, data, 0.1, head="net.fc")]).fit(module, datamodule=data)

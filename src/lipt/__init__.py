@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from lipt.models.classifier import Classifier
     from lipt.models.loss import weighted_loss
     from lipt.selection.api import SELECTORS, Subset, select
+    from lipt.selection.reselection import Reselection
     from lipt.stages.label_issues import FoundIssues, datalab_report, find_label_issues
-    from lipt.stages.reselect import Reselection
 
 # name -> the module that defines it
 _API = {
@@ -32,7 +32,7 @@ _API = {
     "select": "lipt.selection.api",
     "Subset": "lipt.selection.api",
     "SELECTORS": "lipt.selection.api",
-    "Reselection": "lipt.stages.reselect",
+    "Reselection": "lipt.selection.reselection",
     "DynamicPruning": "lipt.dynamic.callback",
     "ensemble_scores": "lipt.dynamic.callback",
     "InfoBatch": "lipt.dynamic.plan",

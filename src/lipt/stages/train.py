@@ -39,10 +39,10 @@ from lipt.data import DataModule
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import log_to_wandb
+from lipt.selection.reselection import latest_subset
 from lipt.stages.clean import clean_pool
 from lipt.stages.dynamic import DynamicSetup, describe, dynamic_pruning
 from lipt.stages.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
-from lipt.stages.reselect import latest_subset
 from lipt.stages.results import Cleaned, Selected, Trained
 from lipt.stages.select import (
     STAGES_FILE,

@@ -25,9 +25,9 @@ from lipt.core.seeding import reselect_seed
 from lipt.core.settings import Run
 from lipt.data import DataModule
 from lipt.models.classifier import Classifier
+from lipt.selection.reselection import Reselection
 from lipt.stages.dynamic import DynamicSetup
 from lipt.stages.requeue import RequeueOnSignal
-from lipt.stages.reselect import Reselect
 from lipt.stages.seen import SeenSamples
 from lipt.stages.select import choose_subset, subset_meta
 
@@ -44,7 +44,7 @@ class TrainingPlan:
     callbacks: list[L.Callback]
     loggers: list[Any]
     trainer_settings: dict[str, Any]
-    reselect: Reselect | None
+    reselect: Reselection | None
     dynamic: DynamicSetup | None
 
 
@@ -76,7 +76,7 @@ def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedu
 
 def reselection(
     run: Run, dm: DataModule, out: Path, subset: tuple[Tensor, Tensor] | None
-) -> Reselect | None:
+) -> Reselection | None:
     """Re-selection every `reselect_every` epochs with the model being trained, for a subset
     this run selected (None otherwise)."""
     settings = run.settings
@@ -89,7 +89,8 @@ def reselection(
             seed = reselect_seed(settings.seed, epoch)
             return choose_subset(run, dm, [model], seed, profile=profile)
 
-    return Reselect(settings.reselect_every, dm, choose, out, subset_meta(run, dm))
+    meta = subset_meta(run, dm)
+    return Reselection(settings.reselect_every, dm, out_dir=out, meta=meta, choose=choose)
 
 
 def training_plan(

@@ -1,14 +1,14 @@
-"""Re-selection during main training (`reselect_every=R`): every R epochs the selector runs
-again with the current model's gradients (the paper re-selects every 20 epochs, appendix A).
-Each re-selection that ranked the pool with the model also records where its subset sits
-(`lipt.selection.profile`), as the first selection does, so a re-selecting run shows whether its
-later subsets drift towards the hard tail or away from coverage.
+"""Re-selection during main training (`reselect_every=R`, or `lipt.Reselection` on any
+LightningModule): every R epochs a new subset is chosen with the current model's gradients (the
+paper re-selects every 20 epochs, appendix A), by `lipt.select` or by the function it is given
+(train.py's runs the configured selector). Each re-selection that ranked the pool with the model
+also records where its subset sits (`lipt.selection.profile`), as the first selection does, so a
+re-selecting run shows whether its later subsets drift towards the hard tail or away from
+coverage.
 
 Rank 0 computes the new subset once and broadcasts it; every rank then rebuilds its loader
 (Lightning reloads train loaders every R epochs) and trains on its own part of the same subset.
-`Reselect` takes the function that chooses (train.py's runs the configured selector);
-`Reselection` is the same callback for any LightningModule and lipt data module, choosing with
-`lipt.select`.
+The Lightning wrapper of this folder's selectors, as lipt.dynamic.callback is of its plans.
 """
 
 from __future__ import annotations
@@ -34,30 +34,83 @@ from lipt.selection.gradients import resolve_head
 Chooser = Callable[[nn.Module, int, dict[str, float]], tuple[Tensor, Tensor]]
 
 
+def selecting(
+    datamodule: SubsetData,
+    budget: int | float,
+    selector: str | Selector,
+    head: nn.Linear | str | None,
+    seed: int,
+    balance: bool,
+) -> Chooser:
+    """A Chooser that re-selects with `lipt.select`, re-selection E drawing from
+    reselect_seed(seed, E)."""
+
+    def choose(module: nn.Module, epoch: int, profile: dict[str, float]) -> tuple[Tensor, Tensor]:
+        subset = select(
+            module,
+            datamodule,
+            budget,
+            selector,
+            head=head,
+            seed=reselect_seed(seed, epoch),
+            balance=balance,
+        )
+        profile.update(subset.profile)
+        return subset.indices, subset.weights
+
+    return choose
+
+
 def fingerprint(indices: Tensor, weights: Tensor) -> str:
     digest = hashlib.sha256(indices.cpu().numpy().tobytes())
     digest.update(weights.cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
-class Reselect(L.Callback):
-    """Every `every` epochs (not after the last), `choose` a new subset with the module being
-    trained and train on it. `out_dir`: where each re-selection's subset file and every rank's
-    fingerprint of it are written (None: nowhere); `meta`: the subset files' metadata."""
+class Reselection(L.Callback):
+    """Every `every` epochs (not after the last), choose a new subset with the module being
+    trained and train on it. The subset of `budget` (a count or a share of the pool) is chosen by
+    `lipt.select` on `datamodule`'s pool (set the first with `datamodule.set_subset`):
+    `selector`, `head`, `balance` as in `lipt.select`, re-selection E drawing from
+    `reselect_seed(seed, E)`. Or, in place of those, `choose` chooses (train.py's: the
+    configured selector). `out_dir`: where each re-selection's subset (subsets/epoch_E.npz) and
+    every rank's fingerprint of it are written (None: nowhere); `meta`: the subset files'
+    metadata.
+
+    Raises:
+        ValueError: at construction for a bad period, budget or selector, or data that is not a
+            lipt data module; at the start of fit for a trainer fitting other data or a `head`
+            the module does not have.
+    """
 
     def __init__(
         self,
         every: int,
         datamodule: SubsetData,
-        choose: Chooser,
+        budget: int | float | None = None,
+        selector: str | Selector = "coverage",
+        *,
+        head: nn.Linear | str | None = None,
+        seed: int = 0,
+        balance: bool = False,
         out_dir: Path | None = None,
         meta: dict | None = None,
+        choose: Chooser | None = None,
     ) -> None:
         if isinstance(every, bool) or every < 1:
             raise ValueError(f"reselect every must be >= 1, got {every}")
         check_subset_data(datamodule, "re-selection")
+        if (budget is None) == (choose is None):
+            raise ValueError("give re-selection a budget (lipt.select chooses) or choose, not both")
+        if choose is None:
+            assert budget is not None
+            selector_of(selector)  # a bad selector or budget fails here, not epochs later
+            budget_of(budget, len(datamodule.pool_indices))
+            choose = selecting(datamodule, budget, selector, head, seed, balance)
         self.every, self.dm, self.choose = every, datamodule, choose
         self.out_dir, self.meta = out_dir, meta or {}
+        # lipt.select finds the head when it runs: a bad one fails when fit starts instead
+        self.head, self.checks_head = head, budget is not None
         self.reselections = 0
         self.seconds = 0.0  # profiles included, as in stages.select
         # str(completed epochs) -> subset profile: keyed as summary.json and the checkpoint keep it
@@ -81,6 +134,8 @@ class Reselect(L.Callback):
                 f"reload_dataloaders_every_n_epochs={reload} misses re-selections every "
                 f"{self.every} epochs: leave it 0 or set it to {self.every}"
             )
+        if self.checks_head:
+            resolve_head(pl_module, self.head)  # a bad head fails now, not epochs later
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         epoch = trainer.current_epoch + 1  # epochs completed
@@ -125,58 +180,6 @@ class Reselect(L.Callback):
         self.unique = set(state_dict["unique"].tolist())
         # A checkpoint written before profiles were kept has none.
         self.profiles = dict(state_dict.get("profiles", {}))
-
-
-class Reselection(Reselect):
-    """Re-select with `lipt.select` every `every` epochs: the module being trained ranks the
-    pool of `datamodule` and the subset of `budget` (a count or a share of the pool) replaces
-    the one it trains on (set the first with `datamodule.set_subset`). `selector`, `head`,
-    `balance` and `learner_heads` as in `lipt.select`; re-selection E draws from
-    `reselect_seed(seed, E)`. `out_dir`: write each subset (subsets/epoch_E.npz) there.
-
-    Raises:
-        ValueError: at construction for a bad budget or selector, at the start of fit for a
-            trainer fitting other data or a `head` the module does not have.
-    """
-
-    def __init__(
-        self,
-        every: int,
-        datamodule: SubsetData,
-        budget: int | float,
-        selector: str | Selector = "coverage",
-        *,
-        head: nn.Linear | str | None = None,
-        seed: int = 0,
-        balance: bool = False,
-        out_dir: Path | None = None,
-    ) -> None:
-        check_subset_data(datamodule, "re-selection")
-        selector_of(selector)  # a bad selector or budget fails here, not epochs later
-        budget_of(budget, len(datamodule.pool_indices))
-
-        def choose(
-            module: nn.Module, epoch: int, profile: dict[str, float]
-        ) -> tuple[Tensor, Tensor]:
-            subset = select(
-                module,
-                datamodule,
-                budget,
-                selector,
-                head=head,
-                seed=reselect_seed(seed, epoch),
-                balance=balance,
-            )
-            profile.update(subset.profile)
-            return subset.indices, subset.weights
-
-        super().__init__(every, datamodule, choose, out_dir)
-        self.head = head
-
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        if stage == "fit":
-            resolve_head(pl_module, self.head)  # a bad head fails now, not epochs later
 
 
 def latest_subset(out_dir: Path, completed_epochs: int) -> Path | None:
