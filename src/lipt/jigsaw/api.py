@@ -5,7 +5,7 @@ folder has the method). Each learner is the model inside lipt's `Classifier` (cr
 with a cosine schedule) on a single device.
 
 `train_and_merge` is the one path of the learners and the soup: lipt's own stage
-(lipt.stages.jigsaw, `pretrain=jigsaw`) calls it too, with learner checkpoints on disk.
+(lipt.jigsaw.strategy, `pretrain=jigsaw`) calls it too, with learner checkpoints on disk.
 """
 
 from __future__ import annotations

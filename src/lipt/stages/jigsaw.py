@@ -1,133 +1,24 @@
-"""LiPT's jigsaw pre-training end to end: independent weak learners merged into one soup.
-
-Ro et al., "Lowering the Pre-training Tax for Gradient-based Subset Training" (ICML 2023,
-https://proceedings.mlr.press/v202/ro23a.html), sections 3.2-3.3. From ONE common initial model
-(the seeded init), learner i
-
-1. gets its own shard of M minibatches of B samples, disjoint from every other learner's
-   (lipt.jigsaw.shards: one seeded permutation of the pool, cut into n pieces);
-2. trains a copy of the init on it for K passes in its own Lightning ``Trainer(devices=1)``, with
-   RandAugment (group ``augment``) and the SGD settings of ``pretrain.optim`` (learner.py);
-3. is pruned once, at its own density drawn from U[low, high] (group ``prune``).
-
-Learners never communicate. The soup (group ``merge``, merge.py) is scored by held-out accuracy
-on the validation split carved from the training set, never the test set.
-
-Everything random about learner i is a function of (seed, i) alone (lipt.core.seeding.derive_seed),
-never of the global RNG state left by earlier learners, so a learner trained by a job of a
-multirun (`run_learner_job`, one process per job) equals the one trained in-process
-(`pretrain_jigsaw`), and `merge_learner_dir` (called by the soup callback,
-lipt.run.hydra_callbacks.SoupCallback, when the sweep ends) makes the same soup. This module
-reads top to bottom as the stage runs: learners, soup, and the multirun's two halves.
+"""The jigsaw pre-training's multirun halves, wired from a Run (`pretrain.py -m
+pretrain=jigsaw pretrain.learners=...`): each job trains its learners (`run_learner_job`), and
+`merge_learner_dir` (called by the soup callback, lipt.run.hydra_callbacks.SoupCallback, when the
+sweep ends) merges their checkpoints into the soup that one in-process run makes. The method
+itself, `pretrain=jigsaw`'s `_target_` and the work of both halves, is lipt.jigsaw.strategy.
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
-
 from lipt.builder.objects import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.core.artifacts import write_json
-from lipt.core.errors import UserError
 from lipt.core.job import run_dir
-from lipt.core.seeding import torch_threads
 from lipt.core.settings import Run
-from lipt.data import DataModule
-from lipt.jigsaw.api import train_and_merge
-from lipt.jigsaw.checkpoints import (
-    learner_dir,
-    learner_file,
-    learner_payload,
-    load_learners,
-    train_or_reuse,
-)
-from lipt.jigsaw.context import PretrainContext, Pretrained
-from lipt.jigsaw.learner import Learner, learner_shard
-from lipt.jigsaw.merge import learner_ids_by_status, merge_learners, soup_result
 from lipt.jigsaw.parts import JigsawSettings
+from lipt.jigsaw.strategy import merge_saved, train_learner_group
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.summary import summary_payload
-
-log = logging.getLogger(__name__)
-
-__all__ = ["JigsawPretraining", "merge_learner_dir", "merge_saved", "pretrain_jigsaw"]
-
-
-@dataclass(frozen=True)
-class JigsawPretraining(JigsawSettings):
-    """`pretrain=jigsaw`: the strategy lipt.stages.pretrain runs (configs/pretrain/jigsaw.yaml)."""
-
-    def __call__(
-        self, ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int
-    ) -> Pretrained:
-        return pretrain_jigsaw(ctx, self, dm, model, seed)
-
-
-def pretrain_jigsaw(
-    ctx: PretrainContext, settings: JigsawSettings, dm: DataModule, model: nn.Module, seed: int
-) -> Pretrained:
-    """All n learners in this process from the common init `model`, then the soup.
-
-    Returns the soup (a dense copy of `model`), the samples all learners passed forward and
-    backward (n*K*M*B, plus SNIP's batches), the n*M*B distinct samples of their shards, the
-    merge report, and every learner's checkpoint for pretrain.py to write. With
-    `pretrain.merge_from`, merges the learner checkpoints saved there instead of training.
-    """
-    if settings.learner_ids() is not None:
-        raise UserError(
-            "pretrain.learners selects learners for the jobs of a `pretrain.py -m` sweep; "
-            "drop it (null) to train and merge all learners in this run"
-        )
-    if settings.merge_from:
-        folder = Path(str(settings.merge_from)).expanduser()
-        return merge_saved(ctx, settings, dm, model, seed, folder)
-    folder = learner_dir(ctx, settings, shared=False)
-    if seed != ctx.run_seed:  # selector.repeats: the learners of each seed apart
-        folder = folder / f"seed_{seed}"
-
-    def train_one(i: int, shard: Tensor) -> Learner:
-        return train_or_reuse(ctx, settings, dm, model, seed, i, shard, folder)
-
-    result, learners = train_and_merge(ctx, settings, dm, model, seed, train_one)
-    result.checkpoints = {
-        str(folder / learner_file(le.id)): learner_payload(ctx, settings, dm, seed, le)
-        for le in learners
-        if le.state_dict is not None
-    }
-    return result
-
-
-def merge_saved(
-    ctx: PretrainContext,
-    settings: JigsawSettings,
-    dm: DataModule,
-    init: nn.Module,
-    seed: int,
-    folder: Path,
-) -> Pretrained:
-    """The soup of the learner checkpoints in `folder`, merged exactly as `pretrain_jigsaw`
-    merges; samples and unique samples are those the saved learners recorded."""
-    learners = load_learners(ctx, settings, dm, seed, folder)
-    missing = learner_ids_by_status(learners)["missing"]
-    if missing:
-        log.warning(
-            "jigsaw learners %s have no checkpoint in %s (their jobs died or did not run); "
-            "re-running the same sweep trains only them",
-            missing,
-            folder,
-        )
-    with torch_threads(settings.num_threads):
-        soup, report = merge_learners(ctx, settings, dm, init, seed, learners)
-    report["learner_dir"] = str(folder)
-    return soup_result(soup, learners, report, ctx.head, trained_here=False)
-
-
-# --------------------------------------------------------------------------- a multirun
 
 
 def run_learner_job(run: Run) -> dict[str, Any]:
@@ -143,13 +34,7 @@ def run_learner_job(run: Run) -> dict[str, Any]:
     dm = build_datamodule(run)
     ctx = build_pretrain_context(run, dm)
     seed = run.settings.seed
-    init = build_model(run, seed)
-    folder = learner_dir(ctx, settings, shared=True)
-    learners = []
-    with torch_threads(settings.num_threads):
-        for i in ids:  # a re-run of the sweep trains only the learners it has no checkpoint of
-            shard = learner_shard(settings, dm, seed, i)
-            learners.append(train_or_reuse(ctx, settings, dm, init, seed, i, shard, folder))
+    learners, folder = train_learner_group(ctx, settings, dm, build_model(run, seed), seed, ids)
     stats = {
         "seconds": round(time.perf_counter() - start, 3),
         "samples": sum(le.samples for le in learners),

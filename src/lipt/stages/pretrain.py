@@ -2,7 +2,7 @@
 
 Each option of the group names its strategy with `_target_`: `none` keeps the common initial
 model (`NoPretraining`), `full` is the classic warm-up over the whole pool, the tax lipt cuts
-(`FullWarmup`), `jigsaw` is the paper's method (lipt.stages.jigsaw.JigsawPretraining). A strategy
+(`FullWarmup`), `jigsaw` is the paper's method (lipt.jigsaw.strategy.JigsawPretraining). A strategy
 is called as `strategy(ctx, dm, model, seed) -> Pretrained`. `run` is `pretrain.py`'s body.
 """
 
@@ -23,7 +23,8 @@ from lipt.core.schema import POSITIVE, Range
 from lipt.core.settings import Checked, Run
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext, Pretrained
-from lipt.stages.jigsaw import JigsawPretraining, run_learner_job
+from lipt.jigsaw.strategy import JigsawPretraining
+from lipt.stages.jigsaw import run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 
 
