@@ -101,7 +101,7 @@ def test_a_resumed_kfold_cleaning_reads_its_issues_back(make_cfg, tmp_path, monk
     def no_training(*args, **kwargs):
         raise AssertionError("a resumed run trained the folds again")
 
-    monkeypatch.setattr(clean_stage, "kfold_probs", no_training)
+    monkeypatch.setattr(clean_stage, "train_fold", no_training)
     dm = build_datamodule(run)
     again = clean_stage.clean_pool(run, dm, tmp_path, resume=True)
     assert again is not None

@@ -16,13 +16,15 @@ from lipt.cleaning.issues import (
     score_pool,
     shard_owner,
 )
-from lipt.cleaning.methods import JigsawCleaning, KFoldCleaning
+from lipt.cleaning.methods import Found, JigsawCleaning, KFoldCleaning, PoolWork
 
 __all__ = [
     "DatalabReport",
+    "Found",
     "JigsawCleaning",
     "KFoldCleaning",
     "LabelIssues",
+    "PoolWork",
     "datalab_issues",
     "detection_quality",
     "find_issues",

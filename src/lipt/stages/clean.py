@@ -17,7 +17,6 @@ import csv
 import io
 import json
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,12 +38,7 @@ from lipt.cleaning import (
     LabelIssues,
     datalab_issues,
     detection_quality,
-    find_issues,
-    fold_of,
-    jigsaw_probs,
-    probe_issues,
     score_pool,
-    shard_owner,
     write_datalab,
 )
 from lipt.core import console
@@ -81,7 +75,7 @@ def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | N
         return None
     check_folds(method, len(dm.pool_indices))
     saved, costs = out / ISSUES_FILE, out / CLEAN_FILE
-    reuse = is_ddp_child() or (resume and isinstance(method, KFoldCleaning))
+    reuse = is_ddp_child() or (resume and method.reuses_saved_issues)
     scored: Scored | None = None
     if reuse and saved.is_file() and costs.is_file():
         cleaned = Cleaned(read_issues(saved), {})
@@ -96,7 +90,7 @@ def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | N
         issues = cleaned.issues
         write_issues(saved, issues)
         write_issues_picture(dm, issues.rows, issues.given, issues.suggested, out / ISSUES_PICTURE)
-        if scored is not None and isinstance(method, JigsawCleaning) and method.datalab:
+        if scored is not None and method.datalab:
             cleaned.stats["datalab"] = run_datalab(scored, out, method.filter_by)
         recorded = {"clean": cleaned.stats}
         if cleaned.pretrain_stats is not None:
@@ -108,11 +102,7 @@ def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | N
 
 def check_folds(method: Method, pool_size: int) -> None:
     """More folds than the pool has items leaves a fold empty: refused before pre-training."""
-    key, folds = (
-        ("clean.probe_folds", method.probe_folds)
-        if isinstance(method, JigsawCleaning)
-        else ("clean.folds", method.folds)
-    )
+    key, folds = method.folds_setting
     if folds > pool_size:
         raise UserError(
             f"{key}={folds} is more folds than the pool's {pool_size} items; "
@@ -129,41 +119,61 @@ class Scored:
     probs: Tensor  # [N, C]
 
 
+@dataclass
+class RunPoolWork:
+    """What a cleaning method may ask of this run (lipt.cleaning.PoolWork): its pre-training,
+    the soup's pass over the pool, a fold of main training's model."""
+
+    run: Run
+    dm: DataModule
+
+    def __post_init__(self) -> None:
+        self.seed = self.run.settings.seed
+        self.num_classes = self.dm.num_classes
+        self.targets = self.dm.train_source.labels[self.dm.pool_indices]  # [N], as given
+
+    def pretrain(self) -> Pretrained:
+        return pretrain_model(self.run, self.dm, self.seed)
+
+    def soup_outputs(self, soup: nn.Module) -> PoolOutputs:
+        dm = self.dm
+        with console.progress("cleaning: pool scored by the soup", len(dm.pool_indices)) as step:
+            batches = console.counted(dm.pool_dataloader(), step)
+            outputs = score_pool(soup, batches, scoring_device(self.run))
+        assert torch.equal(outputs.indices, dm.pool_indices), "the pass scores the pool, in order"
+        assert torch.equal(outputs.targets, dm.train_source.labels[dm.pool_indices].long())
+        return outputs
+
+    def fold_probs(self, train: Tensor, held: Tensor, epochs: float) -> tuple[Tensor, int]:
+        pool = self.dm.pool_indices
+        model, trained = train_fold(self.run, self.dm, pool[train], epochs, self.seed)
+        device = scoring_device(self.run)
+        outputs = model_outputs(model, self.dm.unaugmented(pool[held]), device, channels_last=True)
+        return torch.softmax(outputs.logits.float(), dim=1), trained
+
+
 def find_scored_issues(run: Run, dm: DataModule, method: Method) -> tuple[Cleaned, Scored | None]:
-    """Probabilities for the whole pool (rows in pool order), then cleanlab's decision; and for
-    lipt's finder what it scored the pool with (None: K folds)."""
-    seed = run.settings.seed
+    """The method's label issues on the pool (its probabilities, then cleanlab's decision), as
+    summary.json's stages.clean counts them; and for lipt's finder what it scored the pool with
+    (None: K folds)."""
     pool = dm.pool_indices
-    labels = dm.train_source.labels[pool]  # [N], the labels as given
-    start = time.perf_counter()
-    pretrained: Pretrained | None = None
-    scored: Scored | None = None
-    if isinstance(method, JigsawCleaning):
-        pretrained = pretrain_model(run, dm, seed)
-        start = time.perf_counter()  # pre-training is stages.pretrain's
-        scored, issues = soup_issues(run, dm, pretrained, method)
-        samples = 0
-        what = f"the jigsaw soup ({method.members})"
-    else:
-        probs, samples = kfold_probs(run, dm, method, seed)
-        issues = find_issues(labels, probs, method.filter_by)
-        what = f"{method.folds} folds" if method.folds > 1 else "one model, in-sample"
-    seconds = time.perf_counter() - start
+    found = method(RunPoolWork(run, dm))
+    issues, pretrained = found.issues, found.pretrained
     pretrain_seconds = 0.0 if pretrained is None else pretrained.seconds
     stats: dict[str, Any] = {
         "method": method.name,
         "action": method.action,
         "flagged": len(issues),
         "pool": len(pool),
-        "seconds": round(seconds, 3),
-        "samples": samples,
+        "seconds": round(found.seconds, 3),
+        "samples": found.samples,
         # Finding the issues in all, the pre-training it needed included.
-        "detection_seconds": round(seconds + pretrain_seconds, 3),
+        "detection_seconds": round(found.seconds + pretrain_seconds, 3),
     }
     if dm.label_changes is not None:
         stats.update(detection_quality(issues.rows, dm.label_changes.wrong[pool]))
     console.stage(
-        f"cleaning: {len(issues):,} of {len(pool):,} labels flagged by cleanlab on {what} "
+        f"cleaning: {len(issues):,} of {len(pool):,} labels flagged by cleanlab on {found.what} "
         f"({stats['detection_seconds']:.0f} s); action: {method.action}"
         + (
             f"; precision {stats['precision']:.2f}, recall {stats['recall']:.2f}"
@@ -174,37 +184,10 @@ def find_scored_issues(run: Run, dm: DataModule, method: Method) -> tuple[Cleane
     flagged = LabelIssues(pool[issues.rows], issues.given, issues.suggested, issues.score)
     made = None if pretrained is None else pretrain_stats([pretrained])
     cleaned = Cleaned(issues=flagged, stats=stats, pretrained=pretrained, pretrain_stats=made)
+    scored = None
+    if found.outputs is not None and found.probs is not None:
+        scored = Scored(found.outputs, found.probs)
     return cleaned, scored
-
-
-def soup_issues(
-    run: Run, dm: DataModule, pretrained: Pretrained, method: JigsawCleaning
-) -> tuple[Scored, LabelIssues]:
-    """The pool through the soup once (lipt.cleaning.score_pool), then `members`: a
-    cross-validated linear probe on its embeddings (`probe`, lipt.cleaning.probe_issues, as
-    lipt.find_label_issues), or its softmax and its learners' heads, each row's own learner
-    left out (jigsaw_probs); cleanlab decides on those probabilities."""
-    with console.progress("cleaning: pool scored by the soup", len(dm.pool_indices)) as step:
-        batches = console.counted(dm.pool_dataloader(), step)
-        outputs = score_pool(pretrained.model, batches, scoring_device(run))
-    assert torch.equal(outputs.indices, dm.pool_indices), "the pass scores the pool, in order"
-    assert torch.equal(outputs.targets, dm.train_source.labels[dm.pool_indices].long())
-    if method.members == "probe":
-        probs, issues = probe_issues(
-            outputs,
-            dm.num_classes,
-            method.probe_folds,
-            run.settings.seed,
-            method.probe_weight_decay,
-            method.filter_by,
-        )
-        return Scored(outputs, probs), issues
-    shards = pretrained.head_shards
-    owner = None if shards is None else shard_owner(outputs.indices, shards)
-    probs = jigsaw_probs(
-        outputs.logits, outputs.embeddings, pretrained.learner_heads, owner, method.members
-    )
-    return Scored(outputs, probs), find_issues(outputs.targets, probs, method.filter_by)
 
 
 def run_datalab(scored: Scored, out: Path, filter_by: str) -> dict[str, Any]:
@@ -225,25 +208,6 @@ def run_datalab(scored: Scored, out: Path, filter_by: str) -> dict[str, Any]:
         **{kind: found["flagged"] for kind, found in report.summary.items()},
         "seconds": round(report.seconds, 3),
     }
-
-
-def kfold_probs(run: Run, dm: DataModule, method: KFoldCleaning, seed: int) -> tuple[Tensor, int]:
-    """Each fold's rows scored by a model trained on the other folds (`folds=1`: the whole
-    pool, in-sample): [N, C] in pool order, and the samples trained."""
-    pool = dm.pool_indices
-    fold = fold_of(len(pool), method.folds, seed)  # [N]
-    probs = torch.empty(len(pool), dm.num_classes)
-    samples = 0
-    for k in range(method.folds):
-        held = fold == k if method.folds > 1 else torch.ones(len(pool), dtype=torch.bool)
-        train_rows = pool[~held] if method.folds > 1 else pool
-        model, trained = train_fold(run, dm, train_rows, method.epochs, seed)
-        samples += trained
-        outputs = model_outputs(
-            model, dm.unaugmented(pool[held]), scoring_device(run), channels_last=True
-        )
-        probs[held] = torch.softmax(outputs.logits.float(), dim=1)  # rows ascending, as pool
-    return probs, samples
 
 
 def train_fold(
