@@ -147,7 +147,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
     from omegaconf.errors import OmegaConfBaseException
 
     from lipt.run.config import validate
-    from lipt.run.training_groups import check_optimized_metric, check_renamed
+    from lipt.run.training_groups import check_optimized_metric
 
     # Hydra's own settings are not the run's, but its search path finds a user's config files.
     overrides = [
@@ -156,7 +156,6 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         if a.startswith("hydra.searchpath=") or not a.startswith(("hydra.", "hydra/"))
     ]
     try:
-        check_renamed(overrides)
         from lipt.core.lock import check_unlocked  # before Hydra writes .hydra/ into it
 
         ddp_child = os.environ.get("LOCAL_RANK", "0") != "0"  # shares its rank 0's folder

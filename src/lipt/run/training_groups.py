@@ -1,50 +1,18 @@
 """What the groups `optimizer`, `scheduler`, `callbacks` and `hparams_search` need besides their
-YAML: the keys they replaced (an override of one is refused with one line naming the new key),
-the checks that build them before any stage starts (lipt.run.preflight), and the number a task
-returns to a sweeper that optimises it (`optimized_metric`).
+YAML: the checks that build them before any stage starts (lipt.run.preflight), and the number a
+task returns to a sweeper that optimises it (`optimized_metric`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from omegaconf import DictConfig
 
 from lipt.core.errors import UserError
 
-# Old key -> the key that holds its value now.
-RENAMED = {
-    "optim.lr": "optimizer.lr",
-    "optim.momentum": "optimizer.momentum",
-    "optim.nesterov": "optimizer.nesterov",
-    "optim.weight_decay": "optimizer.weight_decay",
-    # The jigsaw learners use main training's optimiser, at pretrain.optim's lr and weight decay.
-    "pretrain.optim.momentum": "optimizer.momentum",
-    "pretrain.optim.nesterov": "optimizer.nesterov",
-}
-# Old key -> the group that chooses it now.
-REGROUPED = {"optim.scheduler": "scheduler"}
-
 # summary.json's keys a sweeper may optimise (choose on the validation split, never the test).
 OPTIMIZABLE = ("val_accuracy",)
-
-
-def check_renamed(overrides: Sequence[str]) -> None:
-    """Refuse an override of a key that moved, naming where it went."""
-    for arg in overrides:
-        key, _, value = arg.lstrip("+~").partition("=")
-        if key in RENAMED:
-            new = RENAMED[key]
-            raise UserError(f"{key} is now {new}; pass {new}={value}")
-        if key in REGROUPED:
-            group = REGROUPED[key]
-            raise UserError(f"{key} is now the group {group}; pass {group}={value}")
-        if key == "optim" or key.startswith("optim."):
-            raise UserError(
-                f"{key} is gone: the optimiser is the group optimizer (optimizer=adamw, "
-                "optimizer.lr=0.05) and its schedule the group scheduler (scheduler=onecycle)"
-            )
 
 
 def check_optimized_metric(cfg: DictConfig) -> None:
