@@ -98,7 +98,7 @@ class TrainingSet:
     pretrained: Pretrained | None = None
     pretrain_stats: dict[str, Any] | None = None
     earlier_stages: dict[str, dict[str, Any]] | None = None
-    score_stats: dict[str, Any] | None = None  # dynamic=lipt: the pool's pass through the soup
+    score_stats: dict[str, Any] | None = None  # budget=lipt: the pool's pass through the soup
     dynamic: DynamicSetup | None = None  # the whole pool, pruned anew every epoch
 
 
