@@ -56,37 +56,40 @@ def infobatch_epochs(fraction: float, full_epochs: int) -> int:
 
 
 @dataclass(frozen=True)
-class Subset(Checked):
+class BudgetOption(Checked):
+    """What the options share: their keys are `budget.*`, and by default an option trains the
+    whole pool, unpruned (`pruning` None); each overrides what it does differently."""
+
+    PREFIX: ClassVar[str] = "budget"
+    trains_subset: ClassVar[bool] = False
+    prunes: ClassVar[bool] = False
+    needs_ensemble: ClassVar[bool] = False
+
+    def pruning(self, fraction: float) -> PruningMethod | None:
+        return None
+
+
+@dataclass(frozen=True)
+class Subset(BudgetOption):
     """`budget=subset`: the selector's subset of `fraction` of the pool (or a saved one,
     subset_path), trained trainer.max_epochs epochs."""
 
-    PREFIX: ClassVar[str] = "budget"
     trains_subset: ClassVar[bool] = True
-    prunes: ClassVar[bool] = False
-    needs_ensemble: ClassVar[bool] = False
 
     name: str = "subset"
 
     def schedule(self, sizes: PoolSizes) -> Schedule:
         return Schedule(sizes.max_epochs)
 
-    def pruning(self, fraction: float) -> None:
-        return None
-
 
 @dataclass(frozen=True)
-class WholePool(Checked):
+class WholePool(BudgetOption):
     """`budget=full|full_steps|full_schedule`: the whole pool, unpruned, for
     - `steps: all`: every epoch of trainer.max_epochs (fraction unused: the reference);
     - `steps: subset`: as many optimiser steps as a subset of `fraction` takes in as many epochs;
     - `steps: schedule`: round(fraction x max_epochs x steps per epoch) optimiser steps, the
       schedule annealed over them (the whole pool on a shorter schedule). The steps per epoch
       are the pool's before label cleaning dropped any: a cleaned pool spends as much."""
-
-    PREFIX: ClassVar[str] = "budget"
-    trains_subset: ClassVar[bool] = False
-    prunes: ClassVar[bool] = False
-    needs_ensemble: ClassVar[bool] = False
 
     name: str = "full"
     steps: Literal["all", "subset", "schedule"] = "all"
@@ -102,21 +105,15 @@ class WholePool(Checked):
         per_epoch = math.ceil(sizes.pool / sizes.batch_size)
         return Schedule(math.ceil(steps / per_epoch), steps)
 
-    def pruning(self, fraction: float) -> None:
-        return None
-
 
 @dataclass(frozen=True)
-class InfoBatchEpochs(Checked):
+class InfoBatchEpochs(BudgetOption):
     """`budget=infobatch`: the whole pool pruned every epoch by InfoBatch as published
     (lipt.dynamic.InfoBatch: `ratio`, `delta`), for the epochs `fraction` of the cost buys
     (`epochs: fraction`, infobatch_epochs) or for trainer.max_epochs (`epochs: all`, the
     published protocol, whose saving follows the losses)."""
 
-    PREFIX: ClassVar[str] = "budget"
-    trains_subset: ClassVar[bool] = False
     prunes: ClassVar[bool] = True
-    needs_ensemble: ClassVar[bool] = False
 
     name: str = "infobatch"
     ratio: Annotated[float, BELOW_ONE] = 0.5
@@ -135,13 +132,11 @@ class InfoBatchEpochs(Checked):
 
 
 @dataclass(frozen=True)
-class LiptDynamic(Checked):
+class LiptDynamic(BudgetOption):
     """`budget=lipt`: the whole pool for trainer.max_epochs epochs on `fraction` of their cost,
     pruned every epoch by lipt's dynamic pruning (lipt.dynamic.LiptBudget): epoch 0 scored by
     the jigsaw soup and its learners' heads, later ones by the training losses."""
 
-    PREFIX: ClassVar[str] = "budget"
-    trains_subset: ClassVar[bool] = False
     prunes: ClassVar[bool] = True
     needs_ensemble: ClassVar[bool] = True
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from lipt.core.selector import selector_settings
 from lipt.jigsaw.checkpoints import LEARNERS_DIR, learner_file
+from lipt.run.groups import locate
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,9 @@ def uses_jigsaw_learners(config: dict[str, Any]) -> int:
         return 0
     selector = selector_settings(config.get("selector"))
     ranks = selector is not None and selector.needs_model
-    prunes = (config.get("budget") or {}).get("name") == "lipt"  # lipt's pruning
+    budget = config.get("budget") or {}
+    # lipt's pruning scores with the ensemble: asked of the option, not of its label
+    prunes = "_target_" in budget and bool(locate(str(budget["_target_"])).needs_ensemble)
     cleans = (config.get("clean") or {}).get("name") == "lipt"
     pretrains = ranks or prunes or cleans
     return int(pretrain.get("num_learners", 0)) if pretrains else 0
