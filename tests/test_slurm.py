@@ -148,7 +148,10 @@ def job_pythons(env: dict[str, str], job: str) -> list[int]:
 def kill_tasks_python(env: dict[str, str], job: str) -> None:
     """SIGKILL the Python process that runs SLURM job `job`."""
     for pid in job_pythons(env, job):
-        os.kill(pid, signal.SIGKILL)
+        # A process listed a moment ago may have ended since (submitit's short-lived helper):
+        # there is nothing left of it to kill.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
