@@ -58,7 +58,7 @@ ACCEPTED = [
 
 REFUSED = [
     # (overrides, words the message must hold)
-    (["optimizer.lr=0"], ["optimizer.lr", "> 0"]),
+    (["optimizer.lr=0"], ["optimizer.lr", "greater than 0"]),
     (["optimizer.lr=-0.1"], ["optimizer.lr"]),
     (["optimizer.momentum=1"], ["optimizer.momentum"]),
     (["optimizer.weight_decay=-1e-4"], ["optimizer.weight_decay"]),
@@ -90,7 +90,7 @@ REFUSED = [
     (["+augment.bogus=1"], ["augment=", "augment.bogus", "not a setting"]),
     (["selector=glister", "selector.greedy=sometimes"], ["selector=glister", "greedy"]),
     (["selector=glister", "+selector.bogus=3"], ["selector=glister", "bogus"]),
-    (["selector=glister", "selector.eta=-0.1"], ["selector=glister", "selector.eta", "> 0"]),
+    (["selector=glister", "selector.eta=-0.1"], ["selector=glister", "selector.eta", "greater than 0"]),
     (["selector=coverage", "selector.balance=maybe"], ["selector.balance"]),
     (["selector=gradmatch", "selector.target=test"], ["selector=gradmatch", "target"]),
     (["selector=ccs", "selector.hard_prune=1.5"], ["selector=ccs", "hard_prune"]),
@@ -105,7 +105,7 @@ REFUSED = [
     (["dataset=cifar10", "dataset.data_dir={empty}"], ["CIFAR-10 files missing"]),
     (["dataset=imagenet", "dataset.data_dir={empty}"], ["train/ and val/"]),
     (["subset_path={empty}"], ["subset_path", "does not exist"]),
-    (["budget=infobatch", "budget.ratio=1"], ["budget.ratio", "[0, 1)"]),
+    (["budget=infobatch", "budget.ratio=1"], ["budget.ratio", "less than 1"]),
     (["selector=coverage", "budget=infobatch"], ["budget=infobatch", "selector=coverage"]),
     (["+approach=coverage", "budget=full_schedule"], ["budget=full_schedule", "selector=none"]),
     (["budget=subset"], ["budget=subset", "selector=none", "subset_path"]),

@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
+from lipt.core.bounds import BELOW_ONE, SHARE
 from lipt.core.budget import PoolSizes, Schedule
-from lipt.core.schema import BELOW_ONE, SHARE
 from lipt.core.settings import Checked
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from lipt.cleaning.issues import (
     probe_issues,
     shard_owner,
 )
-from lipt.core.schema import NON_NEGATIVE, POSITIVE, Range
+from lipt.core.bounds import NON_NEGATIVE, POSITIVE, Interval
 from lipt.core.settings import Checked
 from lipt.selection.types import PoolOutputs
 
@@ -82,7 +82,7 @@ class JigsawCleaning(Checked):
     name: str = "lipt"
     action: Action = "drop"
     members: Members = "probe"
-    probe_folds: Annotated[int, Range(1, 100)] = 5
+    probe_folds: Annotated[int, Interval(ge=1, le=100)] = 5
     probe_weight_decay: Annotated[float, NON_NEGATIVE] = 1e-3
     filter_by: FilterBy = "prune_by_noise_rate"
     datalab: bool = False
@@ -133,7 +133,7 @@ class KFoldCleaning(Checked):
 
     name: str = "cleanlab"
     action: Action = "drop"
-    folds: Annotated[int, Range(1, 100)] = 5
+    folds: Annotated[int, Interval(ge=1, le=100)] = 5
     epochs: Annotated[float, POSITIVE] = 1.0  # fractions allowed: that share of an epoch's steps
     filter_by: FilterBy = "prune_by_noise_rate"
 

@@ -1,13 +1,14 @@
-"""Every setting's type and range, declared once: as the type annotation of the parameter or
-field that takes it.
+"""Every setting's type and range is declared once, as the annotation of the parameter or field
+that takes it (bounds from lipt.core.bounds); pydantic v2 checks config values against them.
 
-A config group's option names a `_target_` (a lipt function or dataclass, a Lightning class);
-the annotations of its parameters are the option's schema. Bounds ride along in `Annotated`:
-``eta: Annotated[float, Range(0, low_open=True)] = 0.1``. lipt's own keys that no target takes
-(the top level, `dataset.*`, a selector's `balance`) are declared the same way, as typed fields
-of lipt.core.settings. `check_value` holds a config value against such an annotation and raises a
-one-line `UserError` naming the key, the value and what is allowed; `parameters` reads a
-target's annotations. Pure Python: the pure rooms may annotate with `Range` freely.
+A config group's option names a `_target_` (a lipt function or dataclass, a Lightning class):
+the annotations of its parameters (`parameters`) are the option's schema. lipt's own keys that no
+target takes (the top level, `dataset.*`, a selector's `balance`) are typed fields of
+lipt.core.settings. `check_mapping` turns a node and its declarations into a pydantic
+`TypeAdapter` of a TypedDict and validates the node as JSON in strict mode: config values are
+JSON-like (Hydra parsed them), so `5` is no float's `5.0` trouble, `true` is no integer and a list
+fills a tuple. pydantic's first error becomes one `UserError` line that names the key as the
+config spells it.
 """
 
 from __future__ import annotations
@@ -15,87 +16,24 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
-import types
+import json
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from os import PathLike
-from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any
+
+import typing_extensions
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import to_jsonable_python
 
 from lipt.core.errors import UserError
-
-
-@dataclass(frozen=True)
-class Range:
-    """Bounds of a number: [low, high], each end open or closed, None for unbounded."""
-
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-
-    def __contains__(self, value: object) -> bool:
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            return False
-        if not math.isfinite(value):  # nan and inf are no setting's value
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.high_open else value <= self.high)
-
-    def __str__(self) -> str:
-        if self.high is None:
-            if self.low is None:
-                return ""
-            return f"{'>' if self.low_open else '>='} {_number(self.low)}"
-        if self.low is None:
-            return f"{'<' if self.high_open else '<='} {_number(self.high)}"
-        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-        return f"in {left}{_number(self.low)}, {_number(self.high)}{right}"
-
-
-def _number(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
-
-
-# The bounds most keys need.
-POSITIVE = Range(0, low_open=True)
-NON_NEGATIVE = Range(0)
-SHARE = Range(0, 1, low_open=True)  # (0, 1]: a share of a whole, never nothing
-UNIT = Range(0, 1)  # [0, 1]
-BELOW_ONE = Range(0, 1, high_open=True)  # [0, 1): a momentum, a drop ratio
-OPEN_UNIT = Range(0, 1, low_open=True, high_open=True)  # (0, 1)
-COUNT = Range(1)  # a positive integer
 
 # Keys of a config node that are Hydra's (instantiation), not the target's.
 HYDRA_KEYS = frozenset({"_target_", "_partial_", "_convert_", "_recursive_", "_args_"})
 
 
-def _strip(annotation: Any) -> tuple[Any, list[Range]]:
-    """The type under `Annotated`, and its Range bounds."""
-    if typing.get_origin(annotation) is Annotated:
-        base, *meta = typing.get_args(annotation)
-        inner, ranges = _strip(base)
-        return inner, ranges + [m for m in meta if isinstance(m, Range)]
-    return annotation, []
-
-
-def _union_members(annotation: Any) -> tuple[Any, ...] | None:
-    origin = typing.get_origin(annotation)
-    if origin is Union or origin is types.UnionType:
-        return typing.get_args(annotation)
-    return None
-
-
-def _is_typed_dict(annotation: Any) -> bool:
-    return isinstance(annotation, type) and typing.is_typeddict(annotation)
-
-
 def fields_of(annotation: Any) -> dict[str, Any] | None:
     """The declared keys of a TypedDict or dataclass type (None for any other type)."""
-    if _is_typed_dict(annotation):
+    if isinstance(annotation, type) and typing_extensions.is_typeddict(annotation):
         return typing.get_type_hints(annotation, include_extras=True)
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         hints = typing.get_type_hints(annotation, include_extras=True)
@@ -103,143 +41,103 @@ def fields_of(annotation: Any) -> dict[str, Any] | None:
     return None
 
 
-def conforms(value: Any, annotation: Any) -> bool:
-    """Whether a config value (plain Python: lists, dicts, scalars) fits `annotation`."""
-    base, ranges = _strip(annotation)
-    if not _fits_type(value, base):
-        return False
-    return all(value in r for r in ranges) if value is not None or not ranges else True
+def check_mapping(
+    prefix: str, node: Mapping[str, Any], declared: Mapping[str, Any], open_keys: bool
+) -> None:
+    """Each key of `node` fits its declaration; an undeclared key is refused unless `open_keys`
+    (a target taking **kwargs). Hydra's instantiation keys are not settings; a declared key the
+    node lacks is not checked (the target's default applies)."""
+    values = {k: v for k, v in node.items() if k not in HYDRA_KEYS}
+    try:
+        text = json.dumps(values, default=to_jsonable_python)  # nan stays NaN: refused below
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{prefix or 'the config'} holds a value that is no setting: {e}") from e
+    try:
+        _adapter(tuple(declared.items()), open_keys).validate_json(text, strict=True)
+    except ValidationError as e:
+        raise UserError(_one_line(prefix, values, declared, e)) from e
 
 
-def _fits_type(value: Any, annotation: Any) -> bool:
-    if annotation in (Any, object, inspect.Parameter.empty):
-        return True
-    if annotation is None or annotation is type(None):
-        return value is None
-    members = _union_members(annotation)
-    if members is not None:
-        return any(conforms(value, m) for m in members)
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is Literal:
-        return any(value == a and type(value) is type(a) for a in args)
-    if annotation is bool:
-        return isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if annotation is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if annotation is str:
-        return isinstance(value, str)
-    if annotation in (Path, PathLike) or origin is PathLike:
-        return isinstance(value, str | Path)
-    declared = fields_of(annotation)
-    if declared is not None:
-        return isinstance(value, Mapping) and _problem(value, declared, "", True) is None
-    if origin in (list, Sequence, tuple) or annotation in (list, tuple, Sequence):
-        if not isinstance(value, list | tuple):
-            return False
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            return len(value) == len(args) and all(map(conforms, value, args))
-        item = args[0] if args else Any
-        return all(conforms(v, item) for v in value)
-    if origin in (dict, Mapping) or annotation in (dict, Mapping):
-        if not isinstance(value, Mapping):
-            return False
-        key_type, item = args if len(args) == 2 else (Any, Any)
-        return all(conforms(k, key_type) and conforms(v, item) for k, v in value.items())
-    if isinstance(annotation, type):
-        return isinstance(value, annotation)
-    return True  # a TypeVar, a Callable, a forward reference a library left unresolved
+_typed_dict: Any = typing_extensions.TypedDict  # called with a dict built here: mypy cannot follow
+_CONFIG = ConfigDict(arbitrary_types_allowed=True, allow_inf_nan=False)
 
 
-def describe(annotation: Any) -> str:
-    """What `annotation` allows, in a user's words: "an integer >= 1", "true or false"."""
-    base, ranges = _strip(annotation)
-    bounds = " ".join(str(r) for r in ranges if str(r))
-    members = _union_members(base)
-    if members is not None:
-        words = [describe(m) for m in members if m is not type(None)]
-        text = " or ".join(dict.fromkeys(words))
-        return f"{text} or null" if type(None) in members else text
-    if base is None or base is type(None):
-        return "null"
-    if typing.get_origin(base) is Literal:
-        return "one of " + ", ".join(str(a) for a in typing.get_args(base))
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    if base in names:
-        return f"{names[base]} {bounds}".strip()
-    if base in (Path, PathLike):
-        return "a path"
-    declared = fields_of(base)
-    if declared is not None:
-        return "a mapping of " + ", ".join(declared)
-    origin, args = typing.get_origin(base), typing.get_args(base)
-    if origin in (list, Sequence, tuple) or base in (list, tuple, Sequence):
-        return f"a list of {_plural(describe(args[0]))}" if args else "a list"
-    if origin in (dict, Mapping) or base in (dict, Mapping):
-        return "a mapping"
-    return f"a {getattr(base, '__name__', str(base))}"
+def _adapter(declared: tuple[tuple[str, Any], ...], open_keys: bool) -> TypeAdapter[Any]:
+    try:
+        return _cached_adapter(declared, open_keys)
+    except TypeError:  # an annotation that cannot be hashed: build it uncached
+        return _cached_adapter.__wrapped__(declared, open_keys)
 
 
-def _plural(text: str) -> str:
-    for one, many in (("an integer", "integers"), ("a number", "numbers"), ("a string", "strings")):
-        if text.startswith(one):
-            return many + text[len(one) :]
-    return text
+@functools.cache
+def _cached_adapter(declared: tuple[tuple[str, Any], ...], open_keys: bool) -> TypeAdapter[Any]:
+    fields = {name: _checkable(annotation) for name, annotation in declared}
+    node = _typed_dict("Node", fields, total=False)
+    node.__pydantic_config__ = ConfigDict(
+        arbitrary_types_allowed=True, allow_inf_nan=False, extra="allow" if open_keys else "forbid"
+    )
+    return TypeAdapter(node)
 
 
-def check_value(key: str, value: Any, annotation: Any) -> None:
-    """Raise UserError when `value` does not fit `annotation`, naming `key` and what fits."""
-    if isinstance(value, Mapping):  # a nested node: name the nested key that is wrong
-        base = _strip(annotation)[0]
-        for member in _union_members(base) or (base,):
-            declared = fields_of(member)
-            if declared is not None:
-                check_mapping(key, value, declared, open_keys=False)
-                return
-    if not conforms(value, annotation):
-        raise UserError(f"{key}={_shown(value)} is invalid: use {describe(annotation)}")
+def _checkable(annotation: Any) -> Any:
+    """`annotation`, or Any where pydantic cannot check it (a library's TypeVar, a protocol)."""
+    for config in (_CONFIG, None):  # a TypedDict or dataclass carries its own config
+        try:
+            TypeAdapter(annotation, config=config)
+            return annotation
+        except Exception:
+            continue
+    return Any
+
+
+def _one_line(
+    prefix: str, values: Mapping[str, Any], declared: Mapping[str, Any], error: ValidationError
+) -> str:
+    """pydantic's first error as a user's one line: the key, its value and what would fit (the
+    messages of a union's members joined)."""
+    errors = error.errors()
+    first = errors[0]
+    path, value = _key_path(values, first["loc"], first["type"] == "missing")
+    key = ".".join([prefix, *path] if prefix else path)
+    if first["type"] == "extra_forbidden":
+        allowed = ", ".join(declared) if len(path) == 1 else ""
+        return f"{key} is not a setting here; remove it" + (
+            f" (settings of {prefix or 'the config'}: {allowed or 'none'})"
+            if len(path) == 1
+            else ""
+        )
+    if first["type"] == "missing":
+        return f"{key} must be set; pass {key}=..."
+    same = [e["msg"] for e in errors if _key_path(values, e["loc"], False)[0] == path]
+    should = "Input should be "
+    if all(m.startswith(should) for m in same):  # "a valid integer or less than 1"
+        same = [should + " or ".join(dict.fromkeys(m.removeprefix(should) for m in same))]
+    wanted = " or ".join(dict.fromkeys(same))
+    return f"{key}={_shown(value)} is invalid: {wanted[:1].lower()}{wanted[1:]}"
+
+
+def _key_path(values: Any, loc: tuple[Any, ...], missing: bool) -> tuple[list[str], Any]:
+    """The keys of `loc` that name a node's keys (pydantic adds a union member's tag), down to
+    the first list, and the value found there."""
+    path: list[str] = []
+    for part in loc[:-1] if missing else loc:
+        if not isinstance(values, Mapping) or part not in values:
+            break
+        path.append(str(part))
+        values = values[part]
+    return ([*path, str(loc[-1])] if missing else path), values
 
 
 def _shown(value: Any) -> str:
     return repr(value) if not isinstance(value, list | dict) else str(value)
 
 
-def _problem(node: Mapping[str, Any], declared: Mapping[str, Any], prefix: str, closed: bool):
-    try:
-        check_mapping(prefix, node, declared, open_keys=not closed)
-    except UserError as e:
-        return str(e)
-    return None
-
-
-def check_mapping(
-    prefix: str, node: Mapping[str, Any], declared: Mapping[str, Any], open_keys: bool
-) -> None:
-    """Each key of `node` fits its declaration; an undeclared key is refused unless `open_keys`
-    (a target taking **kwargs). Hydra's instantiation keys are not settings."""
-    where = f"{prefix}." if prefix else ""
-    for key, value in node.items():
-        if key in HYDRA_KEYS:
-            continue
-        if key not in declared:
-            if open_keys:
-                continue
-            allowed = ", ".join(k for k in declared) or "none"
-            raise UserError(
-                f"{where}{key} is not a setting here; remove it (settings of "
-                f"{prefix or 'the config'}: {allowed})"
-            )
-        check_value(f"{where}{key}", value, declared[key])
-
-
-# Parameters a target is called with by lipt, not set from the config (a selector's pool, budget
-# and generator; a pre-training's context).
 @functools.cache
 def parameters(target: Callable[..., Any], skip: Sequence[str] = ()) -> tuple[dict[str, Any], bool]:
     """The annotated parameters of `target` (a function, a class, a dataclass) that a config may
-    set, and whether it takes **kwargs (then undeclared keys pass through). An annotation that
-    does not resolve here (a library's forward reference) declares nothing: `Any`."""
+    set, and whether it takes **kwargs (then undeclared keys pass through). `skip`: those lipt
+    passes itself (a selector's pool, budget and generator). An annotation that does not resolve
+    here (a library's forward reference) declares nothing: Any."""
     call = target.__init__ if isinstance(target, type) else target  # type: ignore[misc]
     hints = _hints(target, call)
     declared, open_keys = {}, False
@@ -263,20 +161,14 @@ def _hints(target: Any, call: Callable[..., Any]) -> dict[str, Any]:
     namespace = getattr(inspect.unwrap(call), "__globals__", {})
     hints = {}
     for name, annotation in getattr(call, "__annotations__", {}).items():
+        holder = type("Holder", (), {"__annotations__": {name: annotation}})
         try:
-            hints[name] = typing.get_type_hints(
-                _Holder(name, annotation), globalns=namespace, include_extras=True
-            )[name]
+            hints[name] = typing.get_type_hints(holder, globalns=namespace, include_extras=True)[
+                name
+            ]
         except Exception:
             continue
     return hints
-
-
-class _Holder:
-    """An object with one annotation, for get_type_hints to resolve on its own."""
-
-    def __init__(self, name: str, annotation: Any) -> None:
-        self.__annotations__ = {name: annotation}
 
 
 def unannotated(target: Callable[..., Any], skip: Sequence[str] = ()) -> list[str]:

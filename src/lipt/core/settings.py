@@ -13,20 +13,14 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, TypedDict
+from typing import Annotated, Any, ClassVar, Literal
 
+from typing_extensions import TypedDict  # pydantic reads typing's own from Python 3.12 only
+
+from lipt.core.bounds import BELOW_ONE, COUNT, NON_NEGATIVE, POSITIVE, SEED, SHARE, Interval
 from lipt.core.budget import Budget
 from lipt.core.errors import UserError
-from lipt.core.schema import (
-    BELOW_ONE,
-    COUNT,
-    NON_NEGATIVE,
-    POSITIVE,
-    SHARE,
-    Range,
-    check_value,
-    fields_of,
-)
+from lipt.core.schema import check_mapping, fields_of
 from lipt.core.selector import SelectorSettings
 
 
@@ -37,9 +31,9 @@ class Checked:
     PREFIX: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        where = f"{self.PREFIX}." if self.PREFIX else ""
-        for name, annotation in self.keys().items():
-            check_value(f"{where}{name}", getattr(self, name), annotation)
+        declared = self.keys()
+        values = {name: getattr(self, name) for name in declared}
+        check_mapping(self.PREFIX, values, declared, open_keys=False)
 
     @classmethod
     def keys(cls) -> dict[str, Any]:
@@ -77,7 +71,7 @@ class LabelNoise(TypedDict):
 
     rate: Annotated[float, BELOW_ONE]  # 0: the labels as the data set has them
     kind: Literal["symmetric", "pairs"]
-    seed: Annotated[int, Range(0, 2**32 - 1)]
+    seed: Annotated[int, SEED]
     pairs: list[Annotated[int, NON_NEGATIVE]] | None
 
 
@@ -90,14 +84,14 @@ class RunSettings(Checked):
     """The top level of train.yaml (select.yaml and pretrain.yaml extend it)."""
 
     stage: Literal["train", "select", "pretrain"]
-    seed: Annotated[int, Range(0, 2**32 - 1)]
+    seed: Annotated[int, SEED]
     fraction: Annotated[float, SHARE]
     reselect_every: Annotated[int, NON_NEGATIVE]
     subset_path: str | None
     init_from: Literal["init", "pretrained"]
     ckpt_path: str | None
     record_seen: bool
-    batch_size: Annotated[int, Range(1, 10**7)]
+    batch_size: Annotated[int, Interval(ge=1, le=10**7)]
     paths: PathsSettings
     dry_run: bool = False
     # hparams_search: the summary number the task returns to the sweeper (validation only)
@@ -116,19 +110,19 @@ class DatasetSettings(Checked):
 
     name: str
     data_dir: str | None
-    num_classes: Annotated[int, Range(2, 10**6)]
-    channels: Annotated[int, Range(1, 64)]
-    image_size: Annotated[int, Range(1, 4096)]
-    mean: list[Annotated[float, Range(0, 1)]]
-    std: list[Annotated[float, Range(0, 1e3, low_open=True)]]
+    num_classes: Annotated[int, Interval(ge=2, le=10**6)]
+    channels: Annotated[int, Interval(ge=1, le=64)]
+    image_size: Annotated[int, Interval(ge=1, le=4096)]
+    mean: list[Annotated[float, Interval(ge=0, le=1)]]
+    std: list[Annotated[float, Interval(gt=0, le=1e3)]]
     # a count of rows, or a share of the pool below 1
-    val_size: Annotated[int, NON_NEGATIVE] | Annotated[float, Range(0, 1, high_open=True)]
-    split_seed: Annotated[int, Range(0, 2**32 - 1)]
-    num_workers: Annotated[int, Range(0, 1024)]
-    crop_padding: Annotated[int, Range(0, 4096)]
+    val_size: Annotated[int, NON_NEGATIVE] | Annotated[float, Interval(ge=0, lt=1)]
+    split_seed: Annotated[int, SEED]
+    num_workers: Annotated[int, Interval(ge=0, le=1024)]
+    crop_padding: Annotated[int, Interval(ge=0, le=4096)]
     flip: bool
     resident: bool
-    eval_batch_size: Annotated[int, Range(1, 10**7)]
+    eval_batch_size: Annotated[int, Interval(ge=1, le=10**7)]
     load: dict[str, Any]  # the reader's node: checked against its _target_'s parameters
     download: bool = False  # fetch the files into data_dir when they are not there
     resize: Annotated[int, COUNT] | None = None  # ImageFolder: the shorter side before cropping
@@ -183,7 +177,9 @@ class SelectorOptions(Checked):
     name: str
     balance: bool = False  # per-class budgets (lipt.selection.select_balanced)
     needs_model: bool = True  # False: ranks without a model (random)
-    repeats: Annotated[int, Range(1, 1000)] = 1  # rank with this many seeds' models and average
+    repeats: Annotated[int, Interval(ge=1, le=1000)] = (
+        1  # rank with this many seeds' models and average
+    )
 
 
 @dataclass(frozen=True)
@@ -193,7 +189,7 @@ class TrainerOptions(Checked):
 
     PREFIX: ClassVar[str] = "trainer"
 
-    max_epochs: Annotated[int, Range(1, 10**7)] = 1
+    max_epochs: Annotated[int, Interval(ge=1, le=10**7)] = 1
 
 
 @dataclass(frozen=True)

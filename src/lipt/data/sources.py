@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from lipt.core.bounds import COUNT, SEED, Interval
 from lipt.core.errors import UserError
-from lipt.core.schema import COUNT, Range
 from lipt.data.class_names import FASHION_MNIST, cifar_names
 
 FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -277,7 +277,9 @@ def image_folder_dirs(data_dir: str | None) -> tuple[Path, Path]:
 
 
 def load_image_folder(
-    data_dir: str, resize: Annotated[int, Range(1, 8192)], size: Annotated[int, Range(1, 8192)]
+    data_dir: str,
+    resize: Annotated[int, Interval(ge=1, le=8192)],
+    size: Annotated[int, Interval(ge=1, le=8192)],
 ) -> Splits:
     root = _existing_dir(data_dir, "imagenet")
     train_dir, val_dir = image_folder_dirs(data_dir)
@@ -298,10 +300,10 @@ def load_image_folder(
 def make_synthetic(
     num_train: Annotated[int, COUNT],
     num_test: Annotated[int, COUNT],
-    num_classes: Annotated[int, Range(2, 10**6)],
-    channels: Annotated[int, Range(1, 64)],
-    size: Annotated[int, Range(1, 4096)],
-    seed: Annotated[int, Range(0, 2**32 - 1)],
+    num_classes: Annotated[int, Interval(ge=2, le=10**6)],
+    channels: Annotated[int, Interval(ge=1, le=64)],
+    size: Annotated[int, Interval(ge=1, le=4096)],
+    seed: Annotated[int, SEED],
 ) -> Splits:
     """Learnable toy images: each class is a fixed random pattern plus noise."""
     g = torch.Generator().manual_seed(seed)

@@ -29,7 +29,7 @@ from typing import Annotated, ClassVar
 import torch
 from torch import Tensor
 
-from lipt.core.schema import BELOW_ONE, SHARE
+from lipt.core.bounds import BELOW_ONE, SHARE
 from lipt.core.settings import Checked
 from lipt.selection.coverage import ensemble_difficulty
 from lipt.selection.types import LearnerHeads

@@ -14,8 +14,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from torch import Generator, Tensor, nn
 
+from lipt.core.bounds import COUNT, NON_NEGATIVE, SHARE, UNIT, Interval
 from lipt.core.errors import UserError
-from lipt.core.schema import COUNT, NON_NEGATIVE, SHARE, UNIT, Range
 from lipt.core.settings import Checked, LearnerOptim
 from lipt.jigsaw.pruning import prune_magnitude, prune_random, prune_snip
 from lipt.jigsaw.soup import (
@@ -112,9 +112,9 @@ class RandAugment(Checked):
     PREFIX: ClassVar[str] = "augment"
 
     name: str = "randaugment"
-    num_ops: Annotated[int, Range(0, 14)] = 1  # RandAugment has 14 ops
+    num_ops: Annotated[int, Interval(ge=0, le=14)] = 1  # RandAugment has 14 ops
     magnitude: Annotated[int, NON_NEGATIVE] = 9  # below num_magnitude_bins
-    num_magnitude_bins: Annotated[int, Range(2, 10**4)] = 31
+    num_magnitude_bins: Annotated[int, Interval(ge=2, le=10**4)] = 31
 
     def randaugment(self) -> dict[str, Any] | None:
         """torchvision.transforms.RandAugment's keyword arguments."""
@@ -137,9 +137,9 @@ class Merge(Checked):
     PREFIX: ClassVar[str] = "merge"
 
     name: str = ""
-    eval_size: Annotated[int, Range(1, 10**9)] | None = 1000  # null: the whole split
+    eval_size: Annotated[int, Interval(ge=1, le=10**9)] | None = 1000  # null: the whole split
     recompute_bn: bool = True
-    bn_batches: Annotated[int, Range(1, 10**6)] = 2
+    bn_batches: Annotated[int, Interval(ge=1, le=10**6)] = 2
 
     def soup(self, states: Sequence[StateDict], evaluate: Evaluate) -> SoupResult:
         raise NotImplementedError
@@ -214,16 +214,16 @@ class JigsawSettings(Checked):
     PREFIX: ClassVar[str] = "pretrain"
 
     name: str = "jigsaw"
-    num_learners: Annotated[int, Range(1, 10**7)] = 10  # n
-    batches_per_learner: Annotated[int, Range(1, 10**7)] = 1  # M
-    local_epochs: Annotated[int, Range(1, 10**7)] = 10  # K
+    num_learners: Annotated[int, Interval(ge=1, le=10**7)] = 10  # n
+    batches_per_learner: Annotated[int, Interval(ge=1, le=10**7)] = 1  # M
+    local_epochs: Annotated[int, Interval(ge=1, le=10**7)] = 10  # K
     optim: LearnerOptim | None = None  # main training's optimizer at these settings
     min_learners: Annotated[int, COUNT] | None = None  # null: half of n, rounded up
     # the ids a multirun job trains (None: all, here)
     learners: Annotated[int, NON_NEGATIVE] | list[Annotated[int, NON_NEGATIVE]] | None = None
     learner_dir: str | None = None
     merge_from: str | None = None
-    num_threads: Annotated[int, Range(1, 4096)] | None = None
+    num_threads: Annotated[int, Interval(ge=1, le=4096)] | None = None
 
     def learner_ids(self) -> list[int] | None:
         """`learners` as a list of ids (None: all learners, in-process).

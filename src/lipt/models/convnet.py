@@ -6,7 +6,7 @@ from typing import Annotated
 
 from torch import Tensor, nn
 
-from lipt.core.schema import COUNT, Range
+from lipt.core.bounds import COUNT, Interval
 
 
 class ConvNet(nn.Module):
@@ -17,7 +17,7 @@ class ConvNet(nn.Module):
         self,
         in_channels: Annotated[int, COUNT],
         num_classes: Annotated[int, COUNT],
-        width: Annotated[int, Range(1, 4096)] = 32,
+        width: Annotated[int, Interval(ge=1, le=4096)] = 32,
     ) -> None:
         super().__init__()
         self.features = nn.Sequential(

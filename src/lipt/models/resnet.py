@@ -8,7 +8,7 @@ from typing import Annotated
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lipt.core.schema import BELOW_ONE, COUNT, Range
+from lipt.core.bounds import BELOW_ONE, COUNT, Interval
 
 
 class BasicBlock(nn.Module):
@@ -83,8 +83,8 @@ class WideResNet(nn.Module):
         self,
         in_channels: Annotated[int, COUNT],
         num_classes: Annotated[int, COUNT],
-        depth: Annotated[int, Range(10, 1000)] = 28,  # 6n + 4
-        k: Annotated[int, Range(1, 64)] = 10,
+        depth: Annotated[int, Interval(ge=10, le=1000)] = 28,  # 6n + 4
+        k: Annotated[int, Interval(ge=1, le=64)] = 10,
         dropout: Annotated[float, BELOW_ONE] = 0.0,
     ) -> None:
         super().__init__()

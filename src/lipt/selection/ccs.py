@@ -13,8 +13,8 @@ from typing import Annotated
 
 import torch
 
+from lipt.core.bounds import BELOW_ONE, COUNT, Interval
 from lipt.core.errors import UserError
-from lipt.core.schema import BELOW_ONE, COUNT, Range
 from lipt.selection.common import check_budget, finish, randperm
 from lipt.selection.gradients import DEFAULT_CHUNK
 from lipt.selection.scores import Score, mean_score
@@ -28,7 +28,7 @@ def select_ccs(
     generator: torch.Generator,
     score: Score = "el2n",
     hard_prune: Annotated[float, BELOW_ONE] = 0.1,
-    strata: Annotated[int, Range(1, 10**6)] = 50,
+    strata: Annotated[int, Interval(ge=1, le=10**6)] = 50,
     chunk_size: Annotated[int, COUNT] = DEFAULT_CHUNK,
 ) -> Selection:
     """CCS over `score` (any of `lipt.selection.scores.SCORES`, averaged over the repeats).

@@ -44,8 +44,8 @@ from typing import Annotated, Literal, get_args
 import torch
 from torch import Tensor
 
+from lipt.core.bounds import BELOW_ONE, COUNT, NON_NEGATIVE, UNIT, Interval
 from lipt.core.errors import UserError
-from lipt.core.schema import BELOW_ONE, COUNT, NON_NEGATIVE, UNIT, Range
 from lipt.selection.common import (
     check_budget,
     check_choice,
@@ -263,13 +263,15 @@ def select_coverage(
     budget: int,
     *,
     generator: torch.Generator,
-    class_tilt: Annotated[float, Range(0, 20)] = 0.5,  # an exponent: past 20, budgets underflow
+    class_tilt: Annotated[
+        float, Interval(ge=0, le=20)
+    ] = 0.5,  # an exponent: past 20, budgets underflow
     hard_cut: Annotated[float, BELOW_ONE] = 0.0,
     disagreement_weight: Annotated[float, NON_NEGATIVE] = 0.0,
     within: Within = "kmeans",
     pick: Pick = "nearest",
-    kmeans_iters: Annotated[int, Range(1, 10**4)] = 10,
-    strata: Annotated[int, Range(1, 10**6)] = 50,
+    kmeans_iters: Annotated[int, Interval(ge=1, le=10**4)] = 10,
+    strata: Annotated[int, Interval(ge=1, le=10**6)] = 50,
     init: Init = "random",
     pick_quantile: Annotated[float, UNIT] = 0.5,
     weighting: Weighting = "none",

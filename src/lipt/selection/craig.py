@@ -20,8 +20,8 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
+from lipt.core.bounds import COUNT, OPEN_UNIT
 from lipt.core.errors import UserError
-from lipt.core.schema import COUNT, OPEN_UNIT
 from lipt.selection.common import (
     check_budget,
     check_choice,

@@ -38,8 +38,8 @@ from typing import Annotated, Any, Literal
 import torch
 from torch import Tensor
 
+from lipt.core.bounds import COUNT, OPEN_UNIT, POSITIVE
 from lipt.core.errors import UserError
-from lipt.core.schema import COUNT, OPEN_UNIT, POSITIVE
 from lipt.selection.common import check_budget, check_choice, finish, serial_loop
 from lipt.selection.gradients import DEFAULT_CHUNK, LastLayerGradient, bias_gradients
 from lipt.selection.types import Selection, SelectionInputs

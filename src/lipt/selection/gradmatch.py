@@ -27,8 +27,8 @@ from typing import Annotated, Literal
 import torch
 from torch import Tensor
 
+from lipt.core.bounds import COUNT, NON_NEGATIVE
 from lipt.core.errors import UserError
-from lipt.core.schema import COUNT, NON_NEGATIVE
 from lipt.selection.common import (
     check_budget,
     check_choice,

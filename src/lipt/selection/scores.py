@@ -19,7 +19,7 @@ from typing import Annotated, Literal, get_args
 import torch
 from torch import Tensor
 
-from lipt.core.schema import COUNT
+from lipt.core.bounds import COUNT
 from lipt.selection.common import all_pools, check_budget, check_choice, finish, randperm
 from lipt.selection.gradients import DEFAULT_CHUNK, errors_of, gradient_sq_norms
 from lipt.selection.types import PoolOutputs, Selection, SelectionInputs

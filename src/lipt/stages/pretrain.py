@@ -18,8 +18,8 @@ from torch import nn
 
 from lipt.builder.objects import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.core import console
+from lipt.core.bounds import POSITIVE, Interval
 from lipt.core.job import run_dir
-from lipt.core.schema import POSITIVE, Range
 from lipt.core.settings import Checked, Run
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext, Pretrained
@@ -57,7 +57,7 @@ class FullWarmup(Checked):
     PREFIX: ClassVar[str] = "pretrain"
 
     name: str = "full"
-    epochs: Annotated[int, Range(1, 10**6)] = 10
+    epochs: Annotated[int, Interval(ge=1, le=10**6)] = 10
     kappa: Annotated[float, POSITIVE] | None = None
 
     def warmup_epochs(self, main_epochs: int, fraction: float) -> int:
