@@ -90,7 +90,10 @@ REFUSED = [
     (["+augment.bogus=1"], ["augment=", "augment.bogus", "not a setting"]),
     (["selector=glister", "selector.greedy=sometimes"], ["selector=glister", "greedy"]),
     (["selector=glister", "+selector.bogus=3"], ["selector=glister", "bogus"]),
-    (["selector=glister", "selector.eta=-0.1"], ["selector=glister", "selector.eta", "greater than 0"]),
+    (
+        ["selector=glister", "selector.eta=-0.1"],
+        ["selector=glister", "selector.eta", "greater than 0"],
+    ),
     (["selector=coverage", "selector.balance=maybe"], ["selector.balance"]),
     (["selector=gradmatch", "selector.target=test"], ["selector=gradmatch", "target"]),
     (["selector=ccs", "selector.hard_prune=1.5"], ["selector=ccs", "hard_prune"]),
