@@ -14,11 +14,18 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-from lipt.builder.objects import build_loggers, build_model, build_trainer, quiet_trainer
+from lipt.builder.objects import (
+    build_datamodule,
+    build_loggers,
+    build_model,
+    build_trainer,
+    quiet_trainer,
+)
 from lipt.core.errors import UserError
 from lipt.core.job import run_dir
 from lipt.core.lock import RunDirLockedError
 from lipt.core.selector import selector_settings
+from lipt.data import DataModule
 from lipt.run.config import run_of, validate
 from tests.helpers import CONFIGS, FAST
 
@@ -108,6 +115,8 @@ REFUSED = [
     (["dataset=cifar10", "dataset.data_dir={empty}"], ["CIFAR-10 files missing"]),
     (["dataset=imagenet", "dataset.data_dir={empty}"], ["train/ and val/"]),
     (["subset_path={empty}"], ["subset_path", "does not exist"]),
+    (["dataset._target_=lipt.data.Nothing"], ["dataset._target_", "cannot be imported"]),
+    (["~dataset._target_"], ["dataset has no _target_", "lipt.data.DataModule"]),
     (["budget=infobatch", "budget.ratio=1"], ["budget.ratio", "less than 1"]),
     (["selector=coverage", "budget=infobatch"], ["budget=infobatch", "selector=coverage"]),
     (["+approach=coverage", "budget=full_schedule"], ["budget=full_schedule", "selector=none"]),
@@ -325,3 +334,20 @@ def test_selector_settings_cover_every_selector_option():
     options = {p.stem for p in (CONFIGS / "selector").glob("*.yaml")}
     tested = {o.split("=")[1] for overrides, _ in SELECTOR_SETTINGS for o in overrides[:1]}
     assert options <= tested
+
+
+class TaggedDataModule(DataModule):
+    """A user's own data module, named by `dataset._target_`."""
+
+
+def test_the_dataset_node_builds_the_data_module_its_target_names(make_cfg):
+    cfg = make_cfg(
+        ["dataset=synthetic", "batch_size=32", f"dataset._target_={__name__}.TaggedDataModule"]
+    )
+    run = validate(cfg)
+    dm = build_datamodule(run)
+    assert type(dm) is TaggedDataModule
+    # every data-module key of the node reaches it; the top-level batch size too
+    assert dm.batch_size == 32 and dm.mean == list(cfg.dataset.mean)
+    assert dm.num_classes == cfg.dataset.num_classes and dm.val_size == cfg.dataset.val_size
+    assert len(dm.pool_indices) == cfg.dataset.num_train - cfg.dataset.val_size

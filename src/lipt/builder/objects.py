@@ -7,7 +7,7 @@ lipt.run.config)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import torch
@@ -18,7 +18,7 @@ from lipt.core import console
 from lipt.core.artifacts import AtomicCheckpointIO
 from lipt.core.console import shown
 from lipt.core.job import run_dir, sweep_dir_of_job
-from lipt.core.settings import Run
+from lipt.core.settings import DatasetSettings, Run
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext
 from lipt.models.classifier import QUIET_TRAINER, Classifier
@@ -27,28 +27,13 @@ from lipt.models.schedules import LEARNER_SCHEDULES
 
 
 def build_datamodule(run: Run) -> DataModule:
-    d = run.dataset
-    dm = DataModule(
-        load=instantiate(d.load),
-        num_classes=d.num_classes,
-        channels=d.channels,
-        image_size=d.image_size,
-        mean=list(d.mean),
-        std=list(d.std),
-        val_size=d.val_size,
-        split_seed=d.split_seed,
-        batch_size=run.settings.batch_size,
-        num_workers=d.num_workers,
-        crop_padding=d.crop_padding,
-        flip=d.flip,
-        eval_batch_size=d.eval_batch_size,
-        resident=d.resident,
-        pool_size=d.pool_size,
-        label_noise=None if d.label_noise is None else dict(d.label_noise),
-        train_labels=d.train_labels,
-    )
+    """The `dataset` node's data module (`_target_`, lipt.data.DataModule), set up: its keys
+    less the label and the reader's, which `load` has taken already."""
+    reader = DatasetSettings.READER_KEYS
+    node = {k: v for k, v in run.node("dataset").items() if k not in reader}
+    dm = instantiate(node, batch_size=run.settings.batch_size, _convert_="all")
     dm.setup()
-    return dm
+    return cast(DataModule, dm)
 
 
 def build_model(run: Run, seed: int) -> nn.Module:

@@ -107,6 +107,15 @@ class DatasetSettings(Checked):
     """`dataset.*`: what lipt.data.DataModule and the reader (`dataset.load`) need."""
 
     PREFIX: ClassVar[str] = "dataset"
+    # The label and the reader's keys (`load` interpolates them): not the data module's.
+    READER_KEYS: ClassVar[tuple[str, ...]] = (
+        "name",
+        "data_dir",
+        "download",
+        "resize",
+        "num_train",
+        "num_test",
+    )
 
     name: str
     data_dir: str | None

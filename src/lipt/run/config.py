@@ -14,7 +14,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from lipt.core.budget import Budget
 from lipt.core.errors import UserError
-from lipt.core.schema import check_mapping, parameters
+from lipt.core.schema import HYDRA_KEYS, check_mapping, parameters
 from lipt.core.selector import SelectorSettings, selector_settings
 from lipt.core.settings import DatasetSettings, Run, RunSettings, SelectorOptions
 from lipt.jigsaw.checks import validate_jigsaw
@@ -185,7 +185,12 @@ def run_settings(values: dict[str, Any]) -> RunSettings:
 
 
 def dataset_settings(values: dict[str, Any]) -> DatasetSettings:
-    node = values["dataset"]
+    if "_target_" not in values["dataset"]:
+        raise UserError(
+            "dataset has no _target_; add `_target_: lipt.data.DataModule` to the dataset's "
+            "config (configs/dataset/*.yaml show the keys it takes)"
+        )
+    node = {k: v for k, v in values["dataset"].items() if k not in HYDRA_KEYS}
     check_mapping("dataset", node, DatasetSettings.keys(), open_keys=False)
     return DatasetSettings(**node)
 

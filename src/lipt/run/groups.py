@@ -17,6 +17,7 @@ from lipt.core.errors import UserError
 from lipt.core.schema import check_mapping, parameters
 from lipt.core.settings import (
     Checked,
+    DatasetSettings,
     ModelOptions,
     OptimizerOptions,
     SelectorOptions,
@@ -118,7 +119,11 @@ def check_groups(cfg: DictConfig, values: Mapping[str, Any]) -> None:
             continue
         if "_target_" in node or group in OPTIONS or group in NARROWED:
             check_node(group, node)
-    if isinstance(values.get("dataset"), Mapping):
-        load = values["dataset"].get("load")
+    dataset = values.get("dataset")
+    if isinstance(dataset, Mapping):
+        load = dataset.get("load")
         if isinstance(load, Mapping) and "_target_" in load:
             check_node_target("dataset.load", load)
+        # the data module takes the keys but the reader's (lipt.core.settings.DatasetSettings)
+        skip = (*DatasetSettings.READER_KEYS, "load")
+        check_node_target("dataset", {k: v for k, v in dataset.items() if k not in skip})
