@@ -24,7 +24,7 @@ from lipt.builder.objects import (
 from lipt.core.errors import UserError
 from lipt.core.job import run_dir
 from lipt.core.lock import RunDirLockedError
-from lipt.core.selector import selector_settings
+from lipt.core.settings import SelectorSettings
 from lipt.data import DataModule
 from lipt.run.config import run_of, validate
 from tests.helpers import CONFIGS, FAST
@@ -270,7 +270,7 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
     assert "in use by another lipt run" in out.stderr
 
 
-# What the stages ask of each selector option (lipt.core.selector: the one place that reads
+# What the stages ask of each selector option (SelectorSettings.of: the one place that reads
 # selector.name to choose code): (budget chosen, needs_model, needs_held_out); None: selects
 # nothing (selector=none).
 SELECTOR_SETTINGS = [
@@ -292,10 +292,10 @@ SELECTOR_SETTINGS = [
 @pytest.mark.parametrize(("overrides", "expected"), SELECTOR_SETTINGS)
 def test_selector_settings_of_each_option(make_cfg, overrides, expected):
     cfg = make_cfg(overrides)
-    settings = selector_settings(cfg.selector)
+    settings = SelectorSettings.of(cfg.selector)
     flags = None if settings is None else (settings.needs_model, settings.needs_held_out)
     assert (cfg.budget.name, flags) == expected
-    assert settings is None or settings.label == cfg.selector.name
+    assert settings is None or settings.name == cfg.selector.name
 
 
 # Each budget option's arithmetic on the Fashion-MNIST pool (55,000 rows, batches of 256: 215 a

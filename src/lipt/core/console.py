@@ -23,8 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from lipt.core.selector import SelectorSettings
-from lipt.core.settings import Run
+from lipt.core.settings import Run, SelectorSettings
 
 log = logging.getLogger("lipt")
 # Per-item details (each learner, each candidate): the log file only, never the terminal.
@@ -207,7 +206,7 @@ def describe_pretrain(run: Run, pool_size: int) -> str:
 
 def describe_selection(selector: SelectorSettings, budget: int, pool_size: int) -> str:
     balanced = " (balanced)" if selector.balance else ""
-    return f"selecting {_count(budget)} of {_count(pool_size)} with {selector.label}{balanced}"
+    return f"selecting {_count(budget)} of {_count(pool_size)} with {selector.name}{balanced}"
 
 
 def describe_training(run: Run, train_size: int, pool_size: int, epochs: int) -> str:

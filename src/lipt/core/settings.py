@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
 from typing_extensions import TypedDict  # pydantic reads typing's own from Python 3.12 only
@@ -21,7 +21,6 @@ from lipt.core.bounds import BELOW_ONE, COUNT, NON_NEGATIVE, POSITIVE, SEED, SHA
 from lipt.core.budget import Budget
 from lipt.core.errors import UserError
 from lipt.core.schema import check_mapping, fields_of
-from lipt.core.selector import SelectorSettings
 
 
 class Checked:
@@ -178,17 +177,38 @@ class ModelOptions(Checked):
 
 
 @dataclass(frozen=True)
-class SelectorOptions(Checked):
-    """A selector option's lipt keys (`selector.*`), beside its function's parameters."""
+class SelectorSettings(Checked):
+    """A selector option's lipt keys (`selector.*`), beside its function's parameters, and what
+    the run needs to know of the selector: elsewhere `name` is only a label (messages, subset
+    files, reports)."""
 
     PREFIX: ClassVar[str] = "selector"
 
     name: str
     balance: bool = False  # per-class budgets (lipt.selection.select_balanced)
     needs_model: bool = True  # False: ranks without a model (random)
-    repeats: Annotated[int, Interval(ge=1, le=1000)] = (
-        1  # rank with this many seeds' models and average
-    )
+    repeats: Annotated[int, Interval(ge=1, le=1000)] = 1  # seeds' models whose ranks average
+    # it matches the validation split (GLISTER; GradMatch target=val): no config key
+    needs_held_out: bool = field(default=False, kw_only=True)
+
+    @classmethod
+    def keys(cls) -> dict[str, Any]:
+        return {k: v for k, v in super().keys().items() if k != "needs_held_out"}
+
+    @classmethod
+    def of(cls, node: Mapping[str, Any] | None) -> SelectorSettings | None:
+        """The settings of a `selector` node (composed, or resolved to plain values); None for
+        selector=none, which selects nothing (its node has no `_target_`)."""
+        if node is None or "_target_" not in node:
+            return None
+        name = node.get("name")
+        held_out = name == "glister" or (name == "gradmatch" and node.get("target") == "val")
+        declared = cls.keys()
+        own = {k: v for k, v in node.items() if k in declared}
+        try:
+            return cls(**own, needs_held_out=held_out)
+        except UserError as e:
+            raise UserError(f"selector={name}: {e}") from e
 
 
 @dataclass(frozen=True)

@@ -15,27 +15,10 @@ from omegaconf.errors import MissingMandatoryValue
 from lipt.core.budget import Budget
 from lipt.core.errors import UserError
 from lipt.core.schema import HYDRA_KEYS, check_mapping, parameters
-from lipt.core.selector import SelectorSettings, selector_settings
-from lipt.core.settings import DatasetSettings, Run, RunSettings, SelectorOptions
+from lipt.core.settings import DatasetSettings, Run, RunSettings, SelectorSettings
 from lipt.jigsaw.checks import validate_jigsaw
 from lipt.run.checks import get_key
 from lipt.run.groups import locate
-
-
-def _selector(cfg: Mapping[str, Any]) -> SelectorSettings | None:
-    """The chosen selector's settings, its lipt keys (SelectorOptions) checked against their
-    declared types first; None for selector=none."""
-    node = cfg.get("selector")
-    if node is None:
-        return None
-    declared = SelectorOptions.keys()
-    own = {k: v for k, v in node.items() if k in declared}
-    try:  # only the keys present: an option need not set every one
-        check_mapping("selector", own, declared, open_keys=False)
-    except UserError as e:
-        raise UserError(f"selector={node.get('name')}: {e}") from e
-    return selector_settings(node)
-
 
 BUDGETS = "subset, full, full_steps, full_schedule, infobatch or lipt"
 
@@ -78,7 +61,7 @@ def validate_budget(cfg: DictConfig, run: Run) -> None:
         )
     if not budget.trains_subset and selector is not None and settings.subset_path is None:
         raise UserError(
-            f"budget={budget.name} trains the whole pool, so selector={selector.label} cannot "
+            f"budget={budget.name} trains the whole pool, so selector={selector.name} cannot "
             f"choose a subset; drop budget={budget.name} (a selector trains its subset) or use "
             "selector=none"
         )
@@ -201,7 +184,7 @@ def run_of(cfg: DictConfig) -> Run:
     resolved. The checks across keys and against the libraries are `validate`'s."""
     values = plain(cfg)
     top, dataset = run_settings(values), dataset_settings(values)
-    return Run(top, dataset, _selector(values), _budget(values), values)
+    return Run(top, dataset, SelectorSettings.of(values.get("selector")), _budget(values), values)
 
 
 def pretrains(run: Run) -> bool:
@@ -245,7 +228,7 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
     selector = run.selector
     if selector is not None and selector.needs_held_out and dataset.val_size == 0:
         raise UserError(
-            f"selector={selector.label} matches the validation split, but dataset.val_size=0; "
+            f"selector={selector.name} matches the validation split, but dataset.val_size=0; "
             "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
         )
     if top.stage == "select" and selector is None:

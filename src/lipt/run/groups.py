@@ -20,14 +20,14 @@ from lipt.core.settings import (
     DatasetSettings,
     ModelOptions,
     OptimizerOptions,
-    SelectorOptions,
+    SelectorSettings,
     TrainerOptions,
 )
 
 # Parameters lipt passes itself when it calls a group's target, never set from the config.
 CALL_ARGUMENTS = {"selector": ("inputs", "budget", "generator")}
 # lipt's own keys beside the target's parameters, by group.
-OPTIONS: dict[str, type[Checked]] = {"model": ModelOptions, "selector": SelectorOptions}
+OPTIONS: dict[str, type[Checked]] = {"model": ModelOptions, "selector": SelectorSettings}
 # Narrower ranges lipt needs for some of a library target's parameters, where it has them
 # (the schedules span trainer.max_epochs; a learning rate of 0 trains nothing).
 NARROWED: dict[str, type[Checked]] = {"trainer": TrainerOptions, "optimizer": OptimizerOptions}

@@ -25,21 +25,12 @@ from omegaconf import DictConfig
 
 from lipt.core import console
 from lipt.core.errors import UserError
-from lipt.core.selector import selector_settings
-from lipt.core.settings import Run
-from lipt.run.checks import resolved
+from lipt.core.settings import Run, SelectorSettings
+from lipt.run.checks import innermost, resolved
 from lipt.run.training_groups import check_callbacks, check_optimizer
 
 # Rows, classes and features of the tiny pool the selector is tried on.
 DRY_RUN_ROWS, DRY_RUN_FEATURES = 64, 8
-
-
-def _cause(e: BaseException) -> str:
-    """The innermost message, on one line: Hydra wraps the library's own error."""
-    while e.__cause__ is not None:
-        e = e.__cause__
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 @contextlib.contextmanager
@@ -61,31 +52,16 @@ def check_trainer(cfg: DictConfig) -> None:
                 cfg.trainer, logger=False, enable_checkpointing=False, default_root_dir=scratch
             )
         except Exception as e:  # Lightning raises TypeError, ValueError, Misconfiguration...
-            raise UserError(f"trainer settings are invalid: {_cause(e)}; fix trainer.*") from e
+            raise UserError(f"trainer settings are invalid: {innermost(e)}; fix trainer.*") from e
 
 
 def check_loggers(cfg: DictConfig) -> None:
-    """Each logger class imports and accepts the configured keys."""
-    import importlib
-
+    """Each logger's folder takes files (its class and keys: lipt.run.groups)."""
     for name, node in (cfg.get("logger") or {}).items():
         if node is None or "_target_" not in node:
             continue
-        module, _, attr = str(node._target_).rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module), attr)
-        except Exception as e:
-            raise UserError(
-                f"logger={name} cannot be used ({_cause(e)}); install its package "
-                "or choose logger=csv"
-            ) from e
-        kwargs = {str(k): v for k, v in node.items() if k != "_target_"}
-        try:
-            inspect.signature(cls).bind(**kwargs)
-        except TypeError as e:
-            raise UserError(f"logger.{name} settings are invalid: {e}") from e
         for key in LOGGER_DIRS:
-            folder = kwargs.get(key)
+            folder = node.get(key)
             problem = None if folder is None else unwritable(Path(str(folder)))
             if problem is not None:
                 raise UserError(
@@ -135,7 +111,7 @@ def check_parts(cfg: DictConfig) -> None:
         except Exception as e:  # Hydra wraps the TypeError or ValueError of the part's own init
             name = node.get("name", node._target_)
             raise UserError(
-                f"{group}={name} settings are invalid: {_cause(e)}; fix {group}.*"
+                f"{group}={name} settings are invalid: {innermost(e)}; fix {group}.*"
             ) from e
 
 
@@ -148,14 +124,14 @@ def check_selector(cfg: DictConfig) -> None:
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
 
     node = cfg.get("selector")
-    if selector_settings(node) is None:  # selector=none
+    if SelectorSettings.of(node) is None:  # selector=none
         return
     name = node.get("name")
     try:
         fn = build_part(resolved(node), RESERVED_SELECTOR_KEYS)
         inspect.signature(fn.func).bind_partial(*fn.args, **fn.keywords)
     except Exception as e:
-        raise UserError(f"selector={name} settings are invalid: {_cause(e)}") from e
+        raise UserError(f"selector={name} settings are invalid: {innermost(e)}") from e
     classes = int(cfg.dataset.num_classes)
     g = torch.Generator().manual_seed(0)
 
@@ -183,7 +159,7 @@ def check_selector(cfg: DictConfig) -> None:
     except UserError as e:
         raise UserError(f"selector={name}: {e}") from e
     except (TypeError, ValueError) as e:
-        raise UserError(f"selector={name} settings are invalid: {_cause(e)}") from e
+        raise UserError(f"selector={name} settings are invalid: {innermost(e)}") from e
 
 
 def check_readable(path: Path, key: str) -> None:
@@ -290,4 +266,4 @@ def build_everything(run: Run, loaded: dict[str, Any]) -> None:
     except UserError:
         raise
     except Exception as e:  # a file that does not parse, a model that cannot be built
-        raise UserError(f"the run cannot be built: {_cause(e)}") from e
+        raise UserError(f"the run cannot be built: {innermost(e)}") from e

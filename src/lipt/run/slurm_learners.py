@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lipt.core.selector import selector_settings
+from lipt.core.settings import SelectorSettings
 from lipt.jigsaw.checkpoints import LEARNERS_DIR, learner_file
 from lipt.run.groups import locate
 
@@ -47,7 +47,7 @@ def uses_jigsaw_learners(config: dict[str, Any]) -> int:
         return 0
     if pretrain.get("merge_from") or config.get("subset_path"):
         return 0
-    selector = selector_settings(config.get("selector"))
+    selector = SelectorSettings.of(config.get("selector"))
     ranks = selector is not None and selector.needs_model
     budget = config.get("budget") or {}
     # lipt's pruning scores with the ensemble: asked of the option, not of its label

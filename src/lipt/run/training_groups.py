@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lipt.core.errors import UserError
+from lipt.run.checks import innermost
 
 # summary.json's keys a sweeper may optimise (choose on the validation split, never the test).
 OPTIMIZABLE = ("val_accuracy",)
@@ -45,13 +46,6 @@ def task_result(cfg: DictConfig, summary: dict[str, Any]) -> Any:
     return float(value)
 
 
-def _cause(e: BaseException) -> str:
-    while e.__cause__ is not None:  # Hydra wraps the library's own error
-        e = e.__cause__
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
 def check_optimizer(cfg: DictConfig) -> None:
     """Build the `optimizer` on one parameter and the `scheduler` on it, and step both once:
     a value the optimiser or the schedule refuses fails now, not when training starts."""
@@ -65,7 +59,7 @@ def check_optimizer(cfg: DictConfig) -> None:
         parameter = torch.nn.Parameter(torch.zeros(1))
         optimizer = build_part(resolved(cfg.optimizer))([parameter])
     except Exception as e:  # TypeError (a key it does not take), ValueError (a value it refuses)
-        raise UserError(f"optimizer settings are invalid: {_cause(e)}; fix optimizer.*") from e
+        raise UserError(f"optimizer settings are invalid: {innermost(e)}; fix optimizer.*") from e
     try:
         make = build_part(resolved(cfg.scheduler))
         if is_torch_scheduler(make):
@@ -77,7 +71,7 @@ def check_optimizer(cfg: DictConfig) -> None:
         if schedule is not None:
             schedule.step()
     except Exception as e:
-        raise UserError(f"scheduler settings are invalid: {_cause(e)}; fix scheduler.*") from e
+        raise UserError(f"scheduler settings are invalid: {innermost(e)}; fix scheduler.*") from e
     # A decay to zero over the budget needs the budget's end in steps; a clock ends the run
     # wherever the learning rate then is.
     target = getattr(make, "func", make)
@@ -103,7 +97,7 @@ def check_callbacks(cfg: DictConfig) -> None:
             build_part(resolved(node))
         except Exception as e:
             raise UserError(
-                f"callbacks.{name} settings are invalid: {_cause(e)}; fix callbacks.{name}.*"
+                f"callbacks.{name} settings are invalid: {innermost(e)}; fix callbacks.{name}.*"
             ) from e
         monitor = node.get("monitor")
         if monitor is not None and monitor not in LOGGED_METRICS:

@@ -23,8 +23,7 @@ from lipt.core.artifacts import load_checkpoint, save_subset, write_json
 from lipt.core.errors import UserError
 from lipt.core.job import run_dir
 from lipt.core.seeding import repeat_seed
-from lipt.core.selector import SelectorSettings
-from lipt.core.settings import Run
+from lipt.core.settings import Run, SelectorSettings
 from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained, heads_from_payload
 from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
@@ -66,7 +65,7 @@ def check_held_out(run: Run, dm: DataModule) -> None:
     selector = run.selector  # None: budget=lipt's ensemble ranks for no selector
     if selector is not None and selector.needs_held_out and len(dm.val_indices) == 0:
         raise UserError(
-            f"selector={selector.label} matches the validation split, which is empty here; "
+            f"selector={selector.name} matches the validation split, which is empty here; "
             "set dataset.val_size > 0"
         )
 
@@ -162,13 +161,13 @@ def choose_subset(
             )
     else:
         inputs = SelectionInputs(pool=labels_only(dm))
-    with console.progress(f"selecting: {selector.label} picks", budget) as step:
+    with console.progress(f"selecting: {selector.name} picks", budget) as step:
         picking = console.counting_selector(fn, step)
         subset = pick(inputs, budget, picking, seed, selector.balance, profile is not None)
     if any(subset.diagnostics.values()):
-        log.warning("selector=%s fell back: %s", selector.label, subset.diagnostics)
+        log.warning("selector=%s fell back: %s", selector.name, subset.diagnostics)
     elif subset.diagnostics:
-        log.info("selector=%s diagnostics: %s", selector.label, subset.diagnostics)
+        log.info("selector=%s diagnostics: %s", selector.name, subset.diagnostics)
     if diagnostics is not None:
         diagnostics.update(subset.diagnostics)
     if profile is not None and subset.profile:
@@ -202,7 +201,7 @@ def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
         "dataset_train_size": len(dm.train_source),
         "val_size": len(dm.val_indices),
         "split_seed": run.dataset.split_seed,
-        "selector": chosen_selector(run).label,
+        "selector": chosen_selector(run).name,
         "pretrain": run.pretrain_name,
         "fraction": float(run.settings.fraction),
         "seed": run.settings.seed,
