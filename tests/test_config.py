@@ -307,6 +307,7 @@ BUDGET_SCHEDULES = [
     ("full_schedule", 55_000, (2, 258)),  # round(0.1 * 12 * 215) steps
     ("full_schedule", 50_000, (2, 258)),  # a cleaned pool: the same steps, 196 a epoch
     ("infobatch", 55_000, (2, None)),  # round(0.1 * 12 / 0.7)
+    ("infobatch_soup", 55_000, (2, None)),  # as infobatch's
     ("lipt", 55_000, (12, None)),
 ]
 
@@ -322,7 +323,7 @@ def test_each_budget_option_owns_its_arithmetic(make_cfg, option, pool, expected
     schedule = run.budget.schedule(sizes)
     assert (schedule.epochs, schedule.steps) == expected
     assert run.budget.trains_subset == (option == "subset")
-    assert run.prunes == (option in ("infobatch", "lipt"))
+    assert run.prunes == (option in ("infobatch", "infobatch_soup", "lipt"))
 
 
 def test_budget_options_are_all_tested():

@@ -49,6 +49,7 @@ NEEDS = {
     ("dataset", "cifar100"): ["dataset.data_dir={cifar100}"],
     ("dataset", "imagenet"): ["dataset.data_dir={imagenet}", "dataset.val_size=10"],
     ("budget", "lipt"): ["pretrain=jigsaw"],
+    ("budget", "infobatch_soup"): ["pretrain=jigsaw"],
     ("budget", "subset"): ["selector=random"],
     ("clean", "lipt"): ["pretrain=jigsaw"],
 }

@@ -124,7 +124,10 @@ def test_config_doc_lists_every_option_key_and_comment(tmp_path):
     for group in ("dataset", "model", "pretrain", "selector", "experiment", "hydra/callbacks"):
         assert f"## Group `{group}`" in text
     assert "### `selector=coverage`" in text and "`none` (default)" in text
-    budgets = "`full`, `full_schedule`, `full_steps`, `infobatch`, `lipt` (default), `subset`"
+    budgets = (
+        "`full`, `full_schedule`, `full_steps`, `infobatch`, `infobatch_soup`, `lipt` (default), "
+    )
+    budgets += "`subset`"
     assert f"- [`budget`](#group-budget): {budgets}" in text
 
 

@@ -142,6 +142,21 @@ def test_infobatch_epoch_0_prunes_nothing_while_lipt_prunes_by_the_ensemble():
     assert kept[hard].float().mean() > 0.9 and kept[easy].float().mean() < 0.15
 
 
+def test_infobatch_soup_prunes_epoch_0_by_the_ensemble_as_infobatch_prunes_later_ones():
+    logits, embeddings, targets, heads = ensemble_outputs()
+    scores = ensemble_losses(logits, embeddings, targets, heads)  # [N]
+    method = InfoBatch(start="ensemble")
+    assert method.needs_ensemble and not InfoBatch().needs_ensemble
+    plan = method.plan(scores, 0, 10, torch.Generator().manual_seed(0))
+    below = scores.double() < scores.double().mean()
+    kept = torch.zeros(POOL, dtype=torch.bool)
+    kept[plan.rows] = True
+    # every above-mean (hard) sample is kept at weight 1; half the below-mean ones are left out
+    assert kept[~below].all() and (plan.weights[~below[plan.rows]] == 1).all()
+    assert int(kept[below].sum()) == int(0.5 * int(below.sum()))
+    assert (plan.weights[below[plan.rows]] == 2).all()
+
+
 def test_same_seed_and_epoch_give_the_same_plan():
     losses = training_losses(4)
     for method in (InfoBatch(), LiptBudget()):
@@ -313,6 +328,20 @@ def test_lipt_prunes_from_epoch_0_with_the_jigsaw_ensemble_within_its_budget(tmp
     assert json.loads((tmp_path / "stages.json").read_text())["score"] == stages["score"]
 
 
+def test_infobatch_soup_pre_trains_and_prunes_from_epoch_0_for_infobatch_epochs(tmp_path):
+    jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
+    args = [*FAST, *jigsaw, "merge.ratios=3", "budget=infobatch_soup"]
+    args += ["fraction=0.42", "trainer.max_epochs=5"]
+    summary = train_stage.run(validate(compose_in(tmp_path, args)))
+    stages = summary["stages"]
+    assert stages["pretrain"]["learners_merged"] >= 2 and stages["score"]["samples"] == 500
+    ledger = stages["train"]["dynamic"]
+    assert ledger["method"] == "infobatch_soup"
+    assert len(ledger["pruned_share"]) == 3  # round(0.42 * 5 / 0.7): InfoBatch's epochs
+    # epoch 0 prunes (budget=infobatch's keeps all of it); floor(0.875 * 3) = 2: epoch 2 anneals
+    assert 0.1 < ledger["pruned_share"]["0"] < 0.5 and ledger["pruned_share"]["2"] == 0
+
+
 def test_a_lipt_run_resumes_bit_for_bit_without_pre_training_again(tmp_path, monkeypatch):
     from lipt.stages import dynamic as dynamic_stage
 
@@ -396,6 +425,7 @@ REFUSED = [
     (["budget=lipt", "pretrain=jigsaw", "fraction=1.5"], "fraction"),
     (["budget=lipt", "pretrain=jigsaw", "budget.floor=0"], "budget.floor"),
     (["budget=lipt", "pretrain=none"], "pretrain=none"),
+    (["budget=infobatch_soup", "pretrain=none"], "pretrain=none"),
     (["budget=infobatch", "selector=coverage"], "selector=coverage"),
     (["budget=subset"], "selector=none"),
 ]

@@ -132,6 +132,22 @@ class InfoBatchEpochs(BudgetOption):
 
 
 @dataclass(frozen=True)
+class SoupInfoBatchEpochs(InfoBatchEpochs):
+    """`budget=infobatch_soup`: InfoBatch for the same epochs, epoch 0 scored by the jigsaw
+    soup and its learners' heads (as budget=lipt's) rather than all equal, so it prunes from the
+    first epoch; later epochs by the training losses, as published. Needs a pre-training."""
+
+    needs_ensemble: ClassVar[bool] = True
+
+    name: str = "infobatch_soup"
+
+    def pruning(self, fraction: float) -> PruningMethod:
+        from lipt.dynamic.plan import InfoBatch  # torch: only once training is built
+
+        return InfoBatch(name=self.name, ratio=self.ratio, delta=self.delta, start="ensemble")
+
+
+@dataclass(frozen=True)
 class LiptDynamic(BudgetOption):
     """`budget=lipt`: the whole pool for trainer.max_epochs epochs on `fraction` of their cost,
     pruned every epoch by lipt's dynamic pruning (lipt.dynamic.LiptBudget): epoch 0 scored by

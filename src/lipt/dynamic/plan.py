@@ -9,6 +9,8 @@ Two methods, each a frozen dataclass that the `budget` config group's pruning op
   below the mean, drop a random share `ratio` and weight the kept ones 1 / (1 - ratio); the rest
   train with weight 1. Epochs e >= floor(delta * E) ("annealing") train on everything with
   weight 1. `ratio` applies to the below-mean samples only: 0.5 removes some 20-35% of an epoch.
+  With `start="ensemble"` (budget=infobatch_soup), epoch 0 is scored by the jigsaw ensemble,
+  as lipt's is, so it prunes from the first epoch.
 - `LiptBudget` (lipt's): a budget b of the full-data cost. Epoch 0's scores come from the jigsaw
   ensemble (`ensemble_losses`); every pruned epoch keeps each sample with a probability
   proportional to its score (capped at 1, floored at `floor` x the epoch's kept share), weight
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -191,10 +193,15 @@ class InfoBatch(Checked):
     name: str = "infobatch"
     ratio: Annotated[float, BELOW_ONE] = 0.5
     delta: Annotated[float, SHARE] = 0.875
+    # equal: every score starts at 3.0 (published), so epoch 0 keeps all; ensemble: epoch 0 is
+    # scored by the jigsaw ensemble (`ensemble_losses`, budget=infobatch_soup) and prunes too
+    start: Literal["equal", "ensemble"] = "equal"
 
     PREFIX: ClassVar[str] = "budget"
 
-    needs_ensemble = False
+    @property
+    def needs_ensemble(self) -> bool:
+        return self.start == "ensemble"
 
     def initial_scores(self, n: int) -> Tensor:
         return torch.full((n,), INFOBATCH_INITIAL_SCORE)
