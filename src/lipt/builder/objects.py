@@ -29,8 +29,7 @@ from lipt.models.schedules import LEARNER_SCHEDULES
 def build_datamodule(run: Run) -> DataModule:
     """The `dataset` node's data module (`_target_`, lipt.data.DataModule), set up: its keys
     less the label and the reader's, which `load` has taken already."""
-    reader = DatasetSettings.READER_KEYS
-    node = {k: v for k, v in run.node("dataset").items() if k not in reader}
+    node = DatasetSettings.module_node(run.node("dataset"))
     dm = instantiate(node, batch_size=run.settings.batch_size, _convert_="all")
     dm.setup()
     return cast(DataModule, dm)
