@@ -166,12 +166,11 @@ def compose_option(group: str, option: str, data: dict[str, Path], out: Path) ->
         ADDED_BASE if group in ADDED else [o for o in BASE if group != "model" or "model" not in o]
     )
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        overrides = [f"paths.output_dir={out}", *base, *choice, *needs]
-        cfg = compose("train", overrides=overrides)
-        if group in ADDED and cfg.dataset.name in data:
-            overrides.append(f"dataset.data_dir={data[cfg.dataset.name]}")
-            cfg = compose("train", overrides=overrides)
-        return cfg
+        cfg = compose("train", overrides=[f"paths.output_dir={out}", *base, *choice, *needs])
+    if group in ADDED and cfg.dataset.name in data:
+        # as `dataset.data_dir=...` on the command line sets it (the fuzz's own premise)
+        OmegaConf.update(cfg, "dataset.data_dir", str(data[cfg.dataset.name]), merge=False)
+    return cfg
 
 
 def first_approach(experiment: str) -> str:
@@ -231,7 +230,13 @@ def test_every_key_of_every_option_is_refused_or_accepted_never_a_traceback(
 def test_an_override_lands_as_the_fuzz_sets_it(tmp_path: Path) -> None:
     """The fuzz sets a parsed override on a composed config; Hydra's compose with the same
     override gives the same config (so the fuzz tests what a command line gives)."""
-    for key, text in (("selector.eta", "abc"), ("seed", "2.5"), ("dataset.flip", "maybe")):
+    cases = (
+        ("selector.eta", "abc"),
+        ("seed", "2.5"),
+        ("dataset.flip", "maybe"),
+        ("dataset.data_dir", "/d"),
+    )
+    for key, text in cases:
         with initialize_config_dir(str(CONFIGS), version_base="1.3"):
             base = compose("train", overrides=["selector=glister"])
             composed = compose("train", overrides=["selector=glister", f"{key}={text}"])

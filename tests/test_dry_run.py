@@ -130,6 +130,35 @@ def test_jobs_that_share_their_group_choices_compose_as_each_alone() -> None:
     assert shared == alone
 
 
+def test_a_single_runs_check_reuses_the_sweepers_composition_as_composing_it_alone() -> None:
+    """Outside a multirun the precheck checks the composition it read the sweeper from, less
+    Hydra's node: key for key what composing the run alone gives, with Hydra's own overrides
+    (a run folder, a launcher) given beside the run's."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from lipt.run.cli import _declared_sweep
+
+    runs = [
+        ["selector=glister", "fraction=0.2", "hydra.run.dir=/tmp/somewhere"],
+        ["selector=el2n", "clean=cleanlab", "hydra/launcher=joblib", "hydra.job.chdir=true"],
+        ["optimizer=adamw", "++optimizer.lr=0.01", "~trainer.max_epochs", "+extra={a: 1}"],
+    ]
+    for args in runs:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+            single = _declared_sweep("train", args, multirun=False).single
+        assert single is not None and "hydra" not in single
+        own = [a for a in args if not a.startswith(("hydra.", "hydra/"))]
+        assert OmegaConf.to_yaml(single) == composed_alone(own)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
+        assert _declared_sweep("train", ["seed=1,2"], multirun=False).single is None
+        assert _declared_sweep("train", ["seed=1"], multirun=True).single is None
+    GlobalHydra.instance().clear()
+
+
 def test_a_value_a_shared_composition_cannot_set_fails_as_composing_it_alone() -> None:
     from hydra.errors import ConfigCompositionException
 

@@ -153,11 +153,9 @@ def test_every_run_of_an_experiment_follows_the_paper(
         data_dirs = {"cifar10": cifar10_dir, "cifar100": cifar100_dir, "imagenet": imagefolder_dir}
         checked: set[str] = set()
         for job, varied in folded(jobs, ("seed", "fraction")).items():
-            overrides = [*job, f"paths.output_dir={tmp_path}"]
-            cfg = compose("train", overrides=overrides)
-            if cfg.dataset.name in data_dirs:
-                overrides.append(f"dataset.data_dir={data_dirs[cfg.dataset.name]}")
-                cfg = compose("train", overrides=overrides)
+            cfg = compose("train", overrides=[*job, f"paths.output_dir={tmp_path}"])
+            if cfg.dataset.name in data_dirs:  # as `dataset.data_dir=...` sets it
+                cfg.dataset.data_dir = str(data_dirs[cfg.dataset.name])
             approach = str(cfg.approach)
             assert f"+approach={approach}" in job
             if cpu:

@@ -65,6 +65,8 @@ class DeclaredSweep:
     params: list[str]
     reference: list[str]
     point_keys: list[str]
+    # A run that is not a multirun: its config, composed once here (Hydra's node dropped).
+    single: DictConfig | None = None
 
     def with_reference(self, jobs: list[list[str]]) -> list[list[str]]:
         """`jobs` and the reference jobs the frontier sweeper adds to them."""
@@ -80,7 +82,7 @@ def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> Declar
     from hydra import compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
 
     parsed = OverridesParser.create().parse_overrides(args)
     fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
@@ -91,7 +93,11 @@ def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> Declar
     if is_slurm_launcher(launcher):  # before anything is submitted
         check_slurm_launcher(launcher, multirun or cfg.hydra.mode == RunMode.MULTIRUN)
     if not multirun and cfg.hydra.mode != RunMode.MULTIRUN:
-        return DeclaredSweep([], [], [])
+        if len(fixed) < len(args):
+            return DeclaredSweep([], [], [])  # a sweep's values without -m: composed each
+        with open_dict(cfg):
+            del cfg["hydra"]  # what compose(..., return_hydra_config=False) drops
+        return DeclaredSweep([], [], [], single=cfg)
     declared = sweeper.get("params")
     params = OmegaConf.to_container(declared) if declared else {}
     assert isinstance(params, dict)
@@ -169,7 +175,8 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
             declared = _declared_sweep(config_name, args, multirun)
         candidates = declared.with_reference(_candidate_overrides(overrides, declared.params))
         configs = []
-        for cfg in compose_jobs(config_name, candidates):
+        composed = [declared.single] if declared.single else compose_jobs(config_name, candidates)
+        for cfg in composed:
             cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
             validate(cfg, deep=False)
             check_optimized_metric(cfg)
