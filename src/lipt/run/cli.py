@@ -175,7 +175,8 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
             declared = _declared_sweep(config_name, args, multirun)
         candidates = declared.with_reference(_candidate_overrides(overrides, declared.params))
         configs = []
-        composed = [declared.single] if declared.single else compose_jobs(config_name, candidates)
+        single = declared.single
+        composed = [single] if single is not None else compose_jobs(config_name, candidates)
         for cfg in composed:
             cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
             validate(cfg, deep=False)
