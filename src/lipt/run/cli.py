@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,10 +173,12 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         GlobalHydra.instance().clear()
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
             declared = _declared_sweep(config_name, args, multirun)
-        candidates = declared.with_reference(_candidate_overrides(overrides, declared.params))
+        if declared.single is not None:
+            composed: Iterable[DictConfig] = [declared.single]
+        else:
+            candidates = _candidate_overrides(overrides, declared.params)
+            composed = compose_jobs(config_name, declared.with_reference(candidates))
         configs = []
-        single = declared.single
-        composed = [single] if single is not None else compose_jobs(config_name, candidates)
         for cfg in composed:
             cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
             validate(cfg, deep=False)
