@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,7 +108,7 @@ def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> Declar
     )
 
 
-def compose_jobs(config_name: str, jobs: list[list[str]]) -> Iterator[DictConfig]:
+def compose_jobs(config_name: str, jobs: list[list[str]]) -> Generator[DictConfig, None, None]:
     """Each job's config as `hydra.compose` makes it, without Hydra's node. Jobs that differ
     only in plain values, not in a config group's choice, share one composition: Hydra sets
     those values after composing the defaults, and so does this, with Hydra's own function
@@ -161,6 +161,14 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         for a in args
         if a.startswith("hydra.searchpath=") or not a.startswith(("hydra.", "hydra/"))
     ]
+    # compose_jobs holds Hydra's context between its configs: closed here, not whenever a
+    # traceback that refers to them is collected (which would clear Hydra under other code)
+    generators: list[Generator[DictConfig, None, None]] = []
+
+    def opened(jobs: Generator[DictConfig, None, None]) -> Generator[DictConfig, None, None]:
+        generators.append(jobs)
+        return jobs
+
     try:
         from lipt.core.lock import check_unlocked  # before Hydra writes .hydra/ into it
 
@@ -177,7 +185,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
             composed: Iterable[DictConfig] = [declared.single]
         else:
             candidates = _candidate_overrides(overrides, declared.params)
-            composed = compose_jobs(config_name, declared.with_reference(candidates))
+            composed = opened(compose_jobs(config_name, declared.with_reference(candidates)))
         configs = []
         for cfg in composed:
             cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
@@ -194,13 +202,15 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         for run in runs:
             build_everything(run, loaded)
         jobs = declared.with_reference(_every_job(overrides, declared.params))
-        for cfg in compose_jobs(config_name, jobs):  # each combination: the checks across keys
+        for cfg in opened(compose_jobs(config_name, jobs)):  # each job: the checks across keys
             cfg.paths.output_dir = "."
             validate(cfg, deep=False)
         return len(jobs)
     except (HydraException, OmegaConfBaseException, UserError) as e:
         fail(one_line(e) + ("" if isinstance(e, UserError) else _hint(e)))
     finally:
+        for generator in generators:  # left mid-way by a refusal: their Hydra context ends now
+            generator.close()
         GlobalHydra.instance().clear()
 
 
