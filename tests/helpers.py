@@ -89,26 +89,41 @@ def run_entry(
     )
 
 
-def start_entry(script: str, args: Sequence[str], env: dict | None = None) -> Any:
+def start_entry(
+    script: str, args: Sequence[str], env: dict | None = None, slot: str = "", capture: bool = False
+) -> Any:
     """Start an entry script from the repository root in the background, in a process group of
-    its own, its output dropped: a run forked from the preloaded Python as run_entry's
-    (tests.preloaded.PreloadedRun, which behaves as a subprocess.Popen), or a Popen where none
-    can fork. For runs a test kills."""
+    its own: a run forked from the preloaded Python as run_entry's (tests.preloaded.PreloadedRun,
+    which behaves as a subprocess.Popen; `slot`: a server of its own, for a run that goes on
+    while the test runs others), or a Popen where none can fork. For runs a test kills, or
+    waits for (`capture`: its output is kept, read with tests.helpers.finished; else dropped)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     from tests.preloaded import preloaded_python
 
-    server = preloaded_python(full_env)
+    server = preloaded_python(full_env, slot=slot)
     if server is not None:
         return server.start(script, args, ROOT, full_env)
+    kept = subprocess.PIPE if capture else subprocess.DEVNULL
     return subprocess.Popen(
         [sys.executable, script, *args],
         cwd=ROOT,
         env=full_env,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=kept,
+        stderr=kept,
+        text=True,
         start_new_session=True,
     )
+
+
+def finished(proc: Any, timeout: float) -> subprocess.CompletedProcess:
+    """What a run start_entry(..., capture=True) started wrote, once it ended."""
+    if isinstance(proc, subprocess.Popen):
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    proc.wait(timeout)
+    done: subprocess.CompletedProcess = proc.output()
+    return done
 
 
 # --- real on-disk formats --------------------------------------------------------------------

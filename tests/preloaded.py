@@ -225,16 +225,17 @@ class PreloadedRun:
 _servers: dict[tuple[tuple[str, str], ...], PreloadedPython] = {}
 
 
-def preloaded_python(env: dict[str, str] | None = None) -> PreloadedPython | None:
+def preloaded_python(env: dict[str, str] | None = None, slot: str = "") -> PreloadedPython | None:
     """This test process's server for the settings `env` gives what is read at import
     (tests.helpers.READ_AT_IMPORT), started on first use (again if it died); None where it
-    cannot fork."""
+    cannot fork. A server runs one run at a time: a run that goes on in the background while
+    the test runs others takes a `slot` of its own."""
     from tests.helpers import READ_AT_IMPORT
 
     if not hasattr(os, "fork"):
         return None
     at_import = {k: (env or os.environ)[k] for k in READ_AT_IMPORT if k in (env or os.environ)}
-    key = tuple(sorted(at_import.items()))
+    key = (*sorted(at_import.items()), ("slot", slot))
     server = _servers.get(key)
     if server is None or (server.ready and server.proc.poll() is not None):
         server = _servers[key] = PreloadedPython(at_import)

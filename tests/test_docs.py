@@ -22,9 +22,10 @@ USER_DOCS = [*DOCS, *sorted((ROOT / "src" / "lipt").rglob("README.md"))]
 
 
 def prechecked_by_test_experiments(command: str) -> bool:
-    """docs/RESULTS.md's sweep commands: tests/test_experiments.py composes and checks every
-    job of each (test_results_doc_sweep_command_composes_every_run), more than the precheck this
-    file would run, so they are not checked twice (the sweeps take ~4 s each)."""
+    """docs/RESULTS.md's sweep commands: tests/test_experiments.py checks that every job of each
+    is a job of its experiment's sweep, each of which it composes and checks, and composes one
+    with the command's own settings (test_results_doc_sweep_command_composes_every_run): more
+    than the precheck this file would run, so they are not checked twice."""
     from tests.test_experiments import results_commands
 
     return command.startswith("python train.py -m ") and (

@@ -218,23 +218,7 @@ def test_trainer_presets_compose_on_the_default(make_cfg):
     assert build_trainer(run_of(make_cfg([*FAST, "trainer=cpu"])), logger=False).num_devices == 1
 
 
-@pytest.mark.ddp
-def test_trainer_ddp_trains_on_two_cpu_processes(tmp_path):
-    run_dir = tmp_path / "run"
-    args = [
-        *FAST,
-        "trainer=ddp",
-        "trainer.accelerator=cpu",
-        "selector=random",
-        "budget=subset",
-        "fraction=0.4",
-    ]
-    out = run_entry("train.py", [*args, f"hydra.run.dir={run_dir}"], timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["stages"]["train"]["samples"] == 200  # both ranks' halves of the subset
-    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    assert ckpt["global_step"] == 4  # ceil(100 / 32) steps per rank
+# `trainer=ddp` trains on two CPU processes: tests/test_train.py's DDP run uses the preset.
 
 
 # --------------------------------------------------------------------------- callbacks

@@ -12,16 +12,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from lipt.run.slurm import slurm_problem
-from tests.helpers import FAST, ROOT, run_entry
+from tests.helpers import FAST, ROOT, finished, run_entry, start_entry
 
 pytestmark = pytest.mark.slurm
 
@@ -61,7 +61,7 @@ def job_ids(env: dict[str, str]) -> set[str]:
     )
 
 
-SUBMITTED: list[subprocess.Popen[str]] = []
+SUBMITTED: list[Any] = []
 
 
 @pytest.fixture(autouse=True)
@@ -71,31 +71,26 @@ def nothing_left_running(slurm_env, tmp_path):
     yield
     for proc in SUBMITTED:
         if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     SUBMITTED.clear()
     for job in jobs_under(slurm_env, tmp_path):
         subprocess.run(["scancel", job], env={**os.environ, **slurm_env}, check=False)
 
 
-def submit(env: dict[str, str], script: str, args: list[str]) -> subprocess.Popen[str]:
-    """Start a sweep's submitting process in the background, as a user on a login node would."""
-    proc = subprocess.Popen(
-        [sys.executable, script, *args],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def submit(env: dict[str, str], script: str, args: list[str]) -> Any:
+    """Start a sweep's submitting process in the background, as a user on a login node would
+    (forked from a preloaded Python of its own, as the test runs the same run here meanwhile):
+    a subprocess.Popen started with start_new_session, or what behaves as one."""
+    proc = start_entry(script, args, env, slot="submitting", capture=True)
     SUBMITTED.append(proc)
     return proc
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 400) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
+def finish(proc: Any, timeout: float = 400) -> tuple[int, str, str]:
+    done = finished(proc, timeout)
+    return done.returncode, done.stdout, done.stderr
 
 
 def until(what: str, check: Callable[[], object], timeout: float = 120) -> object:

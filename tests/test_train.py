@@ -309,9 +309,8 @@ def test_ddp_ranks_train_disjoint_halves_of_the_subset_in_force(tmp_path):
             "trainer.max_epochs=3",
             "reselect_every=1",
             "record_seen=true",
+            "trainer=ddp",  # the preset (two processes) trains on the CPU here
             "trainer.accelerator=cpu",
-            "trainer.devices=2",
-            "trainer.strategy=ddp",
             f"hydra.run.dir={run_dir}",
         ],
         timeout=600,
