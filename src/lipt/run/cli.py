@@ -108,18 +108,23 @@ def _declared_sweep(config_name: str, args: list[str], multirun: bool) -> Declar
     )
 
 
-def compose_jobs(config_name: str, jobs: list[list[str]]) -> Generator[DictConfig, None, None]:
+def compose_jobs(
+    config_name: str,
+    jobs: list[list[str]],
+    composed: dict[tuple[str, ...], DictConfig] | None = None,
+) -> Generator[DictConfig, None, None]:
     """Each job's config as `hydra.compose` makes it, without Hydra's node. Jobs that differ
     only in plain values, not in a config group's choice, share one composition: Hydra sets
     those values after composing the defaults, and so does this, with Hydra's own function
-    (a sweep's seeds and fractions cost a copy, not a composition of ~30 files)."""
+    (a sweep's seeds and fractions cost a copy, not a composition of ~30 files). `composed`:
+    the compositions by their group choices, kept across calls (filled here)."""
     import copy
 
     from hydra import compose, initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.global_hydra import GlobalHydra
 
-    composed: dict[tuple[str, ...], DictConfig] = {}
+    composed = {} if composed is None else composed
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         hydra = GlobalHydra.instance().hydra
@@ -164,6 +169,8 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
     # compose_jobs holds Hydra's context between its configs: closed here, not whenever a
     # traceback that refers to them is collected (which would clear Hydra under other code)
     generators: list[Generator[DictConfig, None, None]] = []
+    # a dry run composes a sweep's candidate jobs, then every job: each choice of groups once
+    kept: dict[tuple[str, ...], DictConfig] = {}
 
     def opened(jobs: Generator[DictConfig, None, None]) -> Generator[DictConfig, None, None]:
         generators.append(jobs)
@@ -185,7 +192,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
             composed: Iterable[DictConfig] = [declared.single]
         else:
             candidates = _candidate_overrides(overrides, declared.params)
-            composed = opened(compose_jobs(config_name, declared.with_reference(candidates)))
+            composed = opened(compose_jobs(config_name, declared.with_reference(candidates), kept))
         configs = []
         for cfg in composed:
             cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
@@ -202,7 +209,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         for run in runs:
             build_everything(run, loaded)
         jobs = declared.with_reference(_every_job(overrides, declared.params))
-        for cfg in opened(compose_jobs(config_name, jobs)):  # each job: the checks across keys
+        for cfg in opened(compose_jobs(config_name, jobs, kept)):  # the checks across keys
             cfg.paths.output_dir = "."
             validate(cfg, deep=False)
         return len(jobs)
