@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from tests.helpers import CONFIGS, class_images, write_idx
+from tests.parsed_configs import keep_parsed_configs
 
 # `make test` runs the suite as one pytest worker per core (pytest-xdist), each on one torch
 # thread: workers of several OpenMP threads each on the same cores spin-wait for one another
@@ -23,15 +24,18 @@ from tests.helpers import CONFIGS, class_images, write_idx
 for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_name, "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+keep_parsed_configs()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """`first`-marked tests start first (a long test started last holds one core of an
-    otherwise finished suite); `gpu`-marked tests are skipped where no CUDA device is present
-    (the marker's contract)."""
+    otherwise finished suite); `slurm`-marked tests live in test_slurm.py; `gpu`-marked tests
+    are skipped where no CUDA device is present (the marker's contract)."""
     import torch
 
     items.sort(key=lambda item: item.get_closest_marker("first") is None)  # stable
+    for item in items:  # `make test-slurm` collects only this file
+        assert item.get_closest_marker("slurm") is None or item.path.name == "test_slurm.py", item
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

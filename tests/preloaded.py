@@ -33,6 +33,8 @@ import atexit, json, logging, os, runpy, sys, threading, traceback
 
 import torch, lightning, hydra, omegaconf  # what the entry scripts import before their checks
 import lipt.run.cli
+from tests.parsed_configs import keep_parsed_configs
+keep_parsed_configs(parse_now=os.path.join(os.getcwd(), "configs"))  # for every fork
 
 def threads():
     return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 0
