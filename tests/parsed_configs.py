@@ -36,14 +36,19 @@ def _load(file_: str | Path | IO[Any]) -> DictConfig | ListConfig:
         try:
             parsed = yaml.load(text, Loader=get_yaml_loader())
         except yaml.YAMLError:
-            parsed = _PARSED  # not a config: OmegaConf's own error, naming the file
-        if parsed is _PARSED or (parsed is not None and not isinstance(parsed, (list, dict, str))):
-            if not isinstance(file_, (str, os.PathLike)):
-                file_.seek(0)  # type: ignore[union-attr]
-            return _LOAD(file_)
+            return _load_again(file_)
+        if parsed is not None and not isinstance(parsed, (list, dict, str)):
+            return _load_again(file_)
         _PARSED[text] = parsed
     parsed = _PARSED[text]
     return OmegaConf.create() if parsed is None else OmegaConf.create(copy.deepcopy(parsed))
+
+
+def _load_again(file_: str | Path | IO[Any]) -> DictConfig | ListConfig:
+    """Text that is not a config: OmegaConf's own load, for its own error naming the file."""
+    if not isinstance(file_, (str, os.PathLike)):
+        file_.seek(0)
+    return _LOAD(file_)
 
 
 def keep_parsed_configs(parse_now: str | Path | None = None) -> None:
