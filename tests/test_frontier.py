@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lipt.core.host import other_cores_busy
+from lipt.core.host import cpu_model, other_cores_busy
 from lipt.report.frontier import (
     CURVE,
     REFERENCE,
@@ -344,6 +345,39 @@ def test_the_timing_caveats_name_busy_pinned_runs_and_loaded_unpinned_ones() -> 
     before, after = {c: (0, 0) for c in range(4)}, {c: (50, 100) for c in range(4)}
     assert other_cores_busy(before, after, allowed={0}) == 0.5
     assert other_cores_busy(before, after, allowed={0, 1, 2, 3}) is None
+
+
+def test_runs_timed_on_two_machines_are_named_and_pinning_is_no_machine() -> None:
+    pinned = {"cpu": "AMD EPYC", "cores": 2, "torch_threads": 1, "cores_allowed": 1}
+    both = {**pinned, "torch_threads": 2, "cores_allowed": 2}  # the same machine, used otherwise
+    newer = {**pinned, "cpu": "AMD EPYC (family 26, model 2)"}
+    jobs = [
+        summary("full_data", 0.1, 0, 0.88, 100.0, host=pinned),
+        summary("random", 0.1, 0, 0.82, 60.0, host=both),
+    ]
+    runs, _ = records(jobs, "full_data")
+    assert not any("machines" in line for line in timing_caveats(runs))
+    runs, _ = records([*jobs, summary("random", 0.2, 0, 0.85, 40.0, host=newer)], "full_data")
+    assert timing_caveats(runs)[-1] == (
+        "Timing caveat: the runs were timed on 2 machines, so their seconds, and the speed-ups "
+        "in seconds, compare only within one machine: 1 on AMD EPYC (family 26, model 2), 2, "
+        "?; 2 on AMD EPYC, 2, ?."
+    )
+
+
+def test_the_cpu_is_named_with_its_family_and_model(tmp_path: Path) -> None:
+    """/proc/cpuinfo as Linux writes it: a block per CPU. A VM's model name may be generic, so
+    the family and model numbers tell two generations apart; the first CPU's block is read."""
+    block = "processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: {f}\nmodel\t\t: 2\n"
+    block += "model name\t: AMD EPYC\nstepping\t: 1\ncpu MHz\t\t: 2596.122\n\n"
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(block.format(n=0, f=26) + block.format(n=1, f=25))
+    assert cpu_model(cpuinfo) == "AMD EPYC (family 26, model 2)"
+    arm = "processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c\n\n"
+    cpuinfo.write_text(arm)
+    platform_name = platform.processor() or platform.machine()
+    assert cpu_model(cpuinfo) == platform_name  # no model name, no family: the platform's name
+    assert cpu_model(tmp_path / "none") == platform_name
 
 
 # --- a frontier_small sweep end to end -------------------------------------------------------

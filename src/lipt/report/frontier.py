@@ -21,7 +21,6 @@ same budget's shorter schedule (`full_schedule`), the user's simplest alternativ
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import Counter
@@ -354,10 +353,21 @@ def timing_caveats(runs: Sequence[Record]) -> list[str]:
             "1-minute load average above the core count (other work shared the machine; their "
             f"seconds are inflated): {', '.join(sorted(loaded))}."
         )
-    hosts = {json.dumps(r.summary.get("host"), sort_keys=True) for r in runs}
-    if len(hosts) > 1:
-        lines.append(f"The runs were measured on {len(hosts)} machines: {sorted(hosts)}.")
+    machines = Counter(machine_of(r.summary) for r in runs)
+    if len(machines) > 1:
+        counted = "; ".join(f"{n} on {machine}" for machine, n in sorted(machines.items()))
+        lines.append(
+            f"Timing caveat: the runs were timed on {len(machines)} machines, so their seconds, "
+            f"and the speed-ups in seconds, compare only within one machine: {counted}."
+        )
     return lines
+
+
+def machine_of(summary: Mapping[str, Any]) -> str:
+    """The machine that timed a run (summary.json's host: CPU, cores, accelerator), not how the
+    run used it (threads, pinning)."""
+    host = summary.get("host") or {}
+    return ", ".join(str(host.get(key, "?")) for key in ("cpu", "cores", "accelerator"))
 
 
 def to_json(points: Sequence[Point], runs: Sequence[Record], epochs_ref: int) -> dict[str, Any]:
