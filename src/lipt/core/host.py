@@ -23,7 +23,7 @@ BUSY_SHARE = 0.25
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The first CPU's model name, with its family and model numbers where /proc/cpuinfo has
     them: a virtual machine may name only "AMD EPYC", and two generations under that name run
-    the same job at rates 1.85x apart (the 36-epoch reference: 2082 s and 1123 s), so seconds
+    the same job at rates 2x apart (the 36-epoch reference: 2080 s and 1033 s), so seconds
     compare only within one."""
     if not cpuinfo.is_file():
         return platform.processor() or platform.machine()
