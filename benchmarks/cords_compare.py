@@ -174,8 +174,8 @@ def main() -> None:
     strategies = import_cords()
     if strategies is None:
         return
-    from lipt.builder.objects import build_datamodule, build_model
     from lipt.run.config import run_of
+    from lipt.stages.build import build_datamodule, build_model
     from lipt.stages.select import load_pretrained
 
     run = run_of(compose_config("train", ["paths.output_dir=/tmp/lipt-bench", f"seed={args.seed}"]))

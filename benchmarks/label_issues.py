@@ -48,8 +48,8 @@ def detect(
 ) -> dict[str, Any]:
     import shutil
 
-    from lipt.builder.objects import build_datamodule
     from lipt.run.config import validate
+    from lipt.stages.build import build_datamodule
     from lipt.stages.clean import cleaning_method, find_scored_issues
 
     kind, rate = noise.split(":")

@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def measure_all(args: argparse.Namespace, strategies: list[str]) -> list[dict[str, Any]]:
     """Every strategy, variant and seed: each row to --json as it lands, or from it (resumed)."""
-    from lipt.builder.objects import build_datamodule
+    from lipt.stages.build import build_datamodule
 
     base = [f"dataset={args.dataset}", "model=convnet", "logger=none"]
     base += ["trainer.enable_progress_bar=false", f"fraction={args.fraction}"]

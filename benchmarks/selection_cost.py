@@ -104,8 +104,8 @@ class PeakRSS:
 
 
 def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
-    from lipt.builder.objects import build_datamodule, build_model
     from lipt.selection import model_outputs
+    from lipt.stages.build import build_datamodule, build_model
     from lipt.stages.select import choose_subset
 
     rows = []
@@ -147,8 +147,8 @@ def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
 
 def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     """One selector on a synthetic pool; prints its time (peak memory is read by the parent)."""
-    from lipt.builder.objects import build_selector
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
+    from lipt.stages.build import build_selector
 
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(classes, dim, generator=g) / dim**0.5

@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 
-from lipt.builder.objects import build_datamodule
 from lipt.run.config import validate
 from lipt.stages import clean as clean_stage
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
+from lipt.stages.build import build_datamodule
 from tests.helpers import FAST
 
 NOISY = [*FAST, "dataset.label_noise.rate=0.3", "dataset.label_noise.seed=4"]

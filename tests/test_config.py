@@ -1,4 +1,4 @@
-"""The values lipt.run.config.validate (with lipt.run.preflight) and lipt.builder.objects accept and
+"""The values lipt.run.config.validate (with lipt.run.preflight) and lipt.stages.build accept and
 refuse.
 
 Configs are composed as the entry points compose them (the real configs/, the stage's config
@@ -14,19 +14,19 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
-from lipt.builder.objects import (
-    build_datamodule,
-    build_loggers,
-    build_model,
-    build_trainer,
-    quiet_trainer,
-)
 from lipt.core.errors import UserError
 from lipt.core.job import run_dir
 from lipt.core.lock import RunDirLockedError
 from lipt.core.settings import SelectorSettings
 from lipt.data import DataModule
 from lipt.run.config import run_of, validate
+from lipt.stages.build import (
+    build_datamodule,
+    build_loggers,
+    build_model,
+    build_trainer,
+    quiet_trainer,
+)
 from tests.helpers import CONFIGS, FAST
 
 ACCEPTED = [
@@ -194,7 +194,7 @@ def test_every_stage_config_is_checked_the_same(make_cfg):
             validate(make_cfg(["trainer.precision=banana"], config_name=name))
 
 
-# --------------------------------------------------------------------------- lipt.builder.objects
+# --------------------------------------------------------------------------- lipt.stages.build
 
 
 @pytest.mark.parametrize(

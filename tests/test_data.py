@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from lipt.builder.objects import build_datamodule
 from lipt.core.errors import UserError
 from lipt.data.sources import read_idx
 from lipt.run.config import run_of
+from lipt.stages.build import build_datamodule
 
 
 def test_fashion_mnist_idx_files_load_with_seeded_split(make_cfg, fashion_mnist_dir):

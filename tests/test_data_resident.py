@@ -11,7 +11,6 @@ import torch
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from lipt.builder.objects import build_datamodule
 from lipt.data.batch_transforms import (
     RANDAUGMENT_OPS,
     RandAugmentSettings,
@@ -24,6 +23,7 @@ from lipt.data.batch_transforms import (
 from lipt.data.resident import Augmentation, ResidentBatches, ResidentImages
 from lipt.data.sources import load_fashion_mnist
 from lipt.run.config import run_of
+from lipt.stages.build import build_datamodule
 
 FMNIST_MEAN, FMNIST_STD = [0.2860], [0.3530]
 

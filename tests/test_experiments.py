@@ -13,9 +13,9 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from lipt.builder.objects import build_part
 from lipt.run.cli import precheck
 from lipt.run.config import run_of, validate
+from lipt.stages.build import build_part
 from tests.helpers import CONFIGS, ROOT
 
 # The paper's experiments; the frontier's (frontier_*) are tests/test_frontier.py's.

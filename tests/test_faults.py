@@ -18,12 +18,12 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-import lipt.builder.objects
-from lipt.builder.objects import build_datamodule
+import lipt.stages.build
 from lipt.core.errors import UserError
 from lipt.jigsaw import checkpoints as jigsaw_checkpoints
 from lipt.run.config import run_of, validate
 from lipt.stages import jigsaw as jigsaw_stage
+from lipt.stages.build import build_datamodule
 from lipt.stages.pretrain import pretrain_model
 from lipt.stages.pretrain import run as pretrain_run
 from tests.helpers import run_entry
@@ -77,7 +77,7 @@ def _diverge(ids: set[int], monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _run_out_of_memory(learner_id: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Learner `learner_id`'s first training step raises torch.OutOfMemoryError."""
-    real = lipt.builder.objects.build_classifier
+    real = lipt.stages.build.build_classifier
     calls = {"n": 0}
 
     def faulty(cfg, model, **optim):
@@ -91,7 +91,7 @@ def _run_out_of_memory(learner_id: int, monkeypatch: pytest.MonkeyPatch) -> None
             module.training_step = out_of_memory
         return module
 
-    monkeypatch.setattr(lipt.builder.objects, "build_classifier", faulty)
+    monkeypatch.setattr(lipt.stages.build, "build_classifier", faulty)
 
 
 def _soup(folder: Path) -> dict[str, torch.Tensor]:

@@ -143,8 +143,8 @@ def test_the_whole_pools_shorter_schedule_anneals_over_its_steps(make_cfg: Any) 
     import lightning as L
 
     from lipt.budget import schedule_steps
-    from lipt.builder.objects import build_classifier, build_datamodule, build_model, build_trainer
     from lipt.run.config import run_of
+    from lipt.stages.build import build_classifier, build_datamodule, build_model, build_trainer
 
     fast = [o for o in FAST if not o.startswith("budget=")]  # the preset's budget: full_schedule
     run = run_of(

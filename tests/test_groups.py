@@ -15,17 +15,17 @@ import pytest
 import torch
 import yaml
 
-from lipt.builder.objects import (
+from lipt.models.schedules import Clock, cosine, linear, one_cycle
+from lipt.run.config import run_of, validate
+from lipt.run.training_groups import task_result
+from lipt.stages import train as train_stage
+from lipt.stages.build import (
     build_callbacks,
     build_classifier,
     build_datamodule,
     build_model,
     build_trainer,
 )
-from lipt.models.schedules import Clock, cosine, linear, one_cycle
-from lipt.run.config import run_of, validate
-from lipt.run.training_groups import task_result
-from lipt.stages import train as train_stage
 from tests.helpers import CONFIGS, FAST, run_entry
 
 
@@ -160,10 +160,10 @@ def test_over_epochs_the_schedules_follow_the_share_of_training_done():
 
 
 def test_jigsaw_learners_use_the_optimizer_group_at_their_own_lr(make_cfg, monkeypatch):
-    import lipt.builder.objects
+    import lipt.stages.build
 
     made: list[dict[str, Any]] = []
-    real = lipt.builder.objects.Classifier
+    real = lipt.stages.build.Classifier
 
     def spy(model: Any, **kwargs: Any) -> Any:
         module = real(model, **kwargs)
@@ -173,7 +173,7 @@ def test_jigsaw_learners_use_the_optimizer_group_at_their_own_lr(make_cfg, monke
         )
         return module
 
-    monkeypatch.setattr(lipt.builder.objects, "Classifier", spy)
+    monkeypatch.setattr(lipt.stages.build, "Classifier", spy)
     cfg = make_cfg(["optimizer=adamw", "pretrain.optim.lr=0.004", "scheduler=onecycle"])
     build_classifier(run_of(cfg), build_model(run_of(cfg), 0), **dict(cfg.pretrain.optim))
     assert made[0]["optimizer"] is torch.optim.AdamW

@@ -125,7 +125,7 @@ LAYERS = (
     ("data", "models"),
     ("selection",),
     ("jigsaw", "dynamic", "report", "cleaning"),
-    ("builder", "budget"),
+    ("budget",),
     ("stages",),
     ("run",),
 )
@@ -171,7 +171,7 @@ def test_the_folders_are_layered_and_each_imports_only_lower_ones():
 
 
 # The foundation (lipt.core) and the pure rooms above it: these import, of lipt, only one
-# another, never a stage, the builder, the config checks or a report.
+# another, never a stage (nor its builder), the config checks or a report.
 PURE_PACKAGES = ("lipt.data", "lipt.models", "lipt.selection")
 PURE_MODULES = {"lipt.dynamic.plan"} | {
     f"lipt.jigsaw.{m}" for m in ("soup", "weights", "pruning", "shards")
@@ -196,7 +196,7 @@ def test_the_pure_rooms_and_the_foundation_import_nothing_above_them():
 
 # The entry layer: the modules that read the composed config (omegaconf's DictConfig) and turn
 # it into the run's typed settings (lipt.run.config.validate -> lipt.core.settings.Run) or check
-# it. Everything else, the stages and the builder included, takes the typed settings.
+# it. Everything else, the stages (their builder included) takes the typed settings.
 ENTRY_LAYER = {
     f"lipt.run.{m}"
     for m in (

@@ -12,8 +12,7 @@ import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-import lipt.builder.objects
-from lipt.builder.objects import build_datamodule, build_model, build_part, build_pretrain_context
+import lipt.stages.build
 from lipt.core.errors import UserError
 from lipt.data import DataModule
 from lipt.jigsaw import learner as jigsaw_learner
@@ -24,6 +23,7 @@ from lipt.jigsaw.weights import recompute_batchnorm_stats
 from lipt.run.config import run_of, validate
 from lipt.run.hydra_callbacks import learner_sweep
 from lipt.stages import jigsaw as jigsaw_stage
+from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.stages.pretrain import pretrain_model
 from lipt.stages.pretrain import run as pretrain_run
 from lipt.stages.select import load_pretrained
@@ -135,13 +135,13 @@ def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, m
     cfg = jigsaw_cfg()
     dm = build_datamodule(run_of(cfg))
     starts: list[dict[str, torch.Tensor]] = []
-    original = lipt.builder.objects.build_classifier
+    original = lipt.stages.build.build_classifier
 
     def spy(cfg, model, **optim):
         starts.append({k: v.clone() for k, v in model.state_dict().items()})
         return original(cfg, model, **optim)
 
-    monkeypatch.setattr(lipt.builder.objects, "build_classifier", spy)
+    monkeypatch.setattr(lipt.stages.build, "build_classifier", spy)
     result = pretrain_model(run_of(cfg), dm, seed=0)
 
     init = build_model(run_of(cfg), 0).state_dict()

@@ -206,9 +206,9 @@ def idx_dir(tmp_path):
 
 @pytest.mark.slow
 def test_the_api_flags_what_select_py_clean_lipt_flags(make_cfg, tmp_path, idx_dir):
-    from lipt.builder.objects import build_datamodule, build_model, build_part
     from lipt.run.config import validate
     from lipt.stages import select as select_stage
+    from lipt.stages.build import build_datamodule, build_model, build_part
 
     overrides = [
         f"dataset.data_dir={idx_dir}",

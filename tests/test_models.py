@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lipt.builder.objects import build_model
 from lipt.run.config import run_of
+from lipt.stages.build import build_model
 
 
 @pytest.mark.parametrize(

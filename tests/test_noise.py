@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from lipt.builder.objects import build_datamodule
 from lipt.core.errors import UserError
 from lipt.data.noise import flip_labels, pair_map, read_train_labels
 from lipt.run.config import run_of
+from lipt.stages.build import build_datamodule
 
 FASHION_PAIRS = [6, 3, 4, 1, 2, 7, 0, 5, 9, 8]
 

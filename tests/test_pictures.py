@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from lipt.builder.objects import build_datamodule
 from lipt.report.pictures import subset_figure
 from lipt.run.config import run_of
+from lipt.stages.build import build_datamodule
 
 
 def tick_labels(axes: Any, axis: str) -> list[str]:

@@ -312,7 +312,7 @@ def test_a_run_writes_only_inside_its_run_dir(tmp_path):
 
 
 def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_path):
-    from lipt.builder.objects import build_datamodule
+    from lipt.stages.build import build_datamodule
     from lipt.stages.select import choose_subset, ranking_models
 
     results = []
@@ -350,7 +350,7 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
 
 
 def test_same_config_and_seed_give_the_same_soup_bit_for_bit(make_cfg, tmp_path):
-    from lipt.builder.objects import build_datamodule
+    from lipt.stages.build import build_datamodule
     from lipt.stages.pretrain import pretrain_model
 
     def soup(seed: int, attempt: str) -> dict[str, torch.Tensor]:

@@ -480,6 +480,6 @@ def test_each_job_of_a_real_sweep_is_its_own_wandb_run_in_the_sweeps_group(real_
         run_ids.add(records[0].run_id)
         groups.update(r.run_group for r in records)
     assert len(run_ids) == len(SELECTORS) * 2
-    # one group for the whole sweep, named by its folder (lipt.builder.objects.sweep_name)
+    # one group for the whole sweep, named by its folder (lipt.stages.build.sweep_name)
     (group,) = groups
     assert group == str(real_sweep) or real_sweep.as_posix().endswith(f"/{group}"), group

@@ -208,7 +208,7 @@ def test_a_subset_smaller_than_the_classes_is_warned_about_and_counted(make_cfg,
 def test_a_healthy_subset_records_its_class_counts_without_a_warning(make_cfg, tmp_path, caplog):
     import numpy as np
 
-    from lipt.builder.objects import build_datamodule
+    from lipt.stages.build import build_datamodule
 
     cfg = make_cfg([*FAST, "selector=random", "budget=subset", "fraction=0.2"])
     with caplog.at_level(logging.WARNING, logger="lipt.stages.summary"):

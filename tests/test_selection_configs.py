@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 
-from lipt.builder.objects import build_datamodule, build_model
 from lipt.core.errors import UserError
 from lipt.run.config import run_of, validate
 from lipt.selection import split_budget
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
+from lipt.stages.build import build_datamodule, build_model
 from lipt.stages.select import choose_subset, ranking_models
 from tests.helpers import CONFIGS, FAST
 

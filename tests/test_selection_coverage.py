@@ -189,7 +189,7 @@ def test_exact_budget_seeded_and_bad_settings() -> None:
 
 
 def test_the_coverage_pipeline_selects_and_hands_the_selector_the_heads(make_cfg) -> None:
-    from lipt.builder.objects import build_datamodule, build_model
+    from lipt.stages.build import build_datamodule, build_model
     from lipt.stages.select import choose_subset
     from tests.helpers import FAST
 

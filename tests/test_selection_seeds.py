@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from lipt.builder.objects import build_datamodule, build_model
 from lipt.core.seeding import repeat_seed, reselect_seed
 from lipt.run.config import run_of, validate
 from lipt.selection import api as selection_api
 from lipt.selection import split_budget
 from lipt.stages import train as train_stage
+from lipt.stages.build import build_datamodule, build_model
 from lipt.stages.select import choose_subset
 from tests.helpers import FAST
 

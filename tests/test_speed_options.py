@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lipt.builder.objects import build_datamodule, build_model
 from lipt.models.classifier import Classifier
 from lipt.run.config import run_of
+from lipt.stages.build import build_datamodule, build_model
 from tests.helpers import FAST
 
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-from lipt.builder.objects import build_datamodule, build_model
 from lipt.core.errors import UserError
 from lipt.jigsaw.learner import state_dict_cpu
 from lipt.models.classifier import Classifier
 from lipt.run.config import run_of, validate
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
+from lipt.stages.build import build_datamodule, build_model
 from lipt.stages.seen import load_seen
 from tests.helpers import FAST, run_entry
 

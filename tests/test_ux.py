@@ -18,13 +18,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from lipt.builder.objects import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.core import console
 from lipt.jigsaw.learner import Learner, learner_shards, state_digest
 from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
 from lipt.report.pictures import sample_grid, write_subset_picture
 from lipt.run.config import run_of, validate
 from lipt.selection import PoolOutputs, SelectionInputs, select_balanced, select_glister
+from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
 from tests.helpers import CONFIGS, ROOT, run_entry
 from tests.test_jigsaw import JIGSAW
 

@@ -23,8 +23,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from lipt.core.settings import Run, SelectorSettings
-
 log = logging.getLogger("lipt")
 # Per-item details (each learner, each candidate): the log file only, never the terminal.
 detail = logging.getLogger("lipt.detail")
@@ -175,59 +173,8 @@ def counting_selector(fn: Callable[..., Any], step: Step) -> Callable[..., Any]:
     return picked
 
 
-# --------------------------------------------------------------------------- stage lines
-
-
 def _count(n: int) -> str:
     return f"{n:,}"
-
-
-def describe_pretrain(run: Run, pool_size: int) -> str:
-    p, merge = run.node("pretrain"), run.node("merge").get("name")
-    if p["name"] == "none":
-        return "pre-training: none (selection ranks with the untrained initial model)"
-    if p["name"] == "full":
-        return f"pre-training: full, {p['epochs']} epochs on the whole pool of {_count(pool_size)}"
-    if p.get("merge_from"):
-        return f"pre-training: merging the jigsaw learners saved in {p['merge_from']} ({merge})"
-    batches = int(p["batches_per_learner"])
-    parts = [
-        f"{p['num_learners']} learners x {batches} batch{'es' if batches > 1 else ''} x "
-        f"{p['local_epochs']} passes"
-    ]
-    augment, prune = run.node("augment"), run.node("prune")
-    if augment and augment["name"] != "none":
-        parts.append({"randaugment": "RandAugment"}.get(augment["name"], augment["name"]))
-    if prune and prune["name"] != "none":
-        parts.append(f"{prune['name'].upper()} {prune['density_low']}-{prune['density_high']}")
-    parts.append(f"soup {merge}")
-    return "pre-training: jigsaw, " + ", ".join(parts)
-
-
-def describe_selection(selector: SelectorSettings, budget: int, pool_size: int) -> str:
-    balanced = " (balanced)" if selector.balance else ""
-    return f"selecting {_count(budget)} of {_count(pool_size)} with {selector.name}{balanced}"
-
-
-def describe_training(run: Run, train_size: int, pool_size: int, epochs: int) -> str:
-    share = f"{train_size / pool_size:.0%} of the pool" if pool_size else "the pool"
-    start = "pre-trained" if run.settings.init_from == "pretrained" else "initial"
-    trainer = run.node("trainer")
-    devices = trainer.get("devices", 1)
-    where = f", {devices} devices ({trainer.get('strategy')})" if devices not in (1, "1") else ""
-    model = str(run.node("model")["_target_"]).rsplit(".", 1)[-1]
-    return (
-        f"training: {model}, {epochs} epoch{'s' * (epochs != 1)} "
-        f"on {_count(train_size)} images ({share}), from the {start} model{where}"
-    )
-
-
-def soup_line(report: Mapping[str, Any]) -> str:
-    kept, n = len(report.get("kept", [])), report.get("num_learners", 0)
-    return (
-        f"  soup: held-out {report['soup_accuracy']:.3f} (best learner "
-        f"{report['best_learner_accuracy']:.3f}, kept {kept} of {n})"
-    )
 
 
 # --------------------------------------------------------------------------- results

@@ -14,7 +14,7 @@ from lipt.core.settings import Run
 def run_dir(run: Run) -> Path:
     """The run folder, created and locked for this process (lipt.core.lock): a second run
     pointed at it is refused. Extra DDP ranks share their rank 0's folder and lock."""
-    path = Path(run.settings.paths["output_dir"])
+    path = run.folder
     path.mkdir(parents=True, exist_ok=True)
     if not is_ddp_child():
         lock_run_dir(path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from typing_extensions import TypedDict  # pydantic reads typing's own from Python 3.12 only
@@ -244,13 +245,19 @@ class Run:
     from the composed config (`validate`, `run_of`), every value checked against its declared
     type and range; below that, nothing reads the composed config. The group nodes (model,
     optimizer, trainer, pretrain, ...) stay in `config`, resolved to plain values, for
-    lipt.builder.objects to instantiate, each against its `_target_`'s own signature."""
+    lipt.stages.build to instantiate, each against its `_target_`'s own signature."""
 
     settings: RunSettings
     dataset: DatasetSettings
     selector: SelectorSettings | None  # None: selector=none, which selects nothing
     budget: Budget  # the `budget` group's option (lipt.budget), built from its node
     config: Mapping[str, Any]  # the whole config, resolved: summary.json records it
+
+    @property
+    def folder(self) -> Path:
+        """The run folder (paths.output_dir): each stage creates and locks it first
+        (lipt.core.job.run_dir); what the stages build writes there."""
+        return Path(self.settings.paths["output_dir"])
 
     def node(self, group: str) -> dict[str, Any]:
         """A group's resolved node ({} where this run has none)."""

@@ -1,6 +1,6 @@
 """What a pre-training strategy receives (`PretrainContext`) and returns (`Pretrained`), and the
 payload of pretrain.ckpt: the contract between stage 1 (lipt.stages.pretrain, which builds the
-context from the config through lipt.builder.objects) and any strategy of the `pretrain` group
+context from the config through lipt.stages.build) and any strategy of the `pretrain` group
 (jigsaw's, the full warm-up, none), or the Python API (lipt.jigsaw.api)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from lipt.selection.types import LearnerHeads
 @dataclass(frozen=True)
 class PretrainContext:
     """What a pre-training strategy needs of the run, built from the config by the stage
-    (lipt.builder.objects.build_pretrain_context) or by the Python API (lipt.jigsaw.api)."""
+    (lipt.stages.build.build_pretrain_context) or by the Python API (lipt.jigsaw.api)."""
 
     data_name: str
     num_classes: int
@@ -32,7 +32,7 @@ class PretrainContext:
     fraction: float
     main_epochs: int  # trainer.max_epochs of main training
     device: torch.device  # where held-out scoring runs
-    run_dir: Callable[[], Path]  # the run folder, created and locked on first use
+    run_dir: Callable[[], Path]  # the run folder (the API has none: asking fails)
     classifier: Callable[..., Classifier]  # (model, **optim overrides) -> Lightning module
     trainer: Callable[..., L.Trainer]  # (**overrides) -> a quiet single-device trainer
     augment: NoAugment | RandAugment

@@ -1,7 +1,7 @@
 """The parts of a jigsaw pre-training a user chooses by config group, as small typed settings:
 `prune=` (how a learner is pruned), `augment=` (its strong augmentation), `merge=` (how the
 learners become one soup, scored on held-out data). Each group's yaml names one of these classes
-with `_target_`; lipt.builder.objects.build_part instantiates it, and the stage passes it down.
+with `_target_`; lipt.stages.build.build_part instantiates it, and the stage passes it down.
 
 Paper: Ro et al., ICML 2023, https://proceedings.mlr.press/v202/ro23a.html, sections 3.2-3.3.
 """

@@ -78,7 +78,7 @@ class Classifier(L.LightningModule):
             raise ValueError(f"schedule_over must be 'steps' or 'epochs', not {schedule_over!r}")
         self.save_hyperparameters(ignore=["model", "optimizer", "scheduler"])
         # (parameters) -> optimiser, and (optimiser, clock) -> schedule: the groups `optimizer` and
-        # `scheduler` (lipt.builder.objects.build_classifier); the paper's SGD and cosine unless
+        # `scheduler` (lipt.stages.build.build_classifier); the paper's SGD and cosine unless
         # set.
         self.make_optimizer: Callable[..., Optimizer] = optimizer or PAPER_SGD
         self.make_scheduler: Callable[..., Any] = scheduler or cosine

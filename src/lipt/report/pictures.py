@@ -154,7 +154,7 @@ def log_sweep_report(config: Any, sweep: Path) -> Path | None:
     columns: list[str | int] = list(rows[0])
     run = wandb.init(
         project=node.get("project", "lipt"),
-        group=shown(sweep),  # as lipt.builder.objects.sweep_name names the sweep's runs
+        group=shown(sweep),  # as lipt.stages.build.sweep_name names the sweep's runs
         name="report",
         dir=str(sweep),
         mode="offline" if node.get("offline", True) else "online",

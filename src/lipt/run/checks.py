@@ -20,7 +20,7 @@ def get_key(cfg: DictConfig, key: str) -> Any:
 
 def resolved(node: Any) -> Any:
     """A composed node as plain values, its interpolations resolved against the whole config
-    (gradmatch's batch_size: ${batch_size}): what lipt.builder.objects.build_part takes."""
+    (gradmatch's batch_size: ${batch_size}): what lipt.stages.build.build_part takes."""
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 

@@ -1,6 +1,6 @@
 """The entry layer's reader of the config: a composed config becomes the run's typed settings
 (lipt.core.settings.Run), checked before anything is computed or written. Below the entry layer,
-nothing reads the composed config: lipt.builder.objects instantiates the parts from the Run."""
+nothing reads the composed config: lipt.stages.build instantiates the parts from the Run."""
 
 from __future__ import annotations
 

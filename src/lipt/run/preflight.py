@@ -92,7 +92,7 @@ def unwritable(folder: Path) -> str | None:
     return None
 
 
-# The groups built with lipt.builder.objects.build_part before or during pre-training and label
+# The groups built with lipt.stages.build.build_part before or during pre-training and label
 # cleaning (the budget is built with the run's settings, lipt.run.config).
 PARTS = ("pretrain", "augment", "prune", "merge", "clean")
 
@@ -100,7 +100,7 @@ PARTS = ("pretrain", "augment", "prune", "merge", "clean")
 def check_parts(cfg: DictConfig) -> None:
     """Build each part once: a key its class does not take (an experiment's `pretrain.epochs`
     reaching pretrain=jigsaw) or a value it refuses fails now, not when its stage starts."""
-    from lipt.builder.objects import build_part
+    from lipt.stages.build import build_part
 
     for group in PARTS:
         node = cfg.get(group)
@@ -120,8 +120,8 @@ def check_selector(cfg: DictConfig) -> None:
     bad value (an unknown `greedy` mode, a negative `eta`) fails now, not after pre-training."""
     import torch
 
-    from lipt.builder.objects import RESERVED_SELECTOR_KEYS, build_part
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
+    from lipt.stages.build import RESERVED_SELECTOR_KEYS, build_part
 
     node = cfg.get("selector")
     if SelectorSettings.of(node) is None:  # selector=none
@@ -249,7 +249,7 @@ def build_everything(run: Run, loaded: dict[str, Any]) -> None:
     `loaded` holds the data sets and models this dry run built already, by their settings."""
     from hydra.utils import instantiate
 
-    from lipt.builder.objects import build_classifier, build_model
+    from lipt.stages.build import build_classifier, build_model
 
     def key(*values: Any) -> str:
         return json.dumps(values, sort_keys=True, default=str)

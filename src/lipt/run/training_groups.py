@@ -51,9 +51,9 @@ def check_optimizer(cfg: DictConfig) -> None:
     a value the optimiser or the schedule refuses fails now, not when training starts."""
     import torch
 
-    from lipt.builder.objects import build_part
     from lipt.models.schedules import Clock, is_torch_scheduler, linear
     from lipt.run.checks import resolved
+    from lipt.stages.build import build_part
 
     try:
         parameter = torch.nn.Parameter(torch.zeros(1))
@@ -86,9 +86,9 @@ def check_optimizer(cfg: DictConfig) -> None:
 def check_callbacks(cfg: DictConfig) -> None:
     """Build each callback of the `callbacks` group; what one monitors must be a metric the
     Lightning module logs."""
-    from lipt.builder.objects import build_part
     from lipt.models.classifier import LOGGED_METRICS
     from lipt.run.checks import resolved
+    from lipt.stages.build import build_part
 
     for name, node in (cfg.get("callbacks") or {}).items():
         if node is None or "_target_" not in node:

@@ -25,13 +25,6 @@ import lightning as L
 import torch
 from torch import Tensor, nn
 
-from lipt.builder.objects import (
-    build_classifier,
-    build_model,
-    build_part,
-    quiet_trainer,
-    scoring_device,
-)
 from lipt.cleaning import (
     JigsawCleaning,
     KFoldCleaning,
@@ -50,6 +43,13 @@ from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import ISSUES_PICTURE, write_issues_picture
 from lipt.selection import PoolOutputs, model_outputs
+from lipt.stages.build import (
+    build_classifier,
+    build_model,
+    build_part,
+    quiet_trainer,
+    scoring_device,
+)
 from lipt.stages.pretrain import pretrain_model, pretrain_stats
 from lipt.stages.results import Cleaned
 

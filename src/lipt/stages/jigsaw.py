@@ -11,12 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lipt.builder.objects import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.core.artifacts import write_json
 from lipt.core.job import run_dir
 from lipt.core.settings import Run
 from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.strategy import merge_saved, train_learner_group
+from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.summary import summary_payload
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Protocol
 
 import lightning as L
 from torch import nn
 
-from lipt.builder.objects import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.core import console
 from lipt.core.bounds import POSITIVE, Interval
 from lipt.core.job import run_dir
@@ -24,6 +24,7 @@ from lipt.core.settings import Checked, Run
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext, Pretrained
 from lipt.jigsaw.strategy import JigsawPretraining
+from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.stages.jigsaw import run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 
@@ -84,12 +85,44 @@ def pretrain_model(run: Run, dm: DataModule, seed: int) -> Pretrained:
     start = time.perf_counter()
     strategy: Strategy = build_part(run.node("pretrain"))
     ctx = build_pretrain_context(run, dm)
-    console.stage(console.describe_pretrain(run, len(dm.pool_indices)))
+    console.stage(describe_pretrain(run, len(dm.pool_indices)))
     result = strategy(ctx, dm, build_model(run, seed), seed)
     result.seconds = time.perf_counter() - start
     if result.report:
-        console.stage(console.soup_line(result.report))
+        console.stage(soup_line(result.report))
     return result
+
+
+def describe_pretrain(run: Run, pool_size: int) -> str:
+    """The line that opens pre-training: the strategy and its parts."""
+    p, merge = run.node("pretrain"), run.node("merge").get("name")
+    if p["name"] == "none":
+        return "pre-training: none (selection ranks with the untrained initial model)"
+    if p["name"] == "full":
+        return f"pre-training: full, {p['epochs']} epochs on the whole pool of {pool_size:,}"
+    if p.get("merge_from"):
+        return f"pre-training: merging the jigsaw learners saved in {p['merge_from']} ({merge})"
+    batches = int(p["batches_per_learner"])
+    parts = [
+        f"{p['num_learners']} learners x {batches} batch{'es' if batches > 1 else ''} x "
+        f"{p['local_epochs']} passes"
+    ]
+    augment, prune = run.node("augment"), run.node("prune")
+    if augment and augment["name"] != "none":
+        parts.append({"randaugment": "RandAugment"}.get(augment["name"], augment["name"]))
+    if prune and prune["name"] != "none":
+        parts.append(f"{prune['name'].upper()} {prune['density_low']}-{prune['density_high']}")
+    parts.append(f"soup {merge}")
+    return "pre-training: jigsaw, " + ", ".join(parts)
+
+
+def soup_line(report: Mapping[str, Any]) -> str:
+    """The soup's held-out accuracy beside the best learner's, under the pre-training line."""
+    kept, n = len(report.get("kept", [])), report.get("num_learners", 0)
+    return (
+        f"  soup: held-out {report['soup_accuracy']:.3f} (best learner "
+        f"{report['best_learner_accuracy']:.3f}, kept {kept} of {n})"
+    )
 
 
 def pretrain_stats(results: list[Pretrained]) -> dict[str, Any] | None:

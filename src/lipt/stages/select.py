@@ -17,7 +17,6 @@ import torch
 from torch import Tensor, nn
 
 from lipt.budget import subset_rows
-from lipt.builder.objects import build_datamodule, build_model, build_selector
 from lipt.core import console
 from lipt.core.artifacts import load_checkpoint, save_subset, write_json
 from lipt.core.errors import UserError
@@ -29,6 +28,7 @@ from lipt.jigsaw.context import Pretrained, heads_from_payload
 from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
 from lipt.selection import LearnerHeads, PoolOutputs, SelectionInputs
 from lipt.selection.api import pick, rank_pool
+from lipt.stages.build import build_datamodule, build_model, build_selector
 from lipt.stages.clean import clean_pool
 from lipt.stages.pretrain import pretrain_model, pretrain_stats
 from lipt.stages.results import Cleaned, Selected
@@ -146,7 +146,7 @@ def choose_subset(
     selector = chosen_selector(run)
     pool_size = len(dm.pool_indices)
     budget = budget_for(run, pool_size)
-    console.stage(console.describe_selection(selector, budget, pool_size))
+    console.stage(describe_selection(selector, budget, pool_size))
     fn = build_selector(run)
     if models and selector.needs_model:
         rows = pool_size * len(models) + len(dm.val_indices)
@@ -180,6 +180,12 @@ def choose_subset(
             profile["coverage_ratio"],
         )
     return subset.indices, subset.weights
+
+
+def describe_selection(selector: SelectorSettings, budget: int, pool_size: int) -> str:
+    """The line that opens selection: how many rows of the pool, by which selector."""
+    balanced = " (balanced)" if selector.balance else ""
+    return f"selecting {budget:,} of {pool_size:,} with {selector.name}{balanced}"
 
 
 def labels_only(dm: DataModule) -> PoolOutputs:

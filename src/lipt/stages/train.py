@@ -24,11 +24,6 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor, nn
 
-from lipt.builder.objects import (
-    build_datamodule,
-    build_model,
-    build_trainer,
-)
 from lipt.core import console
 from lipt.core.artifacts import check_subset, load_subset, write_json
 from lipt.core.errors import UserError
@@ -40,6 +35,11 @@ from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import log_to_wandb
 from lipt.selection.reselection import latest_subset
+from lipt.stages.build import (
+    build_datamodule,
+    build_model,
+    build_trainer,
+)
 from lipt.stages.clean import clean_pool
 from lipt.stages.dynamic import DynamicSetup, describe, dynamic_pruning
 from lipt.stages.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
@@ -212,7 +212,7 @@ def fit_and_test(
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
     L.seed_everything(run.settings.seed, workers=True, verbose=False)
     subset_size = plan.subset_size
-    line = console.describe_training(run, subset_size, len(dm.pool_indices), plan.epochs)
+    line = describe_training(run, subset_size, len(dm.pool_indices), plan.epochs)
     dynamic, reselect, module = plan.dynamic, plan.reselect, plan.module
     console.stage(line if dynamic is None else f"{line}; {describe(dynamic.callback.method)}")
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
@@ -233,6 +233,20 @@ def fit_and_test(
         reselect_seconds=None if reselect is None else reselect.seconds,
         reselect_profiles=None if reselect is None else reselect.profiles,
         dynamic=None if dynamic is None else dynamic.callback.ledger(samples, epochs_trained),
+    )
+
+
+def describe_training(run: Run, train_size: int, pool_size: int, epochs: int) -> str:
+    """The line that opens main training: the model, its epochs and images, where it starts."""
+    share = f"{train_size / pool_size:.0%} of the pool" if pool_size else "the pool"
+    start = "pre-trained" if run.settings.init_from == "pretrained" else "initial"
+    trainer = run.node("trainer")
+    devices = trainer.get("devices", 1)
+    where = f", {devices} devices ({trainer.get('strategy')})" if devices not in (1, "1") else ""
+    model = str(run.node("model")["_target_"]).rsplit(".", 1)[-1]
+    return (
+        f"training: {model}, {epochs} epoch{'s' * (epochs != 1)} "
+        f"on {train_size:,} images ({share}), from the {start} model{where}"
     )
 
 

@@ -1,4 +1,4 @@
-"""The builder: a run's parts, instantiated from its resolved group nodes
+"""The stages' builder: a run's parts, instantiated from its resolved group nodes
 (lipt.core.settings.Run): data module, models, Lightning module, trainer, loggers, callbacks, the
 selector and pre-training's parts. Each group's option names its class or function with
 `_target_` (Hydra's `instantiate`, on plain values: the composed config stays above, in
@@ -17,7 +17,7 @@ from torch import nn
 from lipt.core import console
 from lipt.core.artifacts import AtomicCheckpointIO
 from lipt.core.console import shown
-from lipt.core.job import run_dir, sweep_dir_of_job
+from lipt.core.job import sweep_dir_of_job
 from lipt.core.settings import DatasetSettings, Run
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext
@@ -81,7 +81,7 @@ def build_pretrain_context(run: Run, dm: DataModule) -> PretrainContext:
         fraction=float(run.settings.fraction),
         main_epochs=run.main_epochs,
         device=scoring_device(run),
-        run_dir=lambda: run_dir(run),
+        run_dir=lambda: run.folder,
         # Late-bound (looked up when called), so a test can wrap build_classifier.
         classifier=lambda model, **optim: build_classifier(run, model, **optim),
         optimizer=optimizer_settings(run),
@@ -192,7 +192,7 @@ def build_trainer(run: Run, **overrides: Any) -> L.Trainer:
     """The trainer from `trainer.*`, with `overrides` winning (e.g. a learner's max_epochs)."""
     node = run.node("trainer")
     kwargs = {
-        "default_root_dir": str(run_dir(run)),
+        "default_root_dir": str(run.folder),
         "plugins": [AtomicCheckpointIO()],
         **overrides,
     }
