@@ -16,8 +16,8 @@ import torch
 import yaml
 
 from lipt.models.schedules import Clock, cosine, linear, one_cycle
+from lipt.run.cli import task_result
 from lipt.run.config import run_of, validate
-from lipt.run.training_groups import task_result
 from lipt.stages import train as train_stage
 from lipt.stages.build import (
     build_callbacks,

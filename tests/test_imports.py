@@ -205,7 +205,7 @@ ENTRY_LAYER = {
         "checks",
         "preflight",
         "groups",
-        "training_groups",
+        "rules",
         "config_doc",
         "hydra_callbacks",
         "frontier_sweep",

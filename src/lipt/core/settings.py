@@ -146,31 +146,6 @@ class DatasetSettings(Checked):
     label_noise: LabelNoise | None = None  # wrong labels made on purpose (lipt.data.noise)
     train_labels: str | None = None  # a .npy of the training split's labels, replacing its own
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        noise = self.label_noise
-        if noise is not None and noise["rate"] > 0 and self.train_labels is not None:
-            raise UserError(
-                "dataset.label_noise.rate > 0 and dataset.train_labels both replace the labels; "
-                "set one of them (dataset.label_noise.rate=0 keeps the given labels)"
-            )
-        pairs = None if noise is None else noise["pairs"]
-        if pairs is not None and (
-            len(pairs) != self.num_classes
-            or max(pairs) >= self.num_classes
-            or any(p == c for c, p in enumerate(pairs))
-        ):
-            raise UserError(
-                f"dataset.label_noise.pairs={pairs} is invalid: give each of the "
-                f"{self.num_classes} classes another class in 0..{self.num_classes - 1}"
-            )
-        for key in ("mean", "std"):
-            if len(getattr(self, key)) != self.channels:
-                raise UserError(
-                    f"dataset.{key}={getattr(self, key)} is invalid: give one value per channel "
-                    f"({self.channels}, dataset.channels)"
-                )
-
 
 @dataclass(frozen=True)
 class ModelOptions(Checked):

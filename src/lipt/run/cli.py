@@ -158,7 +158,6 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
     from omegaconf.errors import OmegaConfBaseException
 
     from lipt.run.config import validate
-    from lipt.run.training_groups import check_optimized_metric
 
     # Hydra's own settings are not the run's, but its search path finds a user's config files.
     overrides = [
@@ -197,7 +196,6 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         for cfg in composed:
             cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
             validate(cfg, deep=False)
-            check_optimized_metric(cfg)
             configs.append(cfg)
         # then what builds the Trainer, selector, ... (imports torch)
         runs = [validate(cfg) for cfg in configs]
@@ -307,8 +305,6 @@ def launch(config_name: str, stage_module: str) -> None:
                 remove_if_only_bookkeeping(output_dir)
             fail(one_line(e))
         console.report_result(summary, output_dir)
-        from lipt.run.training_groups import task_result
-
         return task_result(cfg, summary)
 
     main()
@@ -386,3 +382,15 @@ def pretrain_main() -> None:
 def select_main() -> None:
     """`python select.py` / `lipt-select`: stage 2 alone."""
     launch("select", "lipt.stages.select")
+
+
+def task_result(cfg: DictConfig, summary: dict[str, Any]) -> Any:
+    """What the stage returns to Hydra: the summary, or, with `optimized_metric`, that number
+    of it (a float, as the Optuna sweeper asks)."""
+    metric = cfg.get("optimized_metric")
+    if metric is None:
+        return summary
+    value = summary.get(str(metric))
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise UserError(f"optimized_metric={metric}: this run's summary.json has no number there")
+    return float(value)

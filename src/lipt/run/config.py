@@ -16,9 +16,8 @@ from lipt.core.budget import Budget
 from lipt.core.errors import UserError
 from lipt.core.schema import HYDRA_KEYS, check_mapping, parameters
 from lipt.core.settings import DatasetSettings, Run, RunSettings, SelectorSettings
-from lipt.jigsaw.checks import validate_jigsaw
-from lipt.run.checks import get_key
 from lipt.run.groups import locate
+from lipt.run.rules import check_groups_together, check_settings
 
 BUDGETS = "subset, full, full_steps, full_schedule, infobatch or lipt"
 
@@ -43,67 +42,6 @@ def _budget(cfg: Mapping[str, Any]) -> Budget:
         return cast(Budget, option(**node))
     except (UserError, ValueError, TypeError) as e:
         raise UserError(f"budget={node.get('name')}: {e}") from e
-
-
-NO_PRETRAINING = "lipt.stages.pretrain.NoPretraining"
-
-
-def validate_budget(cfg: DictConfig, run: Run) -> None:
-    """The budget against the selector and the pre-training: a subset needs a selector (or a
-    saved subset), the whole pool takes none, and lipt's pruning needs the jigsaw ensemble."""
-    budget, selector, settings = run.budget, run.selector, run.settings
-    if settings.stage == "select":
-        return  # select.py selects, whatever main training would spend
-    if budget.trains_subset and selector is None and settings.subset_path is None:
-        raise UserError(
-            f"budget={budget.name} trains a subset, but selector=none chooses none; choose a "
-            "selector (e.g. selector=glister) or a saved subset (subset_path=...)"
-        )
-    if not budget.trains_subset and selector is not None and settings.subset_path is None:
-        raise UserError(
-            f"budget={budget.name} trains the whole pool, so selector={selector.name} cannot "
-            f"choose a subset; drop budget={budget.name} (a selector trains its subset) or use "
-            "selector=none"
-        )
-    no_pretraining = str(get_key(cfg, "pretrain._target_")) == NO_PRETRAINING
-    if run.prunes and budget.needs_ensemble and no_pretraining:
-        raise UserError(
-            f"budget={budget.name} scores epoch 0 with the jigsaw ensemble, but pretrain=none "
-            "trains none; use pretrain=jigsaw (the default), or budget=infobatch or "
-            "budget=full_schedule to train without pre-training"
-        )
-
-
-JIGSAW_CLEANING = "lipt.cleaning.JigsawCleaning"
-
-
-def validate_clean(cfg: DictConfig, run: Run) -> None:
-    """The `clean` group: it cleans the pool before selection, lipt's with a pre-trained soup."""
-    node = cfg.get("clean")
-    if node is None or "_target_" not in node:
-        return
-    name, settings = node.get("name"), run.settings
-    if settings.stage == "pretrain":
-        raise UserError(
-            f"clean={name} cleans the pool before selection, which pretrain.py does not run; "
-            f"use select.py clean={name} (or drop clean)"
-        )
-    if settings.subset_path is not None:
-        raise UserError(
-            f"clean={name} cleans the pool before selection, but subset_path skips selection; "
-            "drop subset_path or use clean=none"
-        )
-    if str(node._target_) != JIGSAW_CLEANING:
-        return
-    if str(get_key(cfg, "pretrain._target_")) == NO_PRETRAINING:
-        raise UserError(
-            f"clean={name} finds label issues with the pre-trained soup, but pretrain=none "
-            "trains none; use pretrain=jigsaw (the default) or clean=cleanlab"
-        )
-    if settings.stage == "select" and settings.ckpt_path is not None:
-        raise UserError(
-            f"clean={name} pre-trains the soup it cleans with in this run; drop ckpt_path"
-        )
 
 
 def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
@@ -187,19 +125,6 @@ def run_of(cfg: DictConfig) -> Run:
     return Run(top, dataset, SelectorSettings.of(values.get("selector")), _budget(values), values)
 
 
-def pretrains(run: Run) -> bool:
-    """Whether a train.py run can pre-train a model (what init_from=pretrained starts from):
-    false when pre-training is none, or when neither the selector (a subset it selects), the
-    budget's pruning (budget=lipt) nor label cleaning asks for one."""
-    name_of = {g: str(run.node(g).get("name", "none")) for g in ("pretrain", "clean")}
-    if name_of["clean"] != "none":
-        return True  # cleaning may pre-train on its own (clean=lipt's soup)
-    selector = run.selector
-    selects = selector is not None and selector.needs_model and run.settings.subset_path is None
-    lipt_pruning = run.prunes and run.budget.needs_ensemble
-    return name_of["pretrain"] != "none" and (selects or lipt_pruning)
-
-
 def validate(cfg: DictConfig, deep: bool = True) -> Run:
     """The run's typed settings (`run_of`), once every check passes. Raise UserError naming the
     key and the fix for the first problem found: the declared type and range of every
@@ -225,20 +150,7 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
         what = "a pretrain.ckpt" if top.stage == "select" else "a checkpoint or last"
         path = Path(top.ckpt_path).expanduser()
         _readable_path("ckpt_path", path, f"give {what}", want_dir=False)
-    selector = run.selector
-    if selector is not None and selector.needs_held_out and dataset.val_size == 0:
-        raise UserError(
-            f"selector={selector.name} matches the validation split, but dataset.val_size=0; "
-            "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
-        )
-    if top.stage == "select" and selector is None:
-        raise UserError("selector=none selects nothing; choose a selector, e.g. selector=glister")
-    validate_budget(cfg, run)
-    if top.stage == "train" and top.init_from == "pretrained" and not pretrains(run):
-        raise UserError(
-            "init_from=pretrained needs a model pre-trained in this run: use a pretrain "
-            "other than none and budget=lipt or a selector that ranks with a model"
-        )
+    check_settings(run)
     if not deep:
         return run
     # Imports the targets (torch); then the checks that build objects (Lightning).
@@ -246,9 +158,6 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
     from lipt.run.preflight import preflight
 
     check_groups(cfg, values)
-    pretrain = values.get("pretrain")
-    if isinstance(pretrain, Mapping) and "num_learners" in pretrain:  # pretrain=jigsaw
-        validate_jigsaw(values)  # and the groups augment, prune, merge: across keys
-    validate_clean(cfg, run)
+    check_groups_together(run)
     preflight(cfg)
     return run

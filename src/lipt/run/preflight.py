@@ -21,13 +21,12 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lipt.core import console
 from lipt.core.errors import UserError
 from lipt.core.settings import Run, SelectorSettings
 from lipt.run.checks import innermost, resolved
-from lipt.run.training_groups import check_callbacks, check_optimizer
 
 # Rows, classes and features of the tiny pool the selector is tried on.
 DRY_RUN_ROWS, DRY_RUN_FEATURES = 64, 8
@@ -42,36 +41,63 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def refused_as(what: str, fix: str | None) -> Iterator[None]:
+    """A library's refusal in the block as one line: `what` settings are invalid, fix `fix`.*"""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:  # Hydra wraps the part's own TypeError, ValueError, Misconfiguration
+        tail = "" if fix is None else f"; fix {fix}.*"
+        raise UserError(f"{what} settings are invalid: {innermost(e)}{tail}") from e
+
+
 def check_trainer(cfg: DictConfig) -> None:
     """Build the Trainer of `cfg.trainer` (no logger, no checkpoints, in a scratch folder)."""
     from hydra.utils import instantiate
 
-    with tempfile.TemporaryDirectory() as scratch, _quiet():
-        try:
-            instantiate(
-                cfg.trainer, logger=False, enable_checkpointing=False, default_root_dir=scratch
-            )
-        except Exception as e:  # Lightning raises TypeError, ValueError, Misconfiguration...
-            raise UserError(f"trainer settings are invalid: {innermost(e)}; fix trainer.*") from e
+    with tempfile.TemporaryDirectory() as scratch, _quiet(), refused_as("trainer", "trainer"):
+        instantiate(cfg.trainer, logger=False, enable_checkpointing=False, default_root_dir=scratch)
 
 
-def check_loggers(cfg: DictConfig) -> None:
-    """Each logger's folder takes files (its class and keys: lipt.run.groups)."""
-    for name, node in (cfg.get("logger") or {}).items():
-        if node is None or "_target_" not in node:
-            continue
-        for key in LOGGER_DIRS:
-            folder = node.get(key)
-            problem = None if folder is None else unwritable(Path(str(folder)))
-            if problem is not None:
-                raise UserError(
-                    f"logger.{name}.{key}={folder} cannot be written ({problem}); point it at a "
-                    "folder you can write, or leave it at the run folder"
-                )
+def check_optimizer(cfg: DictConfig) -> None:
+    """Build the `optimizer` on one parameter and the `scheduler` on it, and step both once:
+    a value the optimiser or the schedule refuses fails now, not when training starts."""
+    import torch
+
+    from lipt.models.schedules import Clock, is_torch_scheduler
+    from lipt.stages.build import build_part
+
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    with refused_as("optimizer", "optimizer"):
+        optimizer = build_part(resolved(cfg.optimizer))([parameter])
+    with refused_as("scheduler", "scheduler"):
+        make = build_part(resolved(cfg.scheduler))
+        clock = Clock(total_steps=lambda: 10)
+        schedule = make(optimizer) if is_torch_scheduler(make) else make(optimizer, clock)
+        parameter.grad = torch.zeros(1)
+        optimizer.step()
+        if schedule is not None:
+            schedule.step()
 
 
 # Keys of a logger's node that name the folder it writes (Lightning's and wandb's).
 LOGGER_DIRS = ("save_dir", "dir", "log_dir", "root_dir")
+
+
+def check_written_folders(cfg: DictConfig) -> None:
+    """Each folder a run writes that a user may name takes files: the loggers', a checkpoint
+    callback's and the learners'."""
+    keys = ["pretrain.learner_dir"]
+    for group, named in (("logger", LOGGER_DIRS), ("callbacks", ("dirpath",))):
+        for name, node in (cfg.get(group) or {}).items():
+            keys += [f"{group}.{name}.{key}" for key in named if key in (node or {})]
+    for key in keys:
+        folder = OmegaConf.select(cfg, key)
+        problem = None if folder is None else unwritable(Path(str(folder)))
+        if problem is not None:
+            raise UserError(f"{key}={folder} cannot be written ({problem}); choose a writable one")
 
 
 def unwritable(folder: Path) -> str | None:
@@ -98,21 +124,28 @@ PARTS = ("pretrain", "augment", "prune", "merge", "clean")
 
 
 def check_parts(cfg: DictConfig) -> None:
-    """Build each part once: a key its class does not take (an experiment's `pretrain.epochs`
-    reaching pretrain=jigsaw) or a value it refuses fails now, not when its stage starts."""
+    """Build each part and callback once: a key its class does not take (an experiment's
+    `pretrain.epochs` reaching pretrain=jigsaw) or a value it refuses fails now, not when its
+    stage starts; what a callback monitors must be a metric the Lightning module logs."""
+    from lipt.models.classifier import LOGGED_METRICS
     from lipt.stages.build import build_part
 
     for group in PARTS:
         node = cfg.get(group)
+        if node is not None and "_target_" in node:
+            with refused_as(f"{group}={node.get('name', node._target_)}", group):
+                build_part(resolved(node))
+    for name, node in (cfg.get("callbacks") or {}).items():
         if node is None or "_target_" not in node:
             continue
-        try:
+        with refused_as(f"callbacks.{name}", f"callbacks.{name}"):
             build_part(resolved(node))
-        except Exception as e:  # Hydra wraps the TypeError or ValueError of the part's own init
-            name = node.get("name", node._target_)
+        monitor = node.get("monitor")
+        if monitor is not None and monitor not in LOGGED_METRICS:
             raise UserError(
-                f"{group}={name} settings are invalid: {innermost(e)}; fix {group}.*"
-            ) from e
+                f"callbacks.{name}.monitor={monitor} is not a metric the model logs; use one "
+                f"of {', '.join(LOGGED_METRICS)}"
+            )
 
 
 def check_selector(cfg: DictConfig) -> None:
@@ -187,32 +220,13 @@ def check_data_files(cfg: DictConfig) -> None:
         check_readable(path, "dataset file")
 
 
-# Folders a run writes that a user may name, beside the loggers' (`check_loggers`).
-WRITTEN_FOLDERS = ("pretrain.learner_dir",)
-
-
-def check_written_folders(cfg: DictConfig) -> None:
-    from omegaconf import OmegaConf
-
-    callbacks = cfg.get("callbacks") or {}
-    named = [
-        f"callbacks.{name}.dirpath" for name in callbacks if "dirpath" in (callbacks[name] or {})
-    ]
-    for key in (*WRITTEN_FOLDERS, *named):  # a checkpoint callback's folder too
-        folder = OmegaConf.select(cfg, key)
-        problem = None if folder is None else unwritable(Path(str(folder)))
-        if problem is not None:
-            raise UserError(f"{key}={folder} cannot be written ({problem}); choose a writable one")
-
-
 # Checks that only build objects from settings, with the settings they read: within one
 # process (a sweep's dry run, the config fuzz test) a setting already built is not built again.
 # The checks that look at files run every time.
 BUILDS: tuple[tuple[Callable[[DictConfig], None], tuple[str, ...]], ...] = (
     (lambda cfg: check_trainer(cfg) if "trainer" in cfg else None, ("trainer",)),
     (lambda cfg: check_optimizer(cfg), ("optimizer", "scheduler")),
-    (lambda cfg: check_callbacks(cfg), ("callbacks",)),
-    (lambda cfg: check_parts(cfg), PARTS),
+    (lambda cfg: check_parts(cfg), (*PARTS, "callbacks")),
     (lambda cfg: check_selector(cfg), ("selector", "dataset.num_classes")),
 )
 _BUILT: set[tuple[int, str]] = set()
@@ -220,8 +234,6 @@ _BUILT: set[tuple[int, str]] = set()
 
 def settings_of(cfg: DictConfig, keys: Sequence[str]) -> str:
     """The resolved values of `keys`, as one string (a cache key)."""
-    from omegaconf import OmegaConf
-
     values = {}
     for key in keys:
         node = OmegaConf.select(cfg, key)
@@ -235,7 +247,6 @@ def preflight(cfg: DictConfig) -> None:
     """The library-backed checks, in order of cost."""
     check_data_files(cfg)
     check_written_folders(cfg)
-    check_loggers(cfg)
     for number, (check, keys) in enumerate(BUILDS):
         done = (number, settings_of(cfg, keys))
         if done not in _BUILT:

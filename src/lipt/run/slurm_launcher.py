@@ -277,7 +277,7 @@ def _finished(job: SweepJob) -> JobReturn | None:
     summary = job.run_dir / "summary.json"
     if job.config.get("ckpt_path") != "last" or not summary.is_file():
         return None
-    from lipt.run.training_groups import task_result
+    from lipt.run.cli import task_result
 
     task_config = copy.deepcopy(job.task_config)
     hydra_config = task_config.hydra

@@ -1,0 +1,220 @@
+"""Every check that spans several keys, in one place. A single key's type and range is pydantic's,
+on its declaration (lipt.core.schema); what a library refuses is found by building the object
+(lipt.run.preflight). Each rule raises one UserError that names the keys and the fix.
+
+`check_settings` needs only the run's typed settings (no torch), so a sweep's dry run asks it of
+every job; `check_groups_together` reads group keys whose own types lipt.run.groups has checked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lipt.core.errors import UserError
+from lipt.core.settings import Run
+
+NO_PRETRAINING = "lipt.stages.pretrain.NoPretraining"
+JIGSAW_CLEANING = "lipt.cleaning.JigsawCleaning"
+LINEAR_SCHEDULE = "lipt.models.schedules.linear"
+
+
+def check_settings(run: Run) -> None:
+    """The rules across the top level, `dataset.*`, the selector and the budget."""
+    for rule in (_dataset, _selector, _budget, _init_from, _optimized_metric):
+        rule(run)
+
+
+def check_groups_together(run: Run) -> None:
+    """The rules across group keys: pre-training's, label cleaning's and the schedule's."""
+    for rule in (_jigsaw, _clean, _schedule):
+        rule(run)
+
+
+def _dataset(run: Run) -> None:
+    dataset = run.dataset
+    noise = dataset.label_noise
+    if noise is not None and noise["rate"] > 0 and dataset.train_labels is not None:
+        raise UserError(
+            "dataset.label_noise.rate > 0 and dataset.train_labels both replace the labels; "
+            "set one of them (dataset.label_noise.rate=0 keeps the given labels)"
+        )
+    pairs, classes = None if noise is None else noise["pairs"], dataset.num_classes
+    if pairs is not None and (
+        len(pairs) != classes or max(pairs) >= classes or any(p == c for c, p in enumerate(pairs))
+    ):
+        raise UserError(
+            f"dataset.label_noise.pairs={pairs} is invalid: give each of the {classes} classes "
+            f"another class in 0..{classes - 1}"
+        )
+    for key in ("mean", "std"):
+        if len(getattr(dataset, key)) != dataset.channels:
+            raise UserError(
+                f"dataset.{key}={getattr(dataset, key)} is invalid: give one value per channel "
+                f"({dataset.channels}, dataset.channels)"
+            )
+
+
+def _selector(run: Run) -> None:
+    selector = run.selector
+    if selector is not None and selector.needs_held_out and run.dataset.val_size == 0:
+        raise UserError(
+            f"selector={selector.name} matches the validation split, but dataset.val_size=0; "
+            "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
+        )
+    if run.settings.stage == "select" and selector is None:
+        raise UserError("selector=none selects nothing; choose a selector, e.g. selector=glister")
+
+
+def _budget(run: Run) -> None:
+    """A subset needs a selector (or a saved subset), the whole pool takes none, and lipt's
+    pruning needs the jigsaw ensemble. select.py selects, whatever main training would spend."""
+    budget, selector, settings = run.budget, run.selector, run.settings
+    if settings.stage == "select":
+        return
+    if budget.trains_subset and selector is None and settings.subset_path is None:
+        raise UserError(
+            f"budget={budget.name} trains a subset, but selector=none chooses none; choose a "
+            "selector (e.g. selector=glister) or a saved subset (subset_path=...)"
+        )
+    if not budget.trains_subset and selector is not None and settings.subset_path is None:
+        raise UserError(
+            f"budget={budget.name} trains the whole pool, so selector={selector.name} cannot "
+            f"choose a subset; drop budget={budget.name} (a selector trains its subset) or use "
+            "selector=none"
+        )
+    no_pretraining = run.node("pretrain").get("_target_") == NO_PRETRAINING
+    if run.prunes and budget.needs_ensemble and no_pretraining:
+        raise UserError(
+            f"budget={budget.name} scores epoch 0 with the jigsaw ensemble, but pretrain=none "
+            "trains none; use pretrain=jigsaw (the default), or budget=infobatch or "
+            "budget=full_schedule to train without pre-training"
+        )
+
+
+def pretrains(run: Run) -> bool:
+    """Whether a train.py run can pre-train a model (what init_from=pretrained starts from):
+    false when pre-training is none, or when neither the selector (a subset it selects), the
+    budget's pruning (budget=lipt) nor label cleaning asks for one."""
+    name_of = {g: str(run.node(g).get("name", "none")) for g in ("pretrain", "clean")}
+    if name_of["clean"] != "none":
+        return True  # cleaning may pre-train on its own (clean=lipt's soup)
+    selector = run.selector
+    selects = selector is not None and selector.needs_model and run.settings.subset_path is None
+    lipt_pruning = run.prunes and run.budget.needs_ensemble
+    return name_of["pretrain"] != "none" and (selects or lipt_pruning)
+
+
+def _init_from(run: Run) -> None:
+    settings = run.settings
+    if settings.stage == "train" and settings.init_from == "pretrained" and not pretrains(run):
+        raise UserError(
+            "init_from=pretrained needs a model pre-trained in this run: use a pretrain "
+            "other than none and budget=lipt or a selector that ranks with a model"
+        )
+
+
+def _optimized_metric(run: Run) -> None:
+    """`optimized_metric` names a number train.py's summary.json will hold (its values:
+    lipt.core.settings.RunSettings)."""
+    metric, stage = run.settings.optimized_metric, run.settings.stage
+    if metric is None:
+        return
+    if stage != "train":
+        raise UserError(f"optimized_metric is train.py's; drop it for {stage}.py")
+    if run.dataset.val_size == 0:
+        raise UserError(
+            f"optimized_metric={metric} needs a validation split, but dataset.val_size=0; "
+            "set dataset.val_size > 0"
+        )
+
+
+def _jigsaw(run: Run) -> None:
+    """pretrain=jigsaw's keys with one another and with the groups augment, prune and merge."""
+    pretrain, augment = run.node("pretrain"), run.node("augment")
+    if "num_learners" not in pretrain:
+        return  # another pre-training
+    n, learners = pretrain["num_learners"], pretrain.get("learners")
+    if learners is not None:
+        ids = list(learners) if not isinstance(learners, int) else [learners]
+        if not ids or not all(0 <= i < n for i in ids) or len(set(ids)) != len(ids):
+            raise UserError(
+                f"pretrain.learners={learners!r} is invalid: use null (all learners), an id in "
+                f"0..{n - 1}, or a list of distinct ids; sweep them with "
+                f"'pretrain.learners=range({n})'"
+            )
+    merge_from = pretrain.get("merge_from")
+    if merge_from is not None:
+        if learners is not None:
+            raise UserError(
+                "pretrain.merge_from merges saved learners and pretrain.learners trains some: "
+                "set only one of them"
+            )
+        if not Path(str(merge_from)).expanduser().is_dir():
+            raise UserError(
+                f"pretrain.merge_from={merge_from} is not a folder; give the folder holding "
+                "learner_<i>.ckpt (e.g. <sweep dir>/learners)"
+            )
+    min_learners = pretrain.get("min_learners")
+    if min_learners is not None and min_learners > n:
+        raise UserError(
+            f"pretrain.min_learners={min_learners} is invalid: use null (half) or 1..{n} "
+            "(pretrain.num_learners)"
+        )
+    if "num_ops" in augment and augment["magnitude"] >= augment["num_magnitude_bins"]:
+        raise UserError(  # augment=randaugment
+            f"augment.magnitude={augment['magnitude']} is invalid: use "
+            f"0..{augment['num_magnitude_bins'] - 1} (below augment.num_magnitude_bins)"
+        )
+    low, high = run.node("prune").get("density_low"), run.node("prune").get("density_high")
+    if low is not None and high is not None and low > high:
+        raise UserError(
+            f"prune.density_low={low!r}, prune.density_high={high!r} are invalid: densities are "
+            "kept fractions with 0 < density_low <= density_high <= 1 (paper: 0.85, 0.95)"
+        )
+    ratios = run.node("merge").get("ratios")
+    if ratios is not None and not isinstance(ratios, int | str) and max(ratios, default=0) <= 0:
+        raise UserError(
+            f"merge.ratios={list(ratios)} is invalid: a list of ratios needs one above 0 "
+            "(or a number of grid steps, or running_mean)"
+        )
+
+
+def _clean(run: Run) -> None:
+    """The `clean` group cleans the pool before selection, lipt's with a pre-trained soup."""
+    node, settings = run.node("clean"), run.settings
+    if "_target_" not in node:
+        return
+    name = node.get("name")
+    if settings.stage == "pretrain":
+        raise UserError(
+            f"clean={name} cleans the pool before selection, which pretrain.py does not run; "
+            f"use select.py clean={name} (or drop clean)"
+        )
+    if settings.subset_path is not None:
+        raise UserError(
+            f"clean={name} cleans the pool before selection, but subset_path skips selection; "
+            "drop subset_path or use clean=none"
+        )
+    if node["_target_"] != JIGSAW_CLEANING:
+        return
+    if run.node("pretrain").get("_target_") == NO_PRETRAINING:
+        raise UserError(
+            f"clean={name} finds label issues with the pre-trained soup, but pretrain=none "
+            "trains none; use pretrain=jigsaw (the default) or clean=cleanlab"
+        )
+    if settings.stage == "select" and settings.ckpt_path is not None:
+        raise UserError(
+            f"clean={name} pre-trains the soup it cleans with in this run; drop ckpt_path"
+        )
+
+
+def _schedule(run: Run) -> None:
+    """A decay to zero over the budget needs the budget's end in steps; a clock ends the run
+    wherever the learning rate then is."""
+    max_time = run.node("trainer").get("max_time")
+    if run.node("scheduler").get("_target_") == LINEAR_SCHEDULE and max_time is not None:
+        raise UserError(
+            f"scheduler=linear decays to zero over the run's steps, but trainer.max_time="
+            f"{max_time} ends it by the clock; drop trainer.max_time or use "
+            "scheduler=cosine|constant"
+        )
