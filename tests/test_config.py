@@ -257,8 +257,10 @@ def test_run_dir_creates_and_locks_the_folder(make_cfg, tmp_path):
     import sys
 
     cfg = make_cfg([*FAST, f"paths.output_dir={tmp_path / 'run'}"])
-    folder = run_dir(run_of(cfg))
-    assert folder.is_dir() and run_dir(run_of(cfg)) == folder  # this process may call it again
+    folder = run_dir(run_of(cfg).folder)
+    assert (
+        folder.is_dir() and run_dir(run_of(cfg).folder) == folder
+    )  # this process may call it again
     probe = (
         "import sys; from pathlib import Path; from lipt.core.lock import lock_run_dir\n"
         "lock_run_dir(Path(sys.argv[1]))"

@@ -1,8 +1,9 @@
 """What a user sees on the terminal: one line per stage, progress bars, the closing block.
 
-- Stage lines go through the `lipt` logger (so the run's log file keeps them too), printed as
-  plain text by `TerminalHandler`; `TerminalFilter` keeps third-party notices and Python warnings
-  off the terminal (they stay in `<run>/<stage>.log`, see configs/hydra/default.yaml).
+- Stage lines are logged by each stage's module logger (`lipt.stages.*`, so the run's log file
+  keeps them too), printed as plain text by `TerminalHandler`; `TerminalFilter` keeps them to
+  rank 0 and third-party notices and Python warnings off the terminal (they stay in
+  `<run>/<stage>.log`, see configs/hydra/default.yaml).
 - `progress` draws a rich bar on a terminal and does nothing when output is piped, in CI, in a
   Hydra multirun job or in an extra DDP rank; pure code (lipt.selection, lipt.jigsaw) never sees
   rich: callers hand it a plain callback or wrap its inputs (`counted`, `counting_selector`).
@@ -70,8 +71,9 @@ PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
 
 class TerminalFilter(logging.Filter):
     """Which records reach the terminal: lipt's own lines (in a multirun job, only the job's
-    result line), and warnings and errors of any logger except Python warnings from outside
-    lipt (deprecations, data-loader hints). Everything else stays in the run's log file."""
+    result line; from an extra DDP rank, only its warnings), and warnings and errors of any
+    logger except Python warnings from outside lipt (deprecations, data-loader hints).
+    Everything else stays in the run's log file."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         name = record.name
@@ -80,6 +82,8 @@ class TerminalFilter(logging.Filter):
         if name == "py.warnings":  # lipt's own, by the file that warned
             return PACKAGE_DIR in str(record.msg)
         if name == "lipt" or name.startswith("lipt."):
+            if _state["extra_rank"] and record.levelno < logging.WARNING:
+                return False  # an extra DDP rank's stage lines repeat rank 0's
             return not _state["multirun_job"] or getattr(record, "job_line", False)
         if name.startswith("hydra"):
             return record.levelno >= logging.INFO and "\t#" not in str(record.msg)
@@ -116,12 +120,6 @@ def no_bars() -> Iterator[None]:
         yield
     finally:
         _state["bars_paused"] = before
-
-
-def stage(text: str) -> None:
-    """The line that opens a stage, once (terminal and log file; not from extra DDP ranks)."""
-    if not _state["extra_rank"]:
-        log.info(text)
 
 
 # --------------------------------------------------------------------------- progress

@@ -8,13 +8,11 @@ import time
 from pathlib import Path
 
 from lipt.core.lock import lock_run_dir
-from lipt.core.settings import Run
 
 
-def run_dir(run: Run) -> Path:
+def run_dir(path: Path) -> Path:
     """The run folder, created and locked for this process (lipt.core.lock): a second run
     pointed at it is refused. Extra DDP ranks share their rank 0's folder and lock."""
-    path = run.folder
     path.mkdir(parents=True, exist_ok=True)
     if not is_ddp_child():
         lock_run_dir(path)

@@ -1,6 +1,6 @@
 """lipt's own settings that no `_target_` takes, declared with their types and bounds: the top
-level of train.yaml, `dataset.*`, the run-time options of `model.*` and a selector's lipt keys;
-and `Run`, what every stage takes: those settings, built once from the composed config.
+level of train.yaml, `dataset.*`, the run-time options of `model.*` and a selector's lipt keys.
+lipt.stages.run.Run holds them for the stages, built once from the composed config.
 
 A group option's other keys are the parameters of its `_target_` and are declared there
 (lipt.core.schema). Building a settings object checks every field (`Checked`), so a bad value is
@@ -13,13 +13,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from typing_extensions import TypedDict  # pydantic reads typing's own from Python 3.12 only
 
 from lipt.core.bounds import BELOW_ONE, COUNT, NON_NEGATIVE, POSITIVE, SEED, SHARE, Interval
-from lipt.core.budget import Budget
 from lipt.core.errors import UserError
 from lipt.core.schema import check_mapping, fields_of
 
@@ -117,11 +115,6 @@ class DatasetSettings(Checked):
         "num_test",
     )
 
-    @classmethod
-    def module_node(cls, node: Mapping[str, Any]) -> dict[str, Any]:
-        """The `dataset` node as its data module (`_target_`) takes it: less the reader's keys."""
-        return {k: v for k, v in node.items() if k not in cls.READER_KEYS}
-
     name: str
     data_dir: str | None
     num_classes: Annotated[int, Interval(ge=2, le=10**6)]
@@ -212,56 +205,3 @@ class OptimizerOptions(Checked):
     lr: Annotated[float, POSITIVE] = 0.1
     momentum: Annotated[float, BELOW_ONE] = 0.0
     weight_decay: Annotated[float, NON_NEGATIVE] = 0.0
-
-
-@dataclass(frozen=True)
-class Run:
-    """One run as the stages and everything under them see it. lipt.run.config builds it once
-    from the composed config (`validate`, `run_of`), every value checked against its declared
-    type and range; below that, nothing reads the composed config. The group nodes (model,
-    optimizer, trainer, pretrain, ...) stay in `config`, resolved to plain values, for
-    lipt.stages.build to instantiate, each against its `_target_`'s own signature."""
-
-    settings: RunSettings
-    dataset: DatasetSettings
-    selector: SelectorSettings | None  # None: selector=none, which selects nothing
-    budget: Budget  # the `budget` group's option (lipt.budget), built from its node
-    config: Mapping[str, Any]  # the whole config, resolved: summary.json records it
-
-    @property
-    def folder(self) -> Path:
-        """The run folder (paths.output_dir): each stage creates and locks it first
-        (lipt.core.job.run_dir); what the stages build writes there."""
-        return Path(self.settings.paths["output_dir"])
-
-    def node(self, group: str) -> dict[str, Any]:
-        """A group's resolved node ({} where this run has none)."""
-        node = self.config.get(group)
-        return dict(node) if isinstance(node, Mapping) else {}
-
-    @property
-    def main_epochs(self) -> int:
-        """trainer.max_epochs: the whole pool's full schedule, which `fraction` is a share of
-        (a budget may train fewer: `Budget.schedule`)."""
-        return int(self.node("trainer")["max_epochs"])
-
-    @property
-    def pretrain_name(self) -> str:
-        return str(self.node("pretrain").get("name"))
-
-    @property
-    def gives_way_to_saved_subset(self) -> bool:
-        """A saved subset (subset_path) replaces the selection, and with it a whole-pool
-        budget: the subset trains trainer.max_epochs, unpruned."""
-        return bool(self.settings.subset_path) and not self.budget.trains_subset
-
-    @property
-    def trains_subset(self) -> bool:
-        """Main training takes a subset: budget=subset, or a saved subset (subset_path)."""
-        return self.budget.trains_subset or bool(self.settings.subset_path)
-
-    @property
-    def prunes(self) -> bool:
-        """Main training prunes the whole pool anew every epoch: budget=infobatch or
-        budget=lipt, where no saved subset replaces it."""
-        return self.budget.prunes and not self.gives_way_to_saved_subset

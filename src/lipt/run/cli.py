@@ -17,9 +17,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lipt.core.errors import UserError, fail, one_line
-from lipt.core.settings import Run
 from lipt.run.frontier_sweep import check_frontier_settings, with_reference
 from lipt.run.slurm import check_slurm_launcher, is_slurm_launcher
+from lipt.stages.run import Run
 
 
 def config_dir() -> Path:

@@ -1,5 +1,5 @@
 """The entry layer's reader of the config: a composed config becomes the run's typed settings
-(lipt.core.settings.Run), checked before anything is computed or written. Below the entry layer,
+(lipt.stages.run.Run), checked before anything is computed or written. Below the entry layer,
 nothing reads the composed config: lipt.stages.build instantiates the parts from the Run."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from omegaconf.errors import MissingMandatoryValue
 from lipt.core.budget import Budget
 from lipt.core.errors import UserError
 from lipt.core.schema import HYDRA_KEYS, check_mapping, parameters
-from lipt.core.settings import DatasetSettings, Run, RunSettings, SelectorSettings
+from lipt.core.settings import DatasetSettings, RunSettings, SelectorSettings
 from lipt.run.groups import locate
 from lipt.run.rules import check_groups_together, check_settings
+from lipt.stages.run import Run
 
 BUDGETS = "subset, full, full_steps, full_schedule, infobatch or lipt"
 

@@ -25,8 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from lipt.core import console
 from lipt.core.errors import UserError
-from lipt.core.settings import Run, SelectorSettings
+from lipt.core.settings import SelectorSettings
 from lipt.run.checks import innermost, resolved
+from lipt.stages.run import Run
 
 # Rows, classes and features of the tiny pool the selector is tried on.
 DRY_RUN_ROWS, DRY_RUN_FEATURES = 64, 8

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lipt.core.errors import UserError
-from lipt.core.settings import Run
+from lipt.stages.run import Run
 
 NO_PRETRAINING = "lipt.stages.pretrain.NoPretraining"
 JIGSAW_CLEANING = "lipt.cleaning.JigsawCleaning"

@@ -1,5 +1,5 @@
 """The stages' builder: a run's parts, instantiated from its resolved group nodes
-(lipt.core.settings.Run): data module, models, Lightning module, trainer, loggers, callbacks, the
+(lipt.stages.run.Run): data module, models, Lightning module, trainer, loggers, callbacks, the
 selector and pre-training's parts. Each group's option names its class or function with
 `_target_` (Hydra's `instantiate`, on plain values: the composed config stays above, in
 lipt.run.config)."""
@@ -18,18 +18,20 @@ from lipt.core import console
 from lipt.core.artifacts import AtomicCheckpointIO
 from lipt.core.console import shown
 from lipt.core.job import sweep_dir_of_job
-from lipt.core.settings import DatasetSettings, Run
+from lipt.core.settings import DatasetSettings
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext
 from lipt.models.classifier import QUIET_TRAINER, Classifier
 from lipt.models.options import apply_speed_options
 from lipt.models.schedules import LEARNER_SCHEDULES
+from lipt.stages.run import Run
 
 
 def build_datamodule(run: Run) -> DataModule:
     """The `dataset` node's data module (`_target_`, lipt.data.DataModule), set up: its keys
     less the label and the reader's, which `load` has taken already."""
-    node = DatasetSettings.module_node(run.node("dataset"))
+    readers = DatasetSettings.READER_KEYS  # the label and the reader's keys
+    node = {k: v for k, v in run.node("dataset").items() if k not in readers}
     dm = instantiate(node, batch_size=run.settings.batch_size, _convert_="all")
     dm.setup()
     return cast(DataModule, dm)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,6 @@ from lipt.core import console
 from lipt.core.artifacts import atomic_write_bytes, write_json
 from lipt.core.errors import UserError
 from lipt.core.job import is_ddp_child
-from lipt.core.settings import Run
 from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import ISSUES_PICTURE, write_issues_picture
@@ -52,6 +52,9 @@ from lipt.stages.build import (
 )
 from lipt.stages.pretrain import pretrain_model, pretrain_stats
 from lipt.stages.results import Cleaned
+from lipt.stages.run import Run
+
+log = logging.getLogger(__name__)
 
 ISSUES_FILE = "label_issues.csv"
 CLEAN_FILE = "clean.json"
@@ -79,7 +82,7 @@ def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | N
     scored: Scored | None = None
     if reuse and saved.is_file() and costs.is_file():
         cleaned = Cleaned(read_issues(saved), {})
-        console.stage(f"cleaning: {len(cleaned.issues):,} label issues read from {saved}")
+        log.info(f"cleaning: {len(cleaned.issues):,} label issues read from {saved}")
     else:
         cleaned, scored = find_scored_issues(run, dm, method)
     if (resume or is_ddp_child()) and costs.is_file():
@@ -172,7 +175,7 @@ def find_scored_issues(run: Run, dm: DataModule, method: Method) -> tuple[Cleane
     }
     if dm.label_changes is not None:
         stats.update(detection_quality(issues.rows, dm.label_changes.wrong[pool]))
-    console.stage(
+    log.info(
         f"cleaning: {len(issues):,} of {len(pool):,} labels flagged by cleanlab on {found.what} "
         f"({stats['detection_seconds']:.0f} s); action: {method.action}"
         + (
@@ -199,7 +202,7 @@ def run_datalab(scored: Scored, out: Path, filter_by: str) -> dict[str, Any]:
         outputs.targets, outputs.embeddings, scored.probs, outputs.indices, filter_by=filter_by
     )
     write_datalab(out, report)
-    console.stage(
+    log.info(
         "cleaning: Datalab flagged "
         + ", ".join(f"{v['flagged']:,} {k}" for k, v in report.summary.items())
         + f" ({report.seconds:.0f} s)"

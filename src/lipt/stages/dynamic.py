@@ -4,6 +4,7 @@ that prunes."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,12 +15,14 @@ from torch import Tensor
 from lipt.core import console
 from lipt.core.artifacts import write_json
 from lipt.core.job import is_ddp_child
-from lipt.core.settings import Run
 from lipt.data import DataModule
 from lipt.dynamic.callback import DynamicPruning, ensemble_scores
 from lipt.dynamic.plan import PruningMethod
 from lipt.jigsaw.context import Pretrained
+from lipt.stages.run import Run
 from lipt.stages.select import STAGES_FILE, Ranking, ranking_models
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,7 +47,7 @@ def score_with_ensemble(
     `made`: the soup, pre-trained in this run already (by label cleaning)."""
     ranking = ranking_models(run, dm, made)
     scorers = "the soup" if ranking.heads is None else f"the soup and {len(ranking.heads)} heads"
-    console.stage(
+    log.info(
         f"selection: {scorers} score the pool of {len(dm.pool_indices):,}; each pruned epoch "
         "keeps a sample with a probability that follows its score"
     )

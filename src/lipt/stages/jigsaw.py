@@ -13,11 +13,11 @@ from typing import Any
 
 from lipt.core.artifacts import write_json
 from lipt.core.job import run_dir
-from lipt.core.settings import Run
 from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.strategy import merge_saved, train_learner_group
 from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
+from lipt.stages.run import Run
 from lipt.stages.summary import summary_payload
 
 
@@ -30,7 +30,7 @@ def run_learner_job(run: Run) -> dict[str, Any]:
     settings: JigsawSettings = build_part(run.node("pretrain"))
     ids = settings.learner_ids()
     assert ids is not None
-    out = run_dir(run)
+    out = run_dir(run.folder)
     dm = build_datamodule(run)
     ctx = build_pretrain_context(run, dm)
     seed = run.settings.seed

@@ -8,6 +8,7 @@ is called as `strategy(ctx, dm, model, seed) -> Pretrained`. `run` is `pretrain.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -20,13 +21,16 @@ from torch import nn
 from lipt.core import console
 from lipt.core.bounds import POSITIVE, Interval
 from lipt.core.job import run_dir
-from lipt.core.settings import Checked, Run
+from lipt.core.settings import Checked
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext, Pretrained
 from lipt.jigsaw.strategy import JigsawPretraining
 from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.stages.jigsaw import run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
+from lipt.stages.run import Run
+
+log = logging.getLogger(__name__)
 
 
 class Strategy(Protocol):
@@ -85,11 +89,11 @@ def pretrain_model(run: Run, dm: DataModule, seed: int) -> Pretrained:
     start = time.perf_counter()
     strategy: Strategy = build_part(run.node("pretrain"))
     ctx = build_pretrain_context(run, dm)
-    console.stage(describe_pretrain(run, len(dm.pool_indices)))
+    log.info(describe_pretrain(run, len(dm.pool_indices)))
     result = strategy(ctx, dm, build_model(run, seed), seed)
     result.seconds = time.perf_counter() - start
     if result.report:
-        console.stage(soup_line(result.report))
+        log.info(soup_line(result.report))
     return result
 
 
@@ -142,7 +146,7 @@ def run(run: Run) -> dict[str, Any]:
     if isinstance(strategy, JigsawPretraining) and strategy.learners is not None:
         # One job of a learner multirun: no soup here (the soup callback merges at the end).
         return run_learner_job(run)
-    out = run_dir(run)
+    out = run_dir(run.folder)
     dm = build_datamodule(run)
     result = pretrain_model(run, dm, run.settings.seed)
     return write_pretrain_outputs(run, dm, build_pretrain_context(run, dm), result, out)

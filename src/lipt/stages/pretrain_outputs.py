@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from lipt.core.artifacts import save_checkpoint, write_json
-from lipt.core.settings import Run
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext, Pretrained, pretrain_payload
+from lipt.stages.run import Run
 from lipt.stages.summary import summary_payload
 
 

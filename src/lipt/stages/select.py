@@ -22,7 +22,7 @@ from lipt.core.artifacts import load_checkpoint, save_subset, write_json
 from lipt.core.errors import UserError
 from lipt.core.job import run_dir
 from lipt.core.seeding import repeat_seed
-from lipt.core.settings import Run, SelectorSettings
+from lipt.core.settings import SelectorSettings
 from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained, heads_from_payload
 from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
@@ -32,6 +32,7 @@ from lipt.stages.build import build_datamodule, build_model, build_selector
 from lipt.stages.clean import clean_pool
 from lipt.stages.pretrain import pretrain_model, pretrain_stats
 from lipt.stages.results import Cleaned, Selected
+from lipt.stages.run import Run
 from lipt.stages.summary import subset_class_counts, summary_payload
 
 log = logging.getLogger(__name__)
@@ -146,7 +147,7 @@ def choose_subset(
     selector = chosen_selector(run)
     pool_size = len(dm.pool_indices)
     budget = budget_for(run, pool_size)
-    console.stage(describe_selection(selector, budget, pool_size))
+    log.info(describe_selection(selector, budget, pool_size))
     fn = build_selector(run)
     if models and selector.needs_model:
         rows = pool_size * len(models) + len(dm.val_indices)
@@ -269,7 +270,7 @@ def run(run: Run) -> dict[str, Any]:
     subset.npz, merge_report.json (a soup made here) and summary.json."""
     if run.selector is None:
         raise UserError("selector=none selects nothing; choose a selector, e.g. selector=glister")
-    out = run_dir(run)
+    out = run_dir(run.folder)
     dm = build_datamodule(run)
     cleaned = clean_pool(run, dm, out, resume=False)
     selected = select_subset(run, dm, None if cleaned is None else cleaned.pretrained)

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lipt.core.settings import Run
 from lipt.data import DataModule
+from lipt.stages.run import Run
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,6 @@ from lipt.core.artifacts import check_subset, load_subset, write_json
 from lipt.core.errors import UserError
 from lipt.core.host import core_ticks, host, load_average, other_cores_busy
 from lipt.core.job import is_ddp_child, run_dir, sweep_dir_of_job, wait_for_file
-from lipt.core.settings import Run
 from lipt.data import DataModule
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.jigsaw.context import Pretrained
@@ -44,6 +43,7 @@ from lipt.stages.clean import clean_pool
 from lipt.stages.dynamic import DynamicSetup, describe, dynamic_pruning
 from lipt.stages.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
 from lipt.stages.results import Cleaned, Selected, Trained
+from lipt.stages.run import Run
 from lipt.stages.select import (
     STAGES_FILE,
     SUBSET_FILE,
@@ -159,7 +159,7 @@ def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
     finished = out / "summary.json"
     if run.settings.ckpt_path != "last" or not finished.is_file() or is_ddp_child():
         return None
-    console.stage(f"{console.shown(out)} finished already: its summary.json stands")
+    log.info(f"{console.shown(out)} finished already: its summary.json stands")
     summary: dict[str, Any] = json.loads(finished.read_text())
     return summary
 
@@ -214,7 +214,7 @@ def fit_and_test(
     subset_size = plan.subset_size
     line = describe_training(run, subset_size, len(dm.pool_indices), plan.epochs)
     dynamic, reselect, module = plan.dynamic, plan.reselect, plan.module
-    console.stage(line if dynamic is None else f"{line}; {describe(dynamic.callback.method)}")
+    log.info(line if dynamic is None else f"{line}; {describe(dynamic.callback.method)}")
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     seconds = module.seconds_trained()  # before the test pass; earlier attempts' included
     samples = module.total_samples_seen()
@@ -254,7 +254,7 @@ def run(run: Run) -> dict[str, Any]:
     """`train.py`, on the run's typed settings (lipt.run.config.validate builds them): returns
     summary.json's payload."""
     requeue, run = slurm_attempt(run)
-    out = run_dir(run)
+    out = run_dir(run.folder)
     finished = finished_summary(run, out)
     if finished is not None:
         return finished

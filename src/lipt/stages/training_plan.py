@@ -21,13 +21,13 @@ from torch import Tensor, nn
 from lipt.budget import PoolSizes, Schedule, Subset
 from lipt.core import console
 from lipt.core.seeding import reselect_seed
-from lipt.core.settings import Run
 from lipt.data import DataModule
 from lipt.models.classifier import Classifier
 from lipt.selection.reselection import Reselection
 from lipt.stages.build import build_callbacks, build_classifier, build_loggers, progress_bars
 from lipt.stages.dynamic import DynamicSetup
 from lipt.stages.requeue import RequeueOnSignal
+from lipt.stages.run import Run
 from lipt.stages.seen import SeenSamples
 from lipt.stages.select import choose_subset, subset_meta
 
