@@ -128,6 +128,9 @@ REFUSED = [
     (["budget=lipt", "+budget.bogus=1"], ["budget=lipt", "bogus"]),
     (["budget._target_=lipt.budget.Nothing"], ["budget._target_", "cannot be imported"]),
     (["selector=random", "+selector.budget_steps=true"], ["budget_steps", "selector=random"]),
+    (["optimized_metric=val_accuracy", "dataset.val_size=0"], ["optimized_metric", "val_size=0"]),
+    (["optimized_metric=val_accuracy", "stage=pretrain"], ["train.py's", "pretrain.py"]),
+    (["optimized_metric=test_accuracy"], ["optimized_metric", "val_accuracy"]),
 ]
 
 

@@ -15,9 +15,9 @@ from lipt.core.settings import DatasetSettings, RunSettings, SelectorSettings
 
 @dataclass(frozen=True)
 class Run:
-    """One run as the stages and everything under them see it. lipt.run.config builds it once
-    from the composed config (`validate`, `run_of`), every value checked against its declared
-    type and range; below that, nothing reads the composed config. The group nodes (model,
+    """One run as the stages see it. lipt.run.config builds it once from the composed config
+    (`validate`, `run_of`), every value checked against its declared type and range; below
+    that, nothing reads the composed config. The group nodes (model,
     optimizer, trainer, pretrain, ...) stay in `config`, resolved to plain values, for
     lipt.stages.build to instantiate, each against its `_target_`'s own signature."""
 
