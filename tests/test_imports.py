@@ -202,7 +202,6 @@ ENTRY_LAYER = {
     for m in (
         "cli",
         "config",
-        "checks",
         "preflight",
         "groups",
         "rules",

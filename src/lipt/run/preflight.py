@@ -26,8 +26,23 @@ from omegaconf import DictConfig, OmegaConf
 from lipt.core import console
 from lipt.core.errors import UserError
 from lipt.core.settings import SelectorSettings
-from lipt.run.checks import innermost, resolved
 from lipt.stages.run import Run
+
+
+def resolved(node: Any) -> Any:
+    """A composed node as plain values, its interpolations resolved against the whole config
+    (gradmatch's batch_size: ${batch_size}): what lipt.stages.build.build_part takes."""
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def innermost(e: BaseException) -> str:
+    """The innermost message of a library's refusal, on one line: Hydra wraps the library's own
+    error (a TypeError of a key it does not take, a ValueError of a value it refuses)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
 
 # Rows, classes and features of the tiny pool the selector is tried on.
 DRY_RUN_ROWS, DRY_RUN_FEATURES = 64, 8
