@@ -14,9 +14,9 @@ from omegaconf.errors import MissingMandatoryValue
 
 from lipt.core.budget import Budget
 from lipt.core.errors import UserError
-from lipt.core.schema import HYDRA_KEYS, check_mapping, parameters
+from lipt.core.schema import HYDRA_KEYS, check_mapping
 from lipt.core.settings import DatasetSettings, RunSettings, SelectorSettings
-from lipt.run.groups import locate
+from lipt.run.groups import check_node, locate
 from lipt.run.rules import check_groups_together, check_settings
 from lipt.stages.run import Run
 
@@ -24,22 +24,14 @@ BUDGETS = "subset, full, full_steps, full_schedule, infobatch or lipt"
 
 
 def _budget(cfg: Mapping[str, Any]) -> Budget:
-    """The `budget` group's option, built from its node: each key checked against the fields
-    of its `_target_` (lipt.budget, plain Python: no torch)."""
+    """The `budget` group's option, built from its node once each key is checked against the
+    fields of its `_target_` (lipt.budget, plain Python: no torch)."""
     node = dict(cfg.get("budget") or {})
-    target = node.pop("_target_", None)
-    if target is None:
+    if "_target_" not in node:
         raise UserError(f"budget has no _target_; choose budget={BUDGETS}")
+    check_node("budget", node)
+    option = locate(str(node.pop("_target_")))
     try:
-        option = locate(str(target))
-    except Exception as e:
-        raise UserError(
-            f"budget._target_={target} cannot be imported ({type(e).__name__}); give a class "
-            "of lipt.budget, or one with its fields and methods (lipt.core.budget.Budget)"
-        ) from e
-    declared, open_keys = parameters(option)
-    try:
-        check_mapping("budget", node, declared, open_keys)
         return cast(Budget, option(**node))
     except (UserError, ValueError, TypeError) as e:
         raise UserError(f"budget={node.get('name')}: {e}") from e
