@@ -176,11 +176,9 @@ def check_selector(cfg: DictConfig) -> None:
     if SelectorSettings.of(node) is None:  # selector=none
         return
     name = node.get("name")
-    try:
+    with refused_as(f"selector={name}", None):
         fn = build_part(resolved(node), RESERVED_SELECTOR_KEYS)
         inspect.signature(fn.func).bind_partial(*fn.args, **fn.keywords)
-    except Exception as e:
-        raise UserError(f"selector={name} settings are invalid: {innermost(e)}") from e
     classes = int(cfg.dataset.num_classes)
     g = torch.Generator().manual_seed(0)
 
