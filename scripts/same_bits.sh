@@ -2,7 +2,7 @@
 # Does a change leave what lipt trains bit for bit? Runs five frontier jobs at seed 0 (the
 # reference, and lipt_dynamic, coverage, infobatch and full_schedule at 10%) on the commit
 # REV and on the working tree, then compares each job's summary numbers, subset file and
-# trained weights. Needs Fashion-MNIST (make data); about 10 minutes on two cores.
+# trained weights. Needs Fashion-MNIST (make data); 11 minutes on two cores.
 #   bash scripts/same_bits.sh REV [OUT]   (OUT: where the two sweeps go, default /tmp/same_bits)
 set -euo pipefail
 rev=${1:?usage: scripts/same_bits.sh REV [OUT]}
