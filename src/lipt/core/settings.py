@@ -115,6 +115,11 @@ class DatasetSettings(Checked):
         "num_test",
     )
 
+    @classmethod
+    def module_node(cls, node: Mapping[str, Any]) -> dict[str, Any]:
+        """The `dataset` node as its data module (`_target_`) takes it: less the reader's keys."""
+        return {k: v for k, v in node.items() if k not in cls.READER_KEYS}
+
     name: str
     data_dir: str | None
     num_classes: Annotated[int, Interval(ge=2, le=10**6)]

@@ -23,7 +23,7 @@ from lipt.stages.run import Run
 BUDGETS = "subset, full, full_steps, full_schedule, infobatch or lipt"
 
 
-def _budget(cfg: Mapping[str, Any]) -> Budget:
+def _built_budget(cfg: Mapping[str, Any]) -> Budget:
     """The `budget` group's option, built from its node once each key is checked against the
     fields of its `_target_` (lipt.budget, plain Python: no torch)."""
     node = dict(cfg.get("budget") or {})
@@ -115,7 +115,9 @@ def run_of(cfg: DictConfig) -> Run:
     resolved. The checks across keys and against the libraries are `validate`'s."""
     values = plain(cfg)
     top, dataset = run_settings(values), dataset_settings(values)
-    return Run(top, dataset, SelectorSettings.of(values.get("selector")), _budget(values), values)
+    return Run(
+        top, dataset, SelectorSettings.of(values.get("selector")), _built_budget(values), values
+    )
 
 
 def validate(cfg: DictConfig, deep: bool = True) -> Run:

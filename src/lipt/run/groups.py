@@ -125,6 +125,6 @@ def check_groups(cfg: DictConfig, values: Mapping[str, Any]) -> None:
         if isinstance(load, Mapping) and "_target_" in load:
             check_node_target("dataset.load", load)
         # the data module takes the keys but the reader's (lipt.core.settings.DatasetSettings)
-        module = {k: v for k, v in dataset.items() if k not in DatasetSettings.READER_KEYS}
+        module = DatasetSettings.module_node(dataset)
         module.pop("load", None)  # checked above, against the reader's own target
         check_node_target("dataset", module)

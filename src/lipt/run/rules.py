@@ -165,7 +165,8 @@ def _jigsaw(run: Run) -> None:
             f"augment.magnitude={augment['magnitude']} is invalid: use "
             f"0..{augment['num_magnitude_bins'] - 1} (below augment.num_magnitude_bins)"
         )
-    low, high = run.node("prune").get("density_low"), run.node("prune").get("density_high")
+    prune = run.node("prune")
+    low, high = prune.get("density_low"), prune.get("density_high")
     if low is not None and high is not None and low > high:
         raise UserError(
             f"prune.density_low={low!r}, prune.density_high={high!r} are invalid: densities are "

@@ -30,8 +30,7 @@ from lipt.stages.run import Run
 def build_datamodule(run: Run) -> DataModule:
     """The `dataset` node's data module (`_target_`, lipt.data.DataModule), set up: its keys
     less the label and the reader's, which `load` has taken already."""
-    readers = DatasetSettings.READER_KEYS  # the label and the reader's keys
-    node = {k: v for k, v in run.node("dataset").items() if k not in readers}
+    node = DatasetSettings.module_node(run.node("dataset"))
     dm = instantiate(node, batch_size=run.settings.batch_size, _convert_="all")
     dm.setup()
     return cast(DataModule, dm)
