@@ -18,7 +18,7 @@ from lipt.core import console
 from lipt.core.artifacts import AtomicCheckpointIO
 from lipt.core.console import shown
 from lipt.core.job import sweep_dir_of_job
-from lipt.core.settings import DatasetSettings
+from lipt.core.settings import DatasetSettings, SelectorSettings
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext
 from lipt.models.classifier import QUIET_TRAINER, Classifier
@@ -51,8 +51,8 @@ def build_model(run: Run, seed: int) -> nn.Module:
     )
 
 
-# Keys of a selector config that are lipt's, not the selector function's.
-RESERVED_SELECTOR_KEYS = ("name", "balance", "needs_model", "repeats")
+# Keys of a selector config that are lipt's (SelectorSettings), not the selector function's.
+RESERVED_SELECTOR_KEYS = tuple(SelectorSettings.keys())
 
 
 def build_part(node: Mapping[str, Any], reserved: Sequence[str] = ()) -> Any:

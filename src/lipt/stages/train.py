@@ -1,10 +1,10 @@
 """Stage 3 and the whole pipeline (`train.py`): pre-train, select, train on the subset, test.
 
-`run` reads as a run goes, one named step each: a SLURM attempt, a finished run kept as it is,
-the data, where to resume from, label cleaning, the training set (a subset selected by
-lipt.stages.select's own `select_subset` or loaded, or the whole pool under dynamic pruning),
-the initial model, the training plan (lipt.stages.training_plan: what trains, for how long, with
-which callbacks), the fit and the test, and summary.json built from the stages' results.
+`run` reads as a run goes, one named step each: a SLURM attempt, a finished run kept as it is, the
+data, where to resume from, label cleaning, the training set (lipt.stages.training_set: a subset
+selected or loaded, or the whole pool under dynamic pruning), the initial model, the training plan
+(lipt.stages.training_plan: what trains, for how long, with which callbacks), the fit and the test,
+and summary.json built from the stages' results.
 
 Under DDP, Lightning re-runs the entry script in every extra rank with the same run directory:
 rank 0 pre-trains and selects before the trainer starts, writes subset.npz, and the extra ranks
@@ -15,46 +15,32 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor, nn
 
 from lipt.core import console
-from lipt.core.artifacts import check_subset, load_subset, write_json
+from lipt.core.artifacts import write_json
 from lipt.core.errors import UserError
 from lipt.core.host import core_ticks, host, load_average, other_cores_busy
-from lipt.core.job import is_ddp_child, run_dir, sweep_dir_of_job, wait_for_file
+from lipt.core.job import is_ddp_child, run_dir, sweep_dir_of_job
 from lipt.data import DataModule
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
-from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import log_to_wandb
-from lipt.selection.reselection import latest_subset
-from lipt.stages.build import (
-    build_datamodule,
-    build_model,
-    build_trainer,
-)
+from lipt.stages.build import build_datamodule, build_model, build_trainer
 from lipt.stages.clean import clean_pool
-from lipt.stages.dynamic import DynamicSetup, describe, dynamic_pruning
+from lipt.stages.dynamic import describe
 from lipt.stages.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
-from lipt.stages.results import Cleaned, Selected, Trained
+from lipt.stages.results import Trained
 from lipt.stages.run import Run
-from lipt.stages.select import (
-    STAGES_FILE,
-    SUBSET_FILE,
-    chosen_selector,
-    ranking_models,
-    select_subset,
-    with_cleaning,
-    write_selection,
-)
+from lipt.stages.select import SUBSET_FILE, with_cleaning
 from lipt.stages.summary import subset_class_counts, summary_payload
 from lipt.stages.training_plan import TrainingPlan, training_plan
+from lipt.stages.training_set import TrainingSet, training_set_of
 
 log = logging.getLogger(__name__)
 
@@ -80,70 +66,6 @@ def resume_path(run: Run, out: Path) -> str | None:
     return str(ckpt)
 
 
-def load_checked_subset(dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
-    indices, weights, meta = load_subset(path)
-    expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
-    check_subset(path, indices, weights, meta, expected, len(dm.train_source), dm.val_indices)
-    return indices, weights
-
-
-@dataclass
-class TrainingSet:
-    """What main training trains on: the subset (None: the whole pool), and what stages 1 and
-    2 made in this run for it (None: it was loaded, or not needed). `earlier_stages`: a resumed
-    run's stages.pretrain and stages.select, as the attempt that selected recorded them."""
-
-    subset: tuple[Tensor, Tensor] | None
-    selected: Selected | None = None
-    pretrained: Pretrained | None = None
-    pretrain_stats: dict[str, Any] | None = None
-    earlier_stages: dict[str, dict[str, Any]] | None = None
-    score_stats: dict[str, Any] | None = None  # budget=lipt: the pool's pass through the soup
-    dynamic: DynamicSetup | None = None  # the whole pool, pruned anew every epoch
-
-
-def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
-    path = out / STAGES_FILE
-    return json.loads(path.read_text()) if path.is_file() else None  # None: an older run
-
-
-def obtain_subset(
-    run: Run, dm: DataModule, out: Path, resume: str | None, made: Pretrained | None = None
-) -> TrainingSet:
-    """The subset to train on: given (subset_path), none (a whole-pool budget), the one a resumed or
-    restarted run already chose, or selected now exactly as select.py selects (`made`: the
-    model pre-trained in this run already, by label cleaning)."""
-    settings = run.settings
-    if settings.subset_path:
-        return TrainingSet(load_checked_subset(dm, Path(settings.subset_path)))
-    if not run.trains_subset:
-        return TrainingSet(None)
-    selector = chosen_selector(run)
-    saved = out / SUBSET_FILE
-    if resume is not None and saved.is_file():
-        # A resumed run trains on what the first attempt chose (re-selected ones included).
-        completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
-        subset = load_checked_subset(dm, latest_subset(out, completed) or saved)
-        return TrainingSet(subset, earlier_stages=earlier_stages(out))
-    if settings.ckpt_path == "last" and saved.is_file():
-        # Killed after selection, before main training saved an epoch: keep the subset; the
-        # pre-trained model (init_from=pretrained) is merged again from the saved learners.
-        subset = load_checked_subset(dm, saved)
-        log.info("resuming: the subset in %s is kept (not selected again)", saved)
-        earlier = earlier_stages(out)
-        if settings.init_from != "pretrained" or not selector.needs_model or is_ddp_child():
-            return TrainingSet(subset, earlier_stages=earlier)
-        ranking = ranking_models(run, dm, made)
-        return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
-    if is_ddp_child():  # extra DDP ranks read what rank 0 chose (under srun: is choosing)
-        wait_for_file(saved)
-        return TrainingSet(load_checked_subset(dm, saved))
-    selected = select_subset(run, dm, made)
-    write_selection(run, dm, out, selected)
-    subset = (selected.indices, selected.weights)
-    return TrainingSet(subset, selected, selected.pretrained, selected.pretrain_stats)
-
-
 def slurm_attempt(run: Run) -> tuple[RequeueOnSignal | None, Run]:
     """In a SLURM job: the time-limit signal is noted from now on, and a requeued attempt
     resumes from its own folder's last checkpoint (lipt.stages.requeue)."""
@@ -162,30 +84,6 @@ def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
     log.info(f"{console.shown(out)} finished already: its summary.json stands")
     summary: dict[str, Any] = json.loads(finished.read_text())
     return summary
-
-
-def training_set_of(
-    run: Run, dm: DataModule, out: Path, resume: str | None, cleaned: Cleaned | None
-) -> TrainingSet:
-    """What main training trains on, set on `dm`: a subset (obtain_subset), or the whole pool,
-    pruned anew every epoch (budget=infobatch, budget=lipt)."""
-    made = None if cleaned is None else cleaned.pretrained  # by label cleaning
-    training_set = obtain_subset(run, dm, out, resume, made)
-    if run.prunes:
-        dynamic = dynamic_pruning(run, dm, out, resume, made)
-        training_set.dynamic = dynamic
-        training_set.pretrained = dynamic.pretrained
-        training_set.pretrain_stats = dynamic.pretrain_stats
-        training_set.score_stats = dynamic.score_stats
-        if resume is not None:
-            training_set.earlier_stages = earlier_stages(out)
-    if training_set.pretrained is None:
-        training_set.pretrained = made
-    if training_set.subset is None:
-        dm.set_subset(None)
-    else:
-        dm.set_subset(*training_set.subset)
-    return training_set
 
 
 def initial_model(run: Run, training_set: TrainingSet, resume: str | None) -> nn.Module:

@@ -1,0 +1,125 @@
+"""What main training trains on (`training_set_of`): a subset, given (subset_path), kept from an
+earlier attempt, read from rank 0 under DDP, or selected now by lipt.stages.select; or the whole
+pool, pruned anew every epoch by lipt.stages.dynamic (budget=infobatch, budget=lipt).
+
+A resumed run trains on what its first attempt chose, re-selected subsets included, and reports
+the stages that attempt ran (stages.json) rather than running them again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lipt.core.artifacts import check_subset, load_subset
+from lipt.core.job import is_ddp_child, wait_for_file
+from lipt.data import DataModule
+from lipt.jigsaw.context import Pretrained
+from lipt.selection.reselection import latest_subset
+from lipt.stages.dynamic import DynamicSetup, dynamic_pruning
+from lipt.stages.results import Cleaned, Selected
+from lipt.stages.run import Run
+from lipt.stages.select import (
+    STAGES_FILE,
+    SUBSET_FILE,
+    chosen_selector,
+    ranking_models,
+    select_subset,
+    write_selection,
+)
+
+log = logging.getLogger(__name__)
+
+
+def load_checked_subset(dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
+    indices, weights, meta = load_subset(path)
+    expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
+    check_subset(path, indices, weights, meta, expected, len(dm.train_source), dm.val_indices)
+    return indices, weights
+
+
+@dataclass
+class TrainingSet:
+    """What main training trains on: the subset (None: the whole pool), and what stages 1 and
+    2 made in this run for it (None: it was loaded, or not needed). `earlier_stages`: a resumed
+    run's stages.pretrain and stages.select, as the attempt that selected recorded them."""
+
+    subset: tuple[Tensor, Tensor] | None
+    selected: Selected | None = None
+    pretrained: Pretrained | None = None
+    pretrain_stats: dict[str, Any] | None = None
+    earlier_stages: dict[str, dict[str, Any]] | None = None
+    score_stats: dict[str, Any] | None = None  # budget=lipt: the pool's pass through the soup
+    dynamic: DynamicSetup | None = None  # the whole pool, pruned anew every epoch
+
+
+def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
+    path = out / STAGES_FILE
+    return json.loads(path.read_text()) if path.is_file() else None  # None: an older run
+
+
+def obtain_subset(
+    run: Run, dm: DataModule, out: Path, resume: str | None, made: Pretrained | None = None
+) -> TrainingSet:
+    """The subset to train on: given (subset_path), none (a whole-pool budget), the one a resumed or
+    restarted run already chose, or selected now exactly as select.py selects (`made`: the
+    model pre-trained in this run already, by label cleaning)."""
+    settings = run.settings
+    if settings.subset_path:
+        return TrainingSet(load_checked_subset(dm, Path(settings.subset_path)))
+    if not run.trains_subset:
+        return TrainingSet(None)
+    selector = chosen_selector(run)
+    saved = out / SUBSET_FILE
+    if resume is not None and saved.is_file():
+        # A resumed run trains on what the first attempt chose (re-selected ones included).
+        completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
+        subset = load_checked_subset(dm, latest_subset(out, completed) or saved)
+        return TrainingSet(subset, earlier_stages=earlier_stages(out))
+    if settings.ckpt_path == "last" and saved.is_file():
+        # Killed after selection, before main training saved an epoch: keep the subset; the
+        # pre-trained model (init_from=pretrained) is merged again from the saved learners.
+        subset = load_checked_subset(dm, saved)
+        log.info("resuming: the subset in %s is kept (not selected again)", saved)
+        earlier = earlier_stages(out)
+        if settings.init_from != "pretrained" or not selector.needs_model or is_ddp_child():
+            return TrainingSet(subset, earlier_stages=earlier)
+        ranking = ranking_models(run, dm, made)
+        return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
+    if is_ddp_child():  # extra DDP ranks read what rank 0 chose (under srun: is choosing)
+        wait_for_file(saved)
+        return TrainingSet(load_checked_subset(dm, saved))
+    selected = select_subset(run, dm, made)
+    write_selection(run, dm, out, selected)
+    subset = (selected.indices, selected.weights)
+    return TrainingSet(subset, selected, selected.pretrained, selected.pretrain_stats)
+
+
+def training_set_of(
+    run: Run, dm: DataModule, out: Path, resume: str | None, cleaned: Cleaned | None
+) -> TrainingSet:
+    """What main training trains on, set on `dm`: a subset (obtain_subset), or the whole pool,
+    pruned anew every epoch (budget=infobatch, budget=lipt)."""
+    made = None if cleaned is None else cleaned.pretrained  # by label cleaning
+    training_set = obtain_subset(run, dm, out, resume, made)
+    if run.prunes:
+        dynamic = dynamic_pruning(run, dm, out, resume, made)
+        training_set.dynamic = dynamic
+        training_set.pretrained = dynamic.pretrained
+        training_set.pretrain_stats = dynamic.pretrain_stats
+        training_set.score_stats = dynamic.score_stats
+        if resume is not None:
+            training_set.earlier_stages = earlier_stages(out)
+    if training_set.pretrained is None:
+        training_set.pretrained = made
+    if training_set.subset is None:
+        dm.set_subset(None)
+    else:
+        dm.set_subset(*training_set.subset)
+    return training_set
