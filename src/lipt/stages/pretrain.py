@@ -84,11 +84,14 @@ class FullWarmup(Checked):
         return Pretrained(model, 0.0, module.samples_seen, len(dm.pool_indices))
 
 
-def pretrain_model(run: Run, dm: DataModule, seed: int) -> Pretrained:
-    """Run the configured strategy from the common initial model of `seed`."""
+def pretrain_model(
+    run: Run, dm: DataModule, seed: int, ctx: PretrainContext | None = None
+) -> Pretrained:
+    """Run the configured strategy from the common initial model of `seed` (`ctx`: the run's
+    PretrainContext, when the caller built it already)."""
     start = time.perf_counter()
     strategy: Strategy = build_part(run.node("pretrain"))
-    ctx = build_pretrain_context(run, dm)
+    ctx = build_pretrain_context(run, dm) if ctx is None else ctx
     log.info(describe_pretrain(run, len(dm.pool_indices)))
     result = strategy(ctx, dm, build_model(run, seed), seed)
     result.seconds = time.perf_counter() - start
@@ -148,5 +151,6 @@ def run(run: Run) -> dict[str, Any]:
         return run_learner_job(run)
     out = run_dir(run.folder)
     dm = build_datamodule(run)
-    result = pretrain_model(run, dm, run.settings.seed)
-    return write_pretrain_outputs(run, dm, build_pretrain_context(run, dm), result, out)
+    ctx = build_pretrain_context(run, dm)
+    result = pretrain_model(run, dm, run.settings.seed, ctx)
+    return write_pretrain_outputs(run, dm, ctx, result, out)
