@@ -13,6 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from lipt.core.errors import UserError
+from lipt.data.seen import load_seen
 from lipt.dynamic import (
     InfoBatch,
     LiptBudget,
@@ -28,7 +29,6 @@ from lipt.run.cli import precheck
 from lipt.run.config import validate
 from lipt.selection import LearnerHeads
 from lipt.stages import train as train_stage
-from lipt.stages.seen import load_seen
 from tests.helpers import CONFIGS, FAST, run_entry
 
 POOL = 55_000  # Fashion-MNIST's pool: 60,000 minus the 5,000 validation images

@@ -125,7 +125,7 @@ LAYERS = (
     ("data", "models"),
     ("selection",),
     ("jigsaw", "dynamic", "report", "cleaning"),
-    ("budget",),
+    ("budget", "warmup"),
     ("stages",),
     ("run",),
 )

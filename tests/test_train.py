@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from lipt.core.errors import UserError
+from lipt.data.seen import load_seen
 from lipt.jigsaw.learner import state_dict_cpu
 from lipt.models.classifier import Classifier
 from lipt.run.config import run_of, validate
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
 from lipt.stages.build import build_datamodule, build_model
-from lipt.stages.seen import load_seen
 from tests.helpers import FAST, run_entry
 
 

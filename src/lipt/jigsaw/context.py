@@ -1,19 +1,20 @@
 """What a pre-training strategy receives (`PretrainContext`) and returns (`Pretrained`), and the
-payload of pretrain.ckpt: the contract between stage 1 (lipt.stages.pretrain, which builds the
-context from the config through lipt.stages.build) and any strategy of the `pretrain` group
-(jigsaw's, the full warm-up, none), or the Python API (lipt.jigsaw.api)."""
+payload of pretrain.ckpt: the contract (`Strategy`) between stage 1 (lipt.stages.pretrain, which
+builds the context from the config through lipt.stages.build) and any strategy of the `pretrain`
+group (jigsaw's, the full warm-up, none), or the Python API (lipt.jigsaw.api)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lightning as L
 import torch
 from torch import Tensor, nn
 
+from lipt.data import DataModule
 from lipt.jigsaw.parts import Merge, NoAugment, Pruning, RandAugment
 from lipt.models.classifier import Classifier
 from lipt.selection.types import LearnerHeads
@@ -82,6 +83,14 @@ class Pretrained:
             "unique_samples": self.unique_samples,
             **self.counts,
         }
+
+
+class Strategy(Protocol):
+    """A `pretrain` option (`_target_`): pre-train from the common initial `model` of `seed`."""
+
+    def __call__(
+        self, ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int
+    ) -> Pretrained: ...
 
 
 def pretrain_payload(

@@ -83,7 +83,7 @@ class Classifier(L.LightningModule):
         self.make_optimizer: Callable[..., Optimizer] = optimizer or PAPER_SGD
         self.make_scheduler: Callable[..., Any] = scheduler or cosine
         self.loss_norm, self.schedule_over = loss_norm, schedule_over
-        # A step budget the fit stops at (lipt.stages.train's StopAtStep); None: the Trainer's.
+        # A step budget the fit stops at (lipt.models.schedules.StopAtStep); None: the Trainer's.
         self.total_steps = total_steps
         self.model = model
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")

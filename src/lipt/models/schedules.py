@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+import lightning as L
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LRScheduler, OneCycleLR
 
@@ -118,3 +119,16 @@ def is_torch_scheduler(make: Callable[..., object]) -> bool:
 
 # The schedules a jigsaw learner names in `pretrain.optim.scheduler`.
 LEARNER_SCHEDULES: dict[str, Schedule] = {"cosine": cosine, "linear": linear, "constant": constant}
+
+
+class StopAtStep(L.Callback):
+    """Ends the fit once `steps` optimiser steps are done: a step budget that a schedule spans
+    (budget=full_schedule, full_steps), mid-epoch too. Lightning's `max_steps` is not used: a
+    fit resumed from an epoch's end would stop an epoch short."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if trainer.global_step >= self.steps:
+            trainer.should_stop = True

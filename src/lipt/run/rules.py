@@ -13,7 +13,7 @@ from pathlib import Path
 from lipt.core.errors import UserError
 from lipt.stages.run import Run
 
-NO_PRETRAINING = "lipt.stages.pretrain.NoPretraining"
+NO_PRETRAINING = "lipt.warmup.NoPretraining"
 JIGSAW_CLEANING = "lipt.cleaning.JigsawCleaning"
 LINEAR_SCHEDULE = "lipt.models.schedules.linear"
 

@@ -16,7 +16,7 @@ SLURM job array), it
   with one line that names it (exit 2), never a hang.
 
 A job requeued by SLURM (preemption, `scontrol requeue`, or the time-limit signal that
-lipt.stages.requeue answers) runs again from the same pickled submission, in the same folder,
+lipt.core.requeue answers) runs again from the same pickled submission, in the same folder,
 and resumes from its last checkpoint.
 """
 

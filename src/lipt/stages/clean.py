@@ -13,8 +13,6 @@ reusing the saved jigsaw learners.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import math
@@ -35,8 +33,9 @@ from lipt.cleaning import (
     score_pool,
     write_datalab,
 )
+from lipt.cleaning.issues_csv import ISSUES_FILE, read_issues, write_issues
 from lipt.core import console
-from lipt.core.artifacts import atomic_write_bytes, write_json
+from lipt.core.artifacts import write_json
 from lipt.core.errors import UserError
 from lipt.core.job import is_ddp_child
 from lipt.data import DataModule
@@ -56,9 +55,7 @@ from lipt.stages.run import Run
 
 log = logging.getLogger(__name__)
 
-ISSUES_FILE = "label_issues.csv"
 CLEAN_FILE = "clean.json"
-COLUMNS = ("index", "given", "suggested", "score")
 
 Method = JigsawCleaning | KFoldCleaning
 
@@ -242,37 +239,3 @@ def apply_action(dm: DataModule, issues: LabelIssues, action: str) -> None:
         dm.drop_from_pool(issues.rows)
     else:
         dm.relabel(issues.rows, issues.suggested)
-
-
-def write_issues(path: Path, issues: LabelIssues) -> None:
-    """label_issues.csv: one row per flagged item, most likely wrong first; `index` is the
-    position in the training split, as subset.npz's indices."""
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(COLUMNS)
-    rows = zip(
-        issues.rows.tolist(),
-        issues.given.tolist(),
-        issues.suggested.tolist(),
-        (f"{q:.6f}" for q in issues.score.tolist()),
-        strict=True,
-    )
-    writer.writerows(rows)
-    atomic_write_bytes(path, text.getvalue().encode())
-
-
-def read_issues(path: Path) -> LabelIssues:
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    if rows and tuple(rows[0]) != COLUMNS:
-        raise UserError(f"{path} is not a label_issues.csv (columns {tuple(rows[0])})")
-
-    def column(name: str, dtype: torch.dtype) -> Tensor:
-        return torch.tensor([float(r[name]) for r in rows], dtype=dtype)
-
-    return LabelIssues(
-        column("index", torch.int64),
-        column("given", torch.int64),
-        column("suggested", torch.int64),
-        column("score", torch.float32),
-    )

@@ -1,29 +1,22 @@
 """Stage 1: pre-train a model whose gradients rank the data (`pretrain` config group).
 
 Each option of the group names its strategy with `_target_`: `none` keeps the common initial
-model (`NoPretraining`), `full` is the classic warm-up over the whole pool, the tax lipt cuts
-(`FullWarmup`), `jigsaw` is the paper's method (lipt.jigsaw.strategy.JigsawPretraining). A strategy
-is called as `strategy(ctx, dm, model, seed) -> Pretrained`. `run` is `pretrain.py`'s body.
+model and `full` is the classic warm-up over the whole pool, the tax lipt cuts (lipt.warmup);
+`jigsaw` is the paper's method (lipt.jigsaw.strategy.JigsawPretraining). A strategy is called as
+`strategy(ctx, dm, model, seed) -> Pretrained` (lipt.jigsaw.context.Strategy). `run` is
+`pretrain.py`'s body.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Protocol
+from typing import Any
 
-import lightning as L
-from torch import nn
-
-from lipt.core import console
-from lipt.core.bounds import POSITIVE, Interval
 from lipt.core.job import run_dir
-from lipt.core.settings import Checked
 from lipt.data import DataModule
-from lipt.jigsaw.context import PretrainContext, Pretrained
+from lipt.jigsaw.context import PretrainContext, Pretrained, Strategy
 from lipt.jigsaw.strategy import JigsawPretraining
 from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.stages.jigsaw import run_learner_job
@@ -31,57 +24,6 @@ from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.run import Run
 
 log = logging.getLogger(__name__)
-
-
-class Strategy(Protocol):
-    """A `pretrain` option: pre-train from the common initial `model` of `seed`."""
-
-    def __call__(
-        self, ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int
-    ) -> Pretrained: ...
-
-
-@dataclass(frozen=True)
-class NoPretraining:
-    """`pretrain=none`: select with the common initial model, untrained."""
-
-    name: str = "none"
-
-    def __call__(
-        self, ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int
-    ) -> Pretrained:
-        return Pretrained(model, trained=False)
-
-
-@dataclass(frozen=True)
-class FullWarmup(Checked):
-    """`pretrain=full`: `epochs` passes over the whole pool, or with `kappa` GradMatch's
-    warm-start T_f = kappa * T_s * fraction (T_s: main training epochs), rounded up
-    (Killamsetty et al., ICML 2021, https://arxiv.org/abs/2103.00123, section 4)."""
-
-    PREFIX: ClassVar[str] = "pretrain"
-
-    name: str = "full"
-    epochs: Annotated[int, Interval(ge=1, le=10**6)] = 10
-    kappa: Annotated[float, POSITIVE] | None = None
-
-    def warmup_epochs(self, main_epochs: int, fraction: float) -> int:
-        if self.kappa is None:
-            return int(self.epochs)
-        return max(1, math.ceil(float(self.kappa) * int(main_epochs) * float(fraction)))
-
-    def __call__(
-        self, ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int
-    ) -> Pretrained:
-        module = ctx.classifier(model)
-        L.seed_everything(seed, workers=True, verbose=False)
-        trainer = ctx.trainer(
-            max_epochs=self.warmup_epochs(ctx.main_epochs, ctx.fraction),
-            enable_progress_bar=console.bars_enabled(),
-        )
-        dm.set_subset(None)
-        trainer.fit(module, train_dataloaders=dm.train_dataloader())
-        return Pretrained(model, 0.0, module.samples_seen, len(dm.pool_indices))
 
 
 def pretrain_model(

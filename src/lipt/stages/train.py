@@ -28,13 +28,13 @@ from lipt.core.artifacts import write_json
 from lipt.core.errors import UserError
 from lipt.core.host import core_ticks, host, load_average, other_cores_busy
 from lipt.core.job import is_ddp_child, run_dir, sweep_dir_of_job
+from lipt.core.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
 from lipt.data import DataModule
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.pictures import log_to_wandb
 from lipt.stages.build import build_datamodule, build_model, build_trainer
 from lipt.stages.clean import clean_pool
 from lipt.stages.dynamic import describe
-from lipt.stages.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
 from lipt.stages.results import Trained
 from lipt.stages.run import Run
 from lipt.stages.select import SUBSET_FILE, with_cleaning
@@ -68,7 +68,7 @@ def resume_path(run: Run, out: Path) -> str | None:
 
 def slurm_attempt(run: Run) -> tuple[RequeueOnSignal | None, Run]:
     """In a SLURM job: the time-limit signal is noted from now on, and a requeued attempt
-    resumes from its own folder's last checkpoint (lipt.stages.requeue)."""
+    resumes from its own folder's last checkpoint (lipt.core.requeue)."""
     requeue = RequeueOnSignal() if in_slurm_job() else None
     if run.settings.ckpt_path is None and restarted_by_slurm():
         run = replace(run, settings=replace(run.settings, ckpt_path="last"))

@@ -4,7 +4,8 @@ the run and what the stages before it made; lipt.stages.train fits it.
 
 How long it trains is the `budget` option's arithmetic (lipt.budget): a subset for
 `trainer.max_epochs`; the whole pool on a step budget (a share of the schedule: `full_schedule`,
-or a subset's steps: `full_steps`), which the schedule spans and StopAtStep ends; InfoBatch's
+or a subset's steps: `full_steps`), which the schedule spans and StopAtStep
+(lipt.models.schedules) ends; InfoBatch's
 fewer epochs; dynamic pruning's epochs of a shrinking pool.
 """
 
@@ -20,15 +21,16 @@ from torch import Tensor, nn
 
 from lipt.budget import PoolSizes, Schedule, Subset
 from lipt.core import console
+from lipt.core.requeue import RequeueOnSignal
 from lipt.core.seeding import reselect_seed
 from lipt.data import DataModule
+from lipt.data.seen import SeenSamples
 from lipt.models.classifier import Classifier
+from lipt.models.schedules import StopAtStep
 from lipt.selection.reselection import Reselection
 from lipt.stages.build import build_callbacks, build_classifier, build_loggers, progress_bars
 from lipt.stages.dynamic import DynamicSetup
-from lipt.stages.requeue import RequeueOnSignal
 from lipt.stages.run import Run
-from lipt.stages.seen import SeenSamples
 from lipt.stages.select import choose_subset, subset_meta
 
 
@@ -46,17 +48,6 @@ class TrainingPlan:
     trainer_settings: dict[str, Any]
     reselect: Reselection | None
     dynamic: DynamicSetup | None
-
-
-class StopAtStep(L.Callback):
-    """Ends the fit once `steps` optimiser steps are done (a step budget, mid-epoch too)."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if trainer.global_step >= self.steps:
-            trainer.should_stop = True
 
 
 def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedule:
