@@ -178,6 +178,8 @@ def test_a_value_a_shared_composition_cannot_set_fails_as_composing_it_alone() -
         ["pretrain=none", "selector=random", "budget=subset"],  # nothing pre-trains
         ["pretrain=jigsaw", "selector=random", "budget=subset"],  # random ranks without a model
         ["budget=infobatch"],  # InfoBatch scores by the training loss
+        # K-fold cleaning trains folds, not a model to start from: refused before the folds train
+        ["pretrain=jigsaw", "selector=random", "budget=subset", "clean=cleanlab"],
     ],
 )
 def test_init_from_pretrained_without_pre_training_is_refused_before_any_stage(
@@ -195,5 +197,11 @@ def test_init_from_pretrained_without_pre_training_is_refused_before_any_stage(
 
 
 def test_init_from_pretrained_passes_where_the_run_pre_trains(make_cfg) -> None:
-    for overrides in (["selector=glister"], ["budget=lipt"], ["selector=coverage"]):
+    cleaned_by_the_soup = ["selector=random", "budget=subset", "clean=lipt"]
+    for overrides in (
+        ["selector=glister"],
+        ["budget=lipt"],
+        ["selector=coverage"],
+        cleaned_by_the_soup,
+    ):
         validate(make_cfg(["init_from=pretrained", *overrides]), deep=False)

@@ -92,16 +92,17 @@ def _budget(run: Run) -> None:
 
 
 def pretrains(run: Run) -> bool:
-    """Whether a train.py run can pre-train a model (what init_from=pretrained starts from):
-    false when pre-training is none, or when neither the selector (a subset it selects), the
-    budget's pruning (budget=lipt) nor label cleaning asks for one."""
-    name_of = {g: str(run.node(g).get("name", "none")) for g in ("pretrain", "clean")}
-    if name_of["clean"] != "none":
-        return True  # cleaning may pre-train on its own (clean=lipt's soup)
+    """Whether a train.py run pre-trains a model (what init_from=pretrained starts from): false
+    when pre-training is none, or when neither the selector (a subset it selects), the budget's
+    pruning (budget=lipt) nor label cleaning (clean=lipt's soup) asks for one. K-fold cleaning
+    (clean=cleanlab, warmup) trains folds, not a pre-trained model."""
+    if run.node("pretrain").get("_target_") == NO_PRETRAINING:
+        return False
+    if run.node("clean").get("_target_") == JIGSAW_CLEANING:
+        return True
     selector = run.selector
     selects = selector is not None and selector.needs_model and run.settings.subset_path is None
-    lipt_pruning = run.prunes and run.budget.needs_ensemble
-    return name_of["pretrain"] != "none" and (selects or lipt_pruning)
+    return selects or (run.prunes and run.budget.needs_ensemble)
 
 
 def _init_from(run: Run) -> None:
