@@ -248,12 +248,7 @@ _BUILT: set[tuple[int, str]] = set()
 
 def settings_of(cfg: DictConfig, keys: Sequence[str]) -> str:
     """The resolved values of `keys`, as one string (a cache key)."""
-    values = {}
-    for key in keys:
-        node = OmegaConf.select(cfg, key)
-        values[key] = (
-            OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
-        )
+    values = {key: resolved(OmegaConf.select(cfg, key)) for key in keys}
     return json.dumps(values, sort_keys=True, default=str)
 
 

@@ -16,7 +16,6 @@ from torch import nn
 
 from lipt.core import console
 from lipt.core.artifacts import AtomicCheckpointIO
-from lipt.core.console import shown
 from lipt.core.job import sweep_dir_of_job
 from lipt.core.settings import DatasetSettings, SelectorSettings
 from lipt.data import DataModule
@@ -186,7 +185,7 @@ def sweep_name() -> str | None:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return None
     sweep = sweep_dir_of_job()
-    return None if sweep is None else shown(sweep)  # multirun/<stage>/<date>/<time>
+    return None if sweep is None else console.shown(sweep)  # multirun/<stage>/<date>/<time>
 
 
 def build_trainer(run: Run, **overrides: Any) -> L.Trainer:

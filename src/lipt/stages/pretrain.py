@@ -17,7 +17,6 @@ from typing import Any
 from lipt.core.job import run_dir
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext, Pretrained, Strategy
-from lipt.jigsaw.strategy import JigsawPretraining
 from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
 from lipt.stages.jigsaw import run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
@@ -87,9 +86,9 @@ def pretrain_stats(results: list[Pretrained]) -> dict[str, Any] | None:
 def run(run: Run) -> dict[str, Any]:
     """`pretrain.py`, on the run's typed settings (lipt.run.config.validate builds them):
     pretrain.ckpt, merge_report.json (jigsaw) and summary.json."""
-    strategy = build_part(run.node("pretrain"))
-    if isinstance(strategy, JigsawPretraining) and strategy.learners is not None:
-        # One job of a learner multirun: no soup here (the soup callback merges at the end).
+    if run.node("pretrain").get("learners") is not None:
+        # One job of a learner multirun (pretrain=jigsaw's key): no soup here (the soup
+        # callback merges at the end).
         return run_learner_job(run)
     out = run_dir(run.folder)
     dm = build_datamodule(run)
