@@ -14,7 +14,7 @@ from lipt.run.config import validate
 from lipt.stages import clean as clean_stage
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
-from lipt.stages.build import build_datamodule
+from lipt.stages.build import build_datamodule, build_parts
 from tests.helpers import FAST
 
 NOISY = [*FAST, "dataset.label_noise.rate=0.3", "dataset.label_noise.seed=4"]
@@ -71,7 +71,7 @@ def test_kfold_cleaning_applies_its_action_to_the_data_module(make_cfg, tmp_path
     run = validate(make_cfg(overrides))
     dm = build_datamodule(run)
     pool, labels = dm.pool_indices.clone(), dm.train_source.labels.clone()
-    cleaned = clean_stage.clean_pool(run, dm, tmp_path, resume=False)
+    cleaned = clean_stage.clean_pool(run, build_parts(run, dm), tmp_path, resume=False)
     assert cleaned is not None
     issues = cleaned.issues
     assert len(issues) > 0 and cleaned.stats["samples"] > 0  # three fold models trained
@@ -95,7 +95,7 @@ def test_kfold_cleaning_applies_its_action_to_the_data_module(make_cfg, tmp_path
 
 def test_a_resumed_kfold_cleaning_reads_its_issues_back(make_cfg, tmp_path, monkeypatch):
     run = validate(make_cfg([*NOISY, "clean=cleanlab", "clean.folds=2"]))
-    first = clean_stage.clean_pool(run, build_datamodule(run), tmp_path, resume=False)
+    first = clean_stage.clean_pool(run, build_parts(run), tmp_path, resume=False)
     assert first is not None
 
     def no_training(*args, **kwargs):
@@ -103,7 +103,7 @@ def test_a_resumed_kfold_cleaning_reads_its_issues_back(make_cfg, tmp_path, monk
 
     monkeypatch.setattr(clean_stage, "train_fold", no_training)
     dm = build_datamodule(run)
-    again = clean_stage.clean_pool(run, dm, tmp_path, resume=True)
+    again = clean_stage.clean_pool(run, build_parts(run, dm), tmp_path, resume=True)
     assert again is not None
     assert torch.equal(again.issues.rows, first.issues.rows)
     assert torch.equal(again.issues.suggested, first.issues.suggested)

@@ -23,7 +23,7 @@ from lipt.core.errors import UserError
 from lipt.jigsaw import checkpoints as jigsaw_checkpoints
 from lipt.run.config import run_of, validate
 from lipt.stages import jigsaw as jigsaw_stage
-from lipt.stages.build import build_datamodule
+from lipt.stages.build import build_parts
 from lipt.stages.pretrain import pretrain_model
 from lipt.stages.pretrain import run as pretrain_run
 from tests.helpers import run_entry
@@ -155,16 +155,16 @@ def test_too_few_learners_is_a_clear_error_and_min_learners_lowers_the_bar(jigsa
     _diverge({1, 2, 3}, monkeypatch)
     cfg = jigsaw_cfg("a")
     with pytest.raises(UserError, match=r"only 1 of 4 .*diverged \[1, 2, 3\].*min_learners=2"):
-        pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed=0)
+        pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
     cfg = jigsaw_cfg("a", "pretrain.min_learners=1")  # the same learners, reused: a soup of one
-    result = pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed=0)
+    result = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
     assert result.stats()["learners_merged"] == 1 and result.report["kept"] == [0]
 
 
 def test_every_learner_diverging_is_a_clear_error(jigsaw_cfg):
     cfg = jigsaw_cfg("a", "pretrain.optim.lr=1e30")
     with pytest.raises(UserError, match="no jigsaw learner is left to merge: all 4 diverged"):
-        pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed=0)
+        pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
 
 
 def _job(cfg: DictConfig, learner: int, folder: Path) -> None:

@@ -23,7 +23,7 @@ from lipt.jigsaw.weights import recompute_batchnorm_stats
 from lipt.run.config import run_of, validate
 from lipt.run.hydra_callbacks import learner_sweep
 from lipt.stages import jigsaw as jigsaw_stage
-from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
+from lipt.stages.build import build_datamodule, build_model, build_part, build_parts
 from lipt.stages.pretrain import pretrain_model
 from lipt.stages.pretrain import run as pretrain_run
 from lipt.stages.select import load_pretrained
@@ -114,7 +114,7 @@ def test_stage_writes_learners_with_disjoint_shards_and_counts_samples(
 
     # select.py ckpt_path=pretrain.ckpt reads the soup.
     soup = _load(tmp_path / "pretrain.ckpt")
-    model = load_pretrained(run_of(cfg), dm, tmp_path / "pretrain.ckpt")
+    model = load_pretrained(run_of(cfg), build_parts(run_of(cfg), dm), tmp_path / "pretrain.ckpt")
     assert all(torch.equal(model.state_dict()[k], v) for k, v in soup["state_dict"].items())
     # ... and the learners' heads, for the coverage selector's ensemble (no second training).
     heads = heads_from_payload(soup)
@@ -142,7 +142,7 @@ def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, m
         return original(cfg, model, **optim)
 
     monkeypatch.setattr(lipt.stages.build, "build_classifier", spy)
-    result = pretrain_model(run_of(cfg), dm, seed=0)
+    result = pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
 
     init = build_model(run_of(cfg), 0).state_dict()
     assert len(starts) == N
@@ -170,7 +170,7 @@ def test_greedy_soup_never_scores_below_its_best_learner(jigsaw_cfg, merge, sear
     interp = merge == "greedy_interp"
     cfg = jigsaw_cfg(f"merge={merge}", *([FEW_RATIOS, f"merge.search={search}"] if interp else []))
     dm = build_datamodule(run_of(cfg))
-    result = pretrain_model(run_of(cfg), dm, seed=0)
+    result = pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
     report = result.report
     scores = [le["accuracy"] for le in report["learners"]]
     assert report["soup_accuracy"] >= max(scores)
@@ -212,7 +212,7 @@ def test_held_out_scores_in_channels_last_as_the_model_does_and_the_soup_keeps_i
     dm = build_datamodule(run_of(cfg))
     init = build_model(run_of(cfg), 0)
     ctx, settings = (
-        build_pretrain_context(run_of(cfg), dm),
+        build_parts(run_of(cfg), dm).context,
         build_part(run_of(cfg).node("pretrain")),
     )
     evaluate = HeldOut(ctx.merge, ctx.device, dm, init, 0, bn_positions(settings, ctx.merge, dm, 0))
@@ -245,7 +245,7 @@ def test_held_out_scores_in_channels_last_as_the_model_does_and_the_soup_keeps_i
 def test_uniform_soup_without_bn_recompute_averages_all_learners(jigsaw_cfg):
     cfg = jigsaw_cfg("merge=uniform", "merge.recompute_bn=false", "prune=none", "augment=none")
     dm = build_datamodule(run_of(cfg))
-    result = pretrain_model(run_of(cfg), dm, seed=0)
+    result = pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
     assert result.report["kept"] == list(range(N))
     learners = [p["state_dict"] for p in result.checkpoints.values()]
     for key, value in result.model.state_dict().items():
@@ -260,7 +260,7 @@ def test_learner_depends_on_seed_and_id_not_on_global_rng(jigsaw_cfg):
     dm = build_datamodule(run_of(cfg))
     init = build_model(run_of(cfg), 0)
     ctx, settings = (
-        build_pretrain_context(run_of(cfg), dm),
+        build_parts(run_of(cfg), dm).context,
         build_part(run_of(cfg).node("pretrain")),
     )
     shard = jigsaw_learner.learner_shard(settings, dm, 0, 2)
@@ -307,7 +307,7 @@ def test_diverged_and_failed_learners_are_left_out_with_a_warning(jigsaw_cfg, mo
     monkeypatch.setattr(jigsaw_learner, "state_dict_cpu", nan_for_learner_1)
     monkeypatch.setattr(jigsaw_learner, "prune_learner", raise_for_learner_3)
     with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
-        result = pretrain_model(run_of(cfg), dm, seed=0)
+        result = pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
     report = result.report
     status = {le["id"]: le["status"] for le in report["learners"]}
     assert status == {0: "ok", 1: "diverged", 2: "ok", 3: "failed"}
@@ -327,14 +327,14 @@ def test_no_learner_left_is_a_clear_error(jigsaw_cfg, monkeypatch):
     dm = build_datamodule(run_of(cfg))
     monkeypatch.setattr(jigsaw_learner, "state_dict_cpu", lambda model: _poison(model.state_dict()))
     with pytest.raises(UserError, match=r"no jigsaw learner is left to merge: all 4 diverged"):
-        pretrain_model(run_of(cfg), dm, seed=0)
+        pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
 
 
 def test_shards_larger_than_the_pool_are_a_clear_error(jigsaw_cfg):
     cfg = jigsaw_cfg("pretrain.num_learners=20")  # 20 * 1 * 32 > the pool of 500
     dm = build_datamodule(run_of(cfg))
     with pytest.raises(UserError, match=r"pretrain\.num_learners"):
-        pretrain_model(run_of(cfg), dm, seed=0)
+        pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
 
 
 @pytest.mark.parametrize(
@@ -389,13 +389,13 @@ def test_a_bad_learner_sweep_fails_before_any_job(tmp_path):
 def test_learner_ids_are_for_multirun_jobs_only(jigsaw_cfg):
     cfg = jigsaw_cfg("pretrain.learners=1")
     with pytest.raises(UserError, match=r"pretrain\.learners selects learners"):
-        pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed=0)
+        pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
 
 
 def test_snip_and_random_pruning_run(jigsaw_cfg):
     for method in ("snip", "random"):
         cfg = jigsaw_cfg(f"prune={method}", "pretrain.num_learners=2", "merge=uniform")
-        result = pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed=0)
+        result = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
         extra = B if method == "snip" else 0  # SNIP's one forward+backward batch per learner
         assert result.samples == 2 * (K * M * B + extra)
         assert all(0.85 <= p["density"] <= 0.95 for p in result.checkpoints.values())
@@ -451,7 +451,7 @@ def test_merge_from_saved_learners_equals_the_sweep_merge(jigsaw_cfg, tmp_path):
     summary = jigsaw_stage.merge_learner_dir(run_of(cfg), folder, tmp_path / "sweep")
     again = jigsaw_cfg(f"pretrain.merge_from={folder}")
     validate(again)
-    result = pretrain_model(run_of(again), build_datamodule(run_of(again)), seed=0)
+    result = pretrain_model(run_of(again), build_parts(run_of(again)), seed=0)
     merged = _load(tmp_path / "sweep" / "pretrain.ckpt")["state_dict"]
     assert all(torch.equal(merged[k], v) for k, v in result.model.state_dict().items())
     assert result.samples == summary["stages"]["pretrain"]["samples"] == N * K * M * B

@@ -312,7 +312,7 @@ def test_a_run_writes_only_inside_its_run_dir(tmp_path):
 
 
 def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_path):
-    from lipt.stages.build import build_datamodule
+    from lipt.stages.build import build_datamodule, build_parts
     from lipt.stages.select import choose_subset, ranking_models
 
     results = []
@@ -328,8 +328,8 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
             ]
         )
         dm = build_datamodule(run_of(cfg))
-        models = ranking_models(run_of(cfg), dm).models
-        results.append(choose_subset(run_of(cfg), dm, models, seed=0))
+        models = ranking_models(run_of(cfg), build_parts(run_of(cfg), dm)).models
+        results.append(choose_subset(run_of(cfg), build_parts(run_of(cfg), dm), models, seed=0))
     (i0, w0), (i1, w1) = results
     assert torch.equal(i0, i1)
     assert torch.equal(w0, w1)  # bit for bit, not allclose
@@ -345,12 +345,17 @@ def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_pat
         ]
     )
     dm = build_datamodule(run_of(other))
-    i2, _ = choose_subset(run_of(other), dm, ranking_models(run_of(other), dm).models, seed=1)
+    i2, _ = choose_subset(
+        run_of(other),
+        build_parts(run_of(other), dm),
+        ranking_models(run_of(other), build_parts(run_of(other), dm)).models,
+        seed=1,
+    )
     assert not torch.equal(i0, i2)
 
 
 def test_same_config_and_seed_give_the_same_soup_bit_for_bit(make_cfg, tmp_path):
-    from lipt.stages.build import build_datamodule
+    from lipt.stages.build import build_parts
     from lipt.stages.pretrain import pretrain_model
 
     def soup(seed: int, attempt: str) -> dict[str, torch.Tensor]:
@@ -363,7 +368,7 @@ def test_same_config_and_seed_give_the_same_soup_bit_for_bit(make_cfg, tmp_path)
                 f"paths.output_dir={tmp_path / attempt}",
             ]
         )
-        result = pretrain_model(run_of(cfg), build_datamodule(run_of(cfg)), seed)
+        result = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed)
         return result.model.state_dict()
 
     first, second, other = soup(0, "a"), soup(0, "b"), soup(1, "c")

@@ -15,7 +15,7 @@ from lipt.run.config import run_of, validate
 from lipt.selection import split_budget
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
-from lipt.stages.build import build_datamodule, build_model
+from lipt.stages.build import build_datamodule, build_model, build_parts
 from lipt.stages.select import choose_subset, ranking_models
 from tests.helpers import CONFIGS, FAST
 
@@ -35,7 +35,7 @@ def test_default_selection_is_class_balanced(make_cfg, selector: str) -> None:
     pool_counts = torch.bincount(labels[dm.pool_indices]).tolist()
     budget = round(0.3 * len(dm.pool_indices))
     model = build_model(run_of(cfg), 0)
-    indices, _ = choose_subset(run_of(cfg), dm, [model], 0)
+    indices, _ = choose_subset(run_of(cfg), build_parts(run_of(cfg), dm), [model], 0)
     counts = torch.bincount(labels[indices], minlength=len(pool_counts)).tolist()
     assert counts == split_budget(pool_counts, budget), (selector, counts, pool_counts)
 
@@ -68,9 +68,9 @@ def test_no_validation_rows_is_a_user_error_before_any_work(make_cfg, tmp_path) 
     assert len(dm.val_indices) == 0
     cfg.selector.target = "val"
     with pytest.raises(UserError, match="validation split"):
-        choose_subset(run_of(cfg), dm, [build_model(run_of(cfg), 0)], 0)
+        choose_subset(run_of(cfg), build_parts(run_of(cfg), dm), [build_model(run_of(cfg), 0)], 0)
     with pytest.raises(UserError, match="validation split"):
-        ranking_models(run_of(cfg), dm)
+        ranking_models(run_of(cfg), build_parts(run_of(cfg), dm))
 
 
 def test_gradmatch_per_batch_runs_from_the_config(make_cfg) -> None:
@@ -86,7 +86,9 @@ def test_gradmatch_per_batch_runs_from_the_config(make_cfg) -> None:
     assert cfg.selector.batch_size == cfg.batch_size == 32  # the training batch, as in CORDS
     dm = build_datamodule(run_of(cfg))
     diagnostics: dict[str, int] = {}
-    indices, weights = choose_subset(run_of(cfg), dm, [build_model(run_of(cfg), 0)], 0, diagnostics)
+    indices, weights = choose_subset(
+        run_of(cfg), build_parts(run_of(cfg), dm), [build_model(run_of(cfg), 0)], 0, diagnostics
+    )
     assert len(indices) == 50 and diagnostics["backfill_rows"] <= 50
     # one weight per 32-row batch: 2 batches (the second cut to 18 rows), unless OMP stopped
     assert len(torch.unique(weights)) <= 2 + diagnostics["backfill_rows"]

@@ -189,23 +189,23 @@ def test_exact_budget_seeded_and_bad_settings() -> None:
 
 
 def test_the_coverage_pipeline_selects_and_hands_the_selector_the_heads(make_cfg) -> None:
-    from lipt.stages.build import build_datamodule, build_model
+    from lipt.stages.build import build_datamodule, build_model, build_parts
     from lipt.stages.select import choose_subset
     from tests.helpers import FAST
 
     cfg = make_cfg([*FAST, "selector=coverage", "budget=subset", "fraction=0.3"])
     dm = build_datamodule(run_of(cfg))
     model = build_model(run_of(cfg), 0)
-    indices, weights = choose_subset(run_of(cfg), dm, [model], 0)
+    indices, weights = choose_subset(run_of(cfg), build_parts(run_of(cfg), dm), [model], 0)
     assert len(indices) == round(0.3 * len(dm.pool_indices)) == len(indices.unique())
     assert bool((weights == 1).all())
     # The learner heads reach the selector: heads of the wrong width are refused there.
     width = model.classifier.in_features
     wrong = LearnerHeads(torch.zeros(3, dm.num_classes, width + 1), torch.zeros(3, dm.num_classes))
     with pytest.raises(ValueError, match="do not fit"):
-        choose_subset(run_of(cfg), dm, [model], 0, learner_heads=wrong)
+        choose_subset(run_of(cfg), build_parts(run_of(cfg), dm), [model], 0, learner_heads=wrong)
     right = LearnerHeads(torch.zeros(3, dm.num_classes, width), torch.zeros(3, dm.num_classes))
-    choose_subset(run_of(cfg), dm, [model], 0, learner_heads=right)
+    choose_subset(run_of(cfg), build_parts(run_of(cfg), dm), [model], 0, learner_heads=right)
 
 
 def test_cluster_weights_stand_for_their_clusters() -> None:

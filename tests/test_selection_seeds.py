@@ -13,7 +13,7 @@ from lipt.run.config import run_of, validate
 from lipt.selection import api as selection_api
 from lipt.selection import split_budget
 from lipt.stages import train as train_stage
-from lipt.stages.build import build_datamodule, build_model
+from lipt.stages.build import build_datamodule, build_model, build_parts
 from lipt.stages.select import choose_subset
 from tests.helpers import FAST
 
@@ -35,7 +35,7 @@ def test_streams_of_different_runs_share_nothing() -> None:
 def test_initial_random_selection_keeps_the_seed(make_cfg) -> None:
     cfg = make_cfg([*FAST, "selector=random", "budget=subset", "fraction=0.2"])
     dm = build_datamodule(run_of(cfg))
-    indices, _ = choose_subset(run_of(cfg), dm, [], 3)
+    indices, _ = choose_subset(run_of(cfg), build_parts(run_of(cfg), dm), [], 3)
     budget = round(0.2 * len(dm.pool_indices))
     expected = torch.randperm(len(dm.pool_indices), generator=torch.Generator().manual_seed(3))
     assert torch.equal(indices, dm.pool_indices[expected[:budget]].sort().values)
@@ -54,7 +54,7 @@ def test_random_baselines_never_score_the_pool(make_cfg, no_scoring) -> None:
         cfg = make_cfg([*FAST, f"selector={selector}", "budget=subset", "fraction=0.2"])
         dm = build_datamodule(run_of(cfg))
         choose_subset(
-            run_of(cfg), dm, [build_model(run_of(cfg), 0)], 5
+            run_of(cfg), build_parts(run_of(cfg), dm), [build_model(run_of(cfg), 0)], 5
         )  # a model is offered, and ignored
 
 
@@ -65,7 +65,7 @@ def test_class_balanced_random_takes_each_class_share(make_cfg, no_scoring) -> N
     pool_counts = torch.bincount(labels[dm.pool_indices]).tolist()
     shares = split_budget(pool_counts, round(0.3 * len(dm.pool_indices)))
     for seed in (0, 1):
-        indices, _ = choose_subset(run_of(cfg), dm, [], seed)
+        indices, _ = choose_subset(run_of(cfg), build_parts(run_of(cfg), dm), [], seed)
         assert torch.bincount(labels[indices], minlength=len(shares)).tolist() == shares
 
 

@@ -24,7 +24,7 @@ from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
 from lipt.report.pictures import sample_grid, write_subset_picture
 from lipt.run.config import run_of, validate
 from lipt.selection import PoolOutputs, SelectionInputs, select_balanced, select_glister
-from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
+from lipt.stages.build import build_datamodule, build_model, build_part, build_parts
 from tests.helpers import CONFIGS, ROOT, run_entry
 from tests.test_jigsaw import JIGSAW
 
@@ -280,7 +280,7 @@ def test_learners_scored_as_they_finish_give_the_same_soup(make_cfg):
     init = build_model(run_of(cfg), 0)
     digest = state_digest(init.state_dict())
     ctx, settings = (
-        build_pretrain_context(run_of(cfg), dm),
+        build_parts(run_of(cfg), dm).context,
         build_part(run_of(cfg).node("pretrain")),
     )
     shards = learner_shards(settings, dm, 0)

@@ -1,12 +1,19 @@
 """The stages' builder: a run's parts, instantiated from its resolved group nodes
 (lipt.stages.run.Run): data module, models, Lightning module, trainer, loggers, callbacks, the
-selector and pre-training's parts. Each group's option names its class or function with
-`_target_` (Hydra's `instantiate`, on plain values: the composed config stays above, in
-lipt.run.config)."""
+selector, label cleaning's method and pre-training's parts. Each group's option names its class
+or function with `_target_` (Hydra's `instantiate`, on plain values: the composed config stays
+above, in lipt.run.config).
+
+`build_parts` is the composition root: a stage builds its `Parts` once, before any work, and
+hands them down; the stages below call them and build none of their own. Main training's
+loggers, callbacks and Trainer are built once too, by its plan (lipt.stages.training_plan).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import lightning as L
@@ -14,16 +21,77 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
+from lipt.cleaning import JigsawCleaning, KFoldCleaning
 from lipt.core import console
 from lipt.core.artifacts import AtomicCheckpointIO
 from lipt.core.job import sweep_dir_of_job
 from lipt.core.settings import DatasetSettings, SelectorSettings
 from lipt.data import DataModule
-from lipt.jigsaw.context import PretrainContext
+from lipt.jigsaw.context import PretrainContext, Strategy
 from lipt.models.classifier import QUIET_TRAINER, Classifier
 from lipt.models.options import apply_speed_options
 from lipt.models.schedules import LEARNER_SCHEDULES
 from lipt.stages.run import Run
+
+# A `clean` option's method (lipt.cleaning): lipt's jigsaw finder or cleanlab's K folds.
+CleaningMethod = JigsawCleaning | KFoldCleaning
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A run's parts, built once from its group nodes before any stage works (`build_parts`)
+    and handed down: the stages call these and build none of their own."""
+
+    dm: DataModule  # set up: the splits and the pool
+    initial_model: Callable[[int], nn.Module]  # seed -> the common initial model
+    classifier: Callable[..., Classifier]  # (model, **overrides) -> the Lightning module
+    quiet_trainer: Callable[..., L.Trainer]  # (**overrides) -> an inner stage's trainer
+    device: torch.device  # where held-out scoring runs
+    pretrain: Strategy  # the `pretrain` option
+    context: PretrainContext  # what `pretrain` needs of the run
+    selector: Any  # the `selector` function, a functools.partial (None: selector=none)
+    cleaning: CleaningMethod | None  # the `clean` option's method (None: clean=none)
+
+
+def build_parts(run: Run, dm: DataModule | None = None) -> Parts:
+    """The run's parts, each built once (`dm`: the data module, where the caller has one)."""
+    dm = build_datamodule(run) if dm is None else dm
+    # Late-bound (looked up when called), so a test can wrap build_classifier.
+    classifier = lambda model, **overrides: build_classifier(run, model, **overrides)  # noqa: E731
+    trainer = functools.partial(quiet_trainer, run)
+    device = scoring_device(run)
+    clean = run.node("clean")
+    context = PretrainContext(
+        data_name=dm.data_name,
+        num_classes=run.dataset.num_classes,
+        model_config=run.node("model"),
+        pretrain_name=run.pretrain_name,
+        run_seed=run.settings.seed,
+        fraction=float(run.settings.fraction),
+        main_epochs=run.main_epochs,
+        device=device,
+        run_dir=lambda: run.folder,
+        classifier=classifier,
+        optimizer=optimizer_settings(run),
+        trainer=trainer,
+        augment=build_part(run.node("augment")),
+        prune=build_part(run.node("prune")),
+        merge=build_part(run.node("merge")),
+    )
+    return Parts(
+        dm=dm,
+        initial_model=functools.partial(build_model, run),
+        classifier=classifier,
+        quiet_trainer=trainer,
+        device=device,
+        pretrain=build_part(run.node("pretrain")),
+        context=context,
+        # The selector's function, lipt's own keys (SelectorSettings) left out.
+        selector=None
+        if run.selector is None
+        else build_part(run.node("selector"), RESERVED_SELECTOR_KEYS),
+        cleaning=build_part(clean) if "_target_" in clean else None,
+    )
 
 
 def build_datamodule(run: Run) -> DataModule:
@@ -62,34 +130,6 @@ def build_part(node: Mapping[str, Any], reserved: Sequence[str] = ()) -> Any:
     keys it interpolates (gradmatch's batch_size: ${batch_size})."""
     kept = {k: v for k, v in node.items() if k not in reserved}
     return instantiate(kept, _convert_="all")
-
-
-def build_selector(run: Run) -> Any:
-    """The `selector` group's function (a functools.partial), lipt's own keys left out."""
-    return build_part(run.node("selector"), RESERVED_SELECTOR_KEYS)
-
-
-def build_pretrain_context(run: Run, dm: DataModule) -> PretrainContext:
-    """What a pre-training strategy needs of this run (lipt.jigsaw.context.PretrainContext), the
-    groups augment, prune and merge instantiated."""
-    return PretrainContext(
-        data_name=dm.data_name,
-        num_classes=run.dataset.num_classes,
-        model_config=run.node("model"),
-        pretrain_name=run.pretrain_name,
-        run_seed=run.settings.seed,
-        fraction=float(run.settings.fraction),
-        main_epochs=run.main_epochs,
-        device=scoring_device(run),
-        run_dir=lambda: run.folder,
-        # Late-bound (looked up when called), so a test can wrap build_classifier.
-        classifier=lambda model, **optim: build_classifier(run, model, **optim),
-        optimizer=optimizer_settings(run),
-        trainer=lambda **overrides: quiet_trainer(run, **overrides),
-        augment=build_part(run.node("augment")),
-        prune=build_part(run.node("prune")),
-        merge=build_part(run.node("merge")),
-    )
 
 
 def scoring_device(run: Run) -> torch.device:

@@ -25,8 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from lipt.cleaning import (
-    JigsawCleaning,
-    KFoldCleaning,
     LabelIssues,
     datalab_issues,
     detection_quality,
@@ -42,13 +40,7 @@ from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import ISSUES_PICTURE, write_issues_picture
 from lipt.selection import PoolOutputs, model_outputs
-from lipt.stages.build import (
-    build_classifier,
-    build_model,
-    build_part,
-    quiet_trainer,
-    scoring_device,
-)
+from lipt.stages.build import CleaningMethod, Parts
 from lipt.stages.pretrain import pretrain_model, pretrain_stats
 from lipt.stages.results import Cleaned
 from lipt.stages.run import Run
@@ -57,20 +49,12 @@ log = logging.getLogger(__name__)
 
 CLEAN_FILE = "clean.json"
 
-Method = JigsawCleaning | KFoldCleaning
 
-
-def cleaning_method(run: Run) -> Method | None:
-    """The `clean` group's method (None: clean=none)."""
-    node = run.node("clean")
-    return build_part(node) if "_target_" in node else None
-
-
-def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | None:
+def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | None:
     """Find the pool's label issues with the `clean` method, write them, and apply its action
     to `dm`. `resume`: the run resumes (ckpt_path=last), so K-fold issues already written are
     read back rather than found again; an extra DDP rank always reads rank 0's."""
-    method = cleaning_method(run)
+    method, dm = parts.cleaning, parts.dm
     if method is None:
         return None
     check_folds(method, len(dm.pool_indices))
@@ -81,7 +65,7 @@ def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | N
         cleaned = Cleaned(read_issues(saved), {})
         log.info(f"cleaning: {len(cleaned.issues):,} label issues read from {saved}")
     else:
-        cleaned, scored = find_scored_issues(run, dm, method)
+        cleaned, scored = find_scored_issues(run, parts, method)
     if (resume or is_ddp_child()) and costs.is_file():
         # What the attempt that found them recorded: a resume's re-merge is not their cost.
         recorded = json.loads(costs.read_text())
@@ -100,7 +84,7 @@ def clean_pool(run: Run, dm: DataModule, out: Path, resume: bool) -> Cleaned | N
     return cleaned
 
 
-def check_folds(method: Method, pool_size: int) -> None:
+def check_folds(method: CleaningMethod, pool_size: int) -> None:
     """More folds than the pool has items leaves a fold empty: refused before pre-training."""
     key, folds = method.folds_setting
     if folds > pool_size:
@@ -125,39 +109,43 @@ class RunPoolWork:
     the soup's pass over the pool, a fold of main training's model."""
 
     run: Run
-    dm: DataModule
+    parts: Parts
 
     def __post_init__(self) -> None:
+        self.dm = self.parts.dm
         self.seed = self.run.settings.seed
         self.num_classes = self.dm.num_classes
         self.targets = self.dm.train_source.labels[self.dm.pool_indices]  # [N], as given
 
     def pretrain(self) -> Pretrained:
-        return pretrain_model(self.run, self.dm, self.seed)
+        return pretrain_model(self.run, self.parts, self.seed)
 
     def soup_outputs(self, soup: nn.Module) -> PoolOutputs:
         dm = self.dm
         with console.progress("cleaning: pool scored by the soup", len(dm.pool_indices)) as step:
             batches = console.counted(dm.pool_dataloader(), step)
-            outputs = score_pool(soup, batches, scoring_device(self.run))
+            outputs = score_pool(soup, batches, self.parts.device)
         assert torch.equal(outputs.indices, dm.pool_indices), "the pass scores the pool, in order"
         assert torch.equal(outputs.targets, dm.train_source.labels[dm.pool_indices].long())
         return outputs
 
     def fold_probs(self, train: Tensor, held: Tensor, epochs: float) -> tuple[Tensor, int]:
         pool = self.dm.pool_indices
-        model, trained = train_fold(self.run, self.dm, pool[train], epochs, self.seed)
-        device = scoring_device(self.run)
-        outputs = model_outputs(model, self.dm.unaugmented(pool[held]), device, channels_last=True)
+        model, trained = train_fold(self.run, self.parts, pool[train], epochs, self.seed)
+        held_out = self.dm.unaugmented(pool[held])
+        outputs = model_outputs(model, held_out, self.parts.device, channels_last=True)
         return torch.softmax(outputs.logits.float(), dim=1), trained
 
 
-def find_scored_issues(run: Run, dm: DataModule, method: Method) -> tuple[Cleaned, Scored | None]:
+def find_scored_issues(
+    run: Run, parts: Parts, method: CleaningMethod
+) -> tuple[Cleaned, Scored | None]:
     """The method's label issues on the pool (its probabilities, then cleanlab's decision), as
     summary.json's stages.clean counts them; and for lipt's finder what it scored the pool with
     (None: K folds)."""
+    dm = parts.dm
     pool = dm.pool_indices
-    found = method(RunPoolWork(run, dm))
+    found = method(RunPoolWork(run, parts))
     issues, pretrained = found.issues, found.pretrained
     pretrain_seconds = 0.0 if pretrained is None else pretrained.seconds
     stats: dict[str, Any] = {
@@ -211,15 +199,15 @@ def run_datalab(scored: Scored, out: Path, filter_by: str) -> dict[str, Any]:
 
 
 def train_fold(
-    run: Run, dm: DataModule, rows: Tensor, epochs: float, seed: int
+    run: Run, parts: Parts, rows: Tensor, epochs: float, seed: int
 ) -> tuple[nn.Module, int]:
     """Main training's model and optimiser from the common init of `seed`, `epochs` passes
     (fractions: that share of the steps) over `rows`; the model and the samples it trained."""
-    model = build_model(run, seed)
-    module = build_classifier(run, model)
+    dm = parts.dm
+    model = parts.initial_model(seed)
+    module = parts.classifier(model)
     steps = max(1, round(epochs * math.ceil(len(rows) / run.settings.batch_size)))
-    trainer = quiet_trainer(
-        run,
+    trainer = parts.quiet_trainer(
         max_epochs=math.ceil(epochs),
         max_steps=steps,
         enable_progress_bar=console.bars_enabled(),

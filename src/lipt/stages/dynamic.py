@@ -15,10 +15,10 @@ from torch import Tensor
 from lipt.core import console
 from lipt.core.artifacts import write_json
 from lipt.core.job import is_ddp_child
-from lipt.data import DataModule
 from lipt.dynamic.callback import DynamicPruning, ensemble_scores
 from lipt.dynamic.plan import PruningMethod
 from lipt.jigsaw.context import Pretrained
+from lipt.stages.build import Parts
 from lipt.stages.run import Run
 from lipt.stages.select import STAGES_FILE, Ranking, ranking_models
 
@@ -39,13 +39,14 @@ class DynamicSetup:
 
 
 def score_with_ensemble(
-    run: Run, dm: DataModule, made: Pretrained | None = None
+    run: Run, parts: Parts, made: Pretrained | None = None
 ) -> tuple[Tensor, Ranking, dict[str, Any]]:
     """Pre-train (the `pretrain` group, jigsaw by default) and score the pool with the soup and
     the learners' heads: each sample's ensemble cross-entropy [N] in pool order, the ranking
     (soup, heads, pre-training's cost) and stages.score (the pool's pass through the soup).
     `made`: the soup, pre-trained in this run already (by label cleaning)."""
-    ranking = ranking_models(run, dm, made)
+    dm = parts.dm
+    ranking = ranking_models(run, parts, made)
     scorers = "the soup" if ranking.heads is None else f"the soup and {len(ranking.heads)} heads"
     log.info(
         f"selection: {scorers} score the pool of {len(dm.pool_indices):,}; each pruned epoch "
@@ -61,7 +62,7 @@ def score_with_ensemble(
 
 
 def dynamic_pruning(
-    run: Run, dm: DataModule, out: Path, resume: str | None, made: Pretrained | None = None
+    run: Run, parts: Parts, out: Path, resume: str | None, made: Pretrained | None = None
 ) -> DynamicSetup:
     """The budget's pruning method and its callback (where Run.prunes). lipt's scores
     epoch 0 with the ensemble, pre-trained here unless the run resumes (the checkpoint carries
@@ -69,10 +70,10 @@ def dynamic_pruning(
     starts)."""
     method: PruningMethod = run.budget.pruning(run.settings.fraction)
     audit = out if run.settings.record_seen else None
-    seed = run.settings.seed
+    dm, seed = parts.dm, run.settings.seed
     if not method.needs_ensemble or resume is not None or is_ddp_child():
         return DynamicSetup(DynamicPruning(method, dm, seed, audit_dir=audit))
-    scores, ranking, score_stats = score_with_ensemble(run, dm, made)
+    scores, ranking, score_stats = score_with_ensemble(run, parts, made)
     # stages.json, as a selecting run writes it: a resumed run reports these stages' costs.
     stages = {"score": score_stats}
     if ranking.pretrain_stats is not None:

@@ -15,7 +15,7 @@ from lipt.core.artifacts import write_json
 from lipt.core.job import run_dir
 from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.strategy import merge_saved, train_learner_group
-from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
+from lipt.stages.build import Parts, build_parts
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.run import Run
 from lipt.stages.summary import summary_payload
@@ -27,14 +27,14 @@ def run_learner_job(run: Run) -> dict[str, Any]:
     dir; the soup callback (lipt.run.hydra_callbacks) merges when the sweep ends. Writes the
     job's summary.json."""
     start = time.perf_counter()
-    settings: JigsawSettings = build_part(run.node("pretrain"))
+    out = run_dir(run.folder)
+    parts = build_parts(run)
+    settings = jigsaw_settings(parts)
     ids = settings.learner_ids()
     assert ids is not None
-    out = run_dir(run.folder)
-    dm = build_datamodule(run)
-    ctx = build_pretrain_context(run, dm)
-    seed = run.settings.seed
-    learners, folder = train_learner_group(ctx, settings, dm, build_model(run, seed), seed, ids)
+    dm, seed = parts.dm, run.settings.seed
+    model = parts.initial_model(seed)
+    learners, folder = train_learner_group(parts.context, settings, dm, model, seed, ids)
     stats = {
         "seconds": round(time.perf_counter() - start, 3),
         "samples": sum(le.samples for le in learners),
@@ -56,10 +56,15 @@ def merge_learner_dir(run: Run, folder: Path, out: Path, seconds: float = 0.0) -
         UserError: a checkpoint of another recipe, or no usable learner.
     """
     start = time.perf_counter()
-    dm = build_datamodule(run)
-    ctx = build_pretrain_context(run, dm)
-    settings: JigsawSettings = build_part(run.node("pretrain"))
-    seed = run.settings.seed
-    result = merge_saved(ctx, settings, dm, build_model(run, seed), seed, folder)
+    parts = build_parts(run)
+    ctx, dm, seed = parts.context, parts.dm, run.settings.seed
+    model = parts.initial_model(seed)
+    result = merge_saved(ctx, jigsaw_settings(parts), dm, model, seed, folder)
     result.seconds = seconds + time.perf_counter() - start
     return write_pretrain_outputs(run, dm, ctx, result, out)
+
+
+def jigsaw_settings(parts: Parts) -> JigsawSettings:
+    """pretrain=jigsaw's settings: its strategy is them (lipt.jigsaw.strategy)."""
+    assert isinstance(parts.pretrain, JigsawSettings), "a learner job runs pretrain=jigsaw"
+    return parts.pretrain

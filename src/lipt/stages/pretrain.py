@@ -15,9 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from lipt.core.job import run_dir
-from lipt.data import DataModule
-from lipt.jigsaw.context import PretrainContext, Pretrained, Strategy
-from lipt.stages.build import build_datamodule, build_model, build_part, build_pretrain_context
+from lipt.jigsaw.context import Pretrained
+from lipt.stages.build import Parts, build_parts
 from lipt.stages.jigsaw import run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.run import Run
@@ -25,16 +24,12 @@ from lipt.stages.run import Run
 log = logging.getLogger(__name__)
 
 
-def pretrain_model(
-    run: Run, dm: DataModule, seed: int, ctx: PretrainContext | None = None
-) -> Pretrained:
-    """Run the configured strategy from the common initial model of `seed` (`ctx`: the run's
-    PretrainContext, when the caller built it already)."""
+def pretrain_model(run: Run, parts: Parts, seed: int) -> Pretrained:
+    """Run the configured strategy from the common initial model of `seed`."""
     start = time.perf_counter()
-    strategy: Strategy = build_part(run.node("pretrain"))
-    ctx = build_pretrain_context(run, dm) if ctx is None else ctx
+    dm = parts.dm
     log.info(describe_pretrain(run, len(dm.pool_indices)))
-    result = strategy(ctx, dm, build_model(run, seed), seed)
+    result = parts.pretrain(parts.context, dm, parts.initial_model(seed), seed)
     result.seconds = time.perf_counter() - start
     if result.report:
         log.info(soup_line(result.report))
@@ -91,7 +86,6 @@ def run(run: Run) -> dict[str, Any]:
         # callback merges at the end).
         return run_learner_job(run)
     out = run_dir(run.folder)
-    dm = build_datamodule(run)
-    ctx = build_pretrain_context(run, dm)
-    result = pretrain_model(run, dm, run.settings.seed, ctx)
-    return write_pretrain_outputs(run, dm, ctx, result, out)
+    parts = build_parts(run)
+    result = pretrain_model(run, parts, run.settings.seed)
+    return write_pretrain_outputs(run, parts.dm, parts.context, result, out)

@@ -28,7 +28,7 @@ from lipt.jigsaw.context import Pretrained, heads_from_payload
 from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
 from lipt.selection import LearnerHeads, PoolOutputs, SelectionInputs
 from lipt.selection.api import pick, rank_pool
-from lipt.stages.build import build_datamodule, build_model, build_selector
+from lipt.stages.build import Parts, build_parts
 from lipt.stages.clean import clean_pool
 from lipt.stages.pretrain import pretrain_model, pretrain_stats
 from lipt.stages.results import Cleaned, Selected
@@ -84,16 +84,18 @@ class Ranking:
     pretrain_stats: dict[str, Any] | None = None
 
 
-def ranking_models(run: Run, dm: DataModule, made: Pretrained | None = None) -> Ranking:
+def ranking_models(run: Run, parts: Parts, made: Pretrained | None = None) -> Ranking:
     """The checkpoint at `ckpt_path` (select.py), or the `pretrain` strategy run
     `selector.repeats` times from `repeat_seed(seed, r)`; `made`: the first of them, already
     pre-trained in this run (for label cleaning), is not made again."""
-    check_held_out(run, dm)  # before any pre-training
+    check_held_out(run, parts.dm)  # before any pre-training
     repeats = 1 if run.selector is None else run.selector.repeats
     settings = run.settings
     ckpt_path = settings.ckpt_path if settings.stage == "select" else None
     if made is not None and not ckpt_path:
-        rest = [pretrain_model(run, dm, repeat_seed(settings.seed, r)) for r in range(1, repeats)]
+        rest = [
+            pretrain_model(run, parts, repeat_seed(settings.seed, r)) for r in range(1, repeats)
+        ]
         models = [made, *rest]
         return Ranking([r.model for r in models], made.learner_heads, made, pretrain_stats(models))
     if ckpt_path:
@@ -102,20 +104,23 @@ def ranking_models(run: Run, dm: DataModule, made: Pretrained | None = None) -> 
                 "selector.repeats > 1 needs several models; drop ckpt_path to pre-train in-process"
             )
         path = Path(ckpt_path)
-        return Ranking([load_pretrained(run, dm, path)], heads_from_payload(load_checkpoint(path)))
-    results = [pretrain_model(run, dm, repeat_seed(settings.seed, r)) for r in range(repeats)]
+        return Ranking(
+            [load_pretrained(run, parts, path)], heads_from_payload(load_checkpoint(path))
+        )
+    results = [pretrain_model(run, parts, repeat_seed(settings.seed, r)) for r in range(repeats)]
     first = results[0]
     return Ranking([r.model for r in results], first.learner_heads, first, pretrain_stats(results))
 
 
-def load_pretrained(run: Run, dm: DataModule, path: Path) -> nn.Module:
+def load_pretrained(run: Run, parts: Parts, path: Path) -> nn.Module:
     payload = load_checkpoint(path)
-    if payload.get("data") != dm.data_name:
+    data_name = parts.dm.data_name
+    if payload.get("data") != data_name:
         raise UserError(
-            f"{path} was pre-trained on {payload.get('data')!r}, this run uses {dm.data_name!r}; "
+            f"{path} was pre-trained on {payload.get('data')!r}, this run uses {data_name!r}; "
             "pass a checkpoint for this data set"
         )
-    model = build_model(run, run.settings.seed)
+    model = parts.initial_model(run.settings.seed)
     try:
         model.load_state_dict(payload["state_dict"], strict=True)
     except RuntimeError as e:
@@ -127,7 +132,7 @@ def load_pretrained(run: Run, dm: DataModule, path: Path) -> nn.Module:
 
 def choose_subset(
     run: Run,
-    dm: DataModule,
+    parts: Parts,
     models: list[nn.Module],
     seed: int,
     diagnostics: dict[str, int] | None = None,
@@ -143,12 +148,12 @@ def choose_subset(
 
     A selector that needs no model (random) never runs `models` over the pool, so random
     online (`selector=random reselect_every=R`) only re-draws."""
+    dm, fn = parts.dm, parts.selector
     check_held_out(run, dm)
     selector = chosen_selector(run)
     pool_size = len(dm.pool_indices)
     budget = budget_for(run, pool_size)
     log.info(describe_selection(selector, budget, pool_size))
-    fn = build_selector(run)
     if models and selector.needs_model:
         rows = pool_size * len(models) + len(dm.val_indices)
         with console.progress("selecting: rows scored", rows) as step:
@@ -215,16 +220,16 @@ def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
     }
 
 
-def select_subset(run: Run, dm: DataModule, made: Pretrained | None = None) -> Selected:
+def select_subset(run: Run, parts: Parts, made: Pretrained | None = None) -> Selected:
     """Stage 2 as select.py and train.py run it: the ranking model(s) (`made`: pre-trained in
     this run already, by label cleaning), then the subset."""
     needs_model = chosen_selector(run).needs_model
-    ranking = ranking_models(run, dm, made) if needs_model else Ranking([])
+    ranking = ranking_models(run, parts, made) if needs_model else Ranking([])
     start = time.perf_counter()
     diagnostics: dict[str, int] = {}
     profile: dict[str, float] = {}
     indices, weights = choose_subset(
-        run, dm, ranking.models, run.settings.seed, diagnostics, ranking.heads, profile
+        run, parts, ranking.models, run.settings.seed, diagnostics, ranking.heads, profile
     )
     return Selected(
         indices=indices,
@@ -271,9 +276,10 @@ def run(run: Run) -> dict[str, Any]:
     if run.selector is None:
         raise UserError("selector=none selects nothing; choose a selector, e.g. selector=glister")
     out = run_dir(run.folder)
-    dm = build_datamodule(run)
-    cleaned = clean_pool(run, dm, out, resume=False)
-    selected = select_subset(run, dm, None if cleaned is None else cleaned.pretrained)
+    parts = build_parts(run)
+    dm = parts.dm
+    cleaned = clean_pool(run, parts, out, resume=False)
+    selected = select_subset(run, parts, None if cleaned is None else cleaned.pretrained)
     write_selection(run, dm, out, selected)
     counts = subset_class_counts(dm, selected.indices)
     stages = with_cleaning(selection_stages(selected), cleaned)

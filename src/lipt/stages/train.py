@@ -32,7 +32,7 @@ from lipt.core.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
 from lipt.data import DataModule
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.pictures import log_to_wandb
-from lipt.stages.build import build_datamodule, build_model, build_trainer
+from lipt.stages.build import Parts, build_parts, build_trainer
 from lipt.stages.clean import clean_pool
 from lipt.stages.dynamic import describe
 from lipt.stages.results import Trained
@@ -86,12 +86,14 @@ def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
     return summary
 
 
-def initial_model(run: Run, training_set: TrainingSet, resume: str | None) -> nn.Module:
+def initial_model(
+    run: Run, parts: Parts, training_set: TrainingSet, resume: str | None
+) -> nn.Module:
     """The common initial model (paper, appendix A), or the one pre-trained in this run
     (init_from=pretrained). Extra DDP ranks keep the init: DDP copies rank 0's weights to them
     when fit starts."""
     settings = run.settings
-    model = build_model(run, settings.seed)
+    model = parts.initial_model(settings.seed)
     if settings.init_from == "pretrained" and not is_ddp_child() and resume is None:
         pretrained = training_set.pretrained
         if pretrained is None or not pretrained.trained:  # pretrain=none: the init
@@ -157,16 +159,17 @@ def run(run: Run) -> dict[str, Any]:
     if finished is not None:
         return finished
     machine_before = (core_ticks(), load_average())  # was the machine shared? (summary.json)
-    dm = build_datamodule(run)
+    parts = build_parts(run)  # each built once, handed down
+    dm = parts.dm
     resume = resume_path(run, out)
     # Label cleaning (the `clean` group) changes the pool or its labels before selection.
-    cleaned = clean_pool(run, dm, out, resume=run.settings.ckpt_path == "last")
-    training_set = training_set_of(run, dm, out, resume, cleaned)
+    cleaned = clean_pool(run, parts, out, resume=run.settings.ckpt_path == "last")
+    training_set = training_set_of(run, parts, out, resume, cleaned)
     subset = training_set.subset
     class_counts = None if subset is None else subset_class_counts(dm, subset[0])
-    model = initial_model(run, training_set, resume)
+    model = initial_model(run, parts, training_set, resume)
     whole = len(dm.pool_indices) if cleaned is None else int(cleaned.stats["pool"])
-    plan = training_plan(run, dm, out, model, subset, training_set.dynamic, whole, requeue)
+    plan = training_plan(run, parts, out, model, subset, training_set.dynamic, whole, requeue)
     trainer = build_trainer(
         run, logger=plan.loggers, callbacks=plan.callbacks, **plan.trainer_settings
     )

@@ -28,7 +28,7 @@ from lipt.data.seen import SeenSamples
 from lipt.models.classifier import Classifier
 from lipt.models.schedules import StopAtStep
 from lipt.selection.reselection import Reselection
-from lipt.stages.build import build_callbacks, build_classifier, build_loggers, progress_bars
+from lipt.stages.build import Parts, build_callbacks, build_loggers, progress_bars
 from lipt.stages.dynamic import DynamicSetup
 from lipt.stages.run import Run
 from lipt.stages.select import choose_subset, subset_meta
@@ -66,7 +66,7 @@ def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedu
 
 
 def reselection(
-    run: Run, dm: DataModule, out: Path, subset: tuple[Tensor, Tensor] | None
+    run: Run, parts: Parts, out: Path, subset: tuple[Tensor, Tensor] | None
 ) -> Reselection | None:
     """Re-selection every `reselect_every` epochs with the model being trained, for a subset
     this run selected (None otherwise)."""
@@ -78,15 +78,15 @@ def reselection(
         model = cast(nn.Module, module.model)  # the Classifier's network
         with console.no_bars():  # Lightning's own bar is live during training
             seed = reselect_seed(settings.seed, epoch)
-            return choose_subset(run, dm, [model], seed, profile=profile)
+            return choose_subset(run, parts, [model], seed, profile=profile)
 
-    meta = subset_meta(run, dm)
-    return Reselection(settings.reselect_every, dm, out_dir=out, meta=meta, choose=choose)
+    meta = subset_meta(run, parts.dm)
+    return Reselection(settings.reselect_every, parts.dm, out_dir=out, meta=meta, choose=choose)
 
 
 def training_plan(
     run: Run,
-    dm: DataModule,
+    parts: Parts,
     out: Path,
     model: nn.Module,
     subset: tuple[Tensor, Tensor] | None,
@@ -94,9 +94,9 @@ def training_plan(
     pool_before_cleaning: int,
     requeue: RequeueOnSignal | None,
 ) -> TrainingPlan:
-    """The plan for `model` on `dm`'s training set (`subset` of the pool, None: the whole
-    pool), built in the order the objects consume nothing random."""
-    settings = run.settings
+    """The plan for `model` on the data module's training set (`subset` of the pool, None: the
+    whole pool), built in the order the objects consume nothing random."""
+    settings, dm = run.settings, parts.dm
     # Dynamic pruning's weights restore a full epoch's loss sum: mean over the batch, and a
     # schedule over epochs, whose lengths vary (lipt.models.classifier.Classifier).
     dynamic_optim: dict[str, Any] = (
@@ -104,7 +104,7 @@ def training_plan(
     )
     schedule = main_schedule(run, dm, pool_before_cleaning)
     steps, epochs = schedule.steps, schedule.epochs
-    module = build_classifier(run, model, total_steps=steps, **dynamic_optim)
+    module = parts.classifier(model, total_steps=steps, **dynamic_optim)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
         ModelCheckpoint(
@@ -120,7 +120,7 @@ def training_plan(
     if requeue is not None:
         callbacks.append(requeue)
     trainer_settings: dict[str, Any] = {}
-    reselect = reselection(run, dm, out, subset)
+    reselect = reselection(run, parts, out, subset)
     if reselect is not None:
         callbacks.append(reselect)
         trainer_settings["reload_dataloaders_every_n_epochs"] = settings.reselect_every

@@ -22,6 +22,7 @@ from lipt.core.job import is_ddp_child, wait_for_file
 from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained
 from lipt.selection.reselection import latest_subset
+from lipt.stages.build import Parts
 from lipt.stages.dynamic import DynamicSetup, dynamic_pruning
 from lipt.stages.results import Cleaned, Selected
 from lipt.stages.run import Run
@@ -65,12 +66,12 @@ def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
 
 
 def obtain_subset(
-    run: Run, dm: DataModule, out: Path, resume: str | None, made: Pretrained | None = None
+    run: Run, parts: Parts, out: Path, resume: str | None, made: Pretrained | None = None
 ) -> TrainingSet:
     """The subset to train on: given (subset_path), none (a whole-pool budget), the one a resumed or
     restarted run already chose, or selected now exactly as select.py selects (`made`: the
     model pre-trained in this run already, by label cleaning)."""
-    settings = run.settings
+    settings, dm = run.settings, parts.dm
     if settings.subset_path:
         return TrainingSet(load_checked_subset(dm, Path(settings.subset_path)))
     if not run.trains_subset:
@@ -90,26 +91,26 @@ def obtain_subset(
         earlier = earlier_stages(out)
         if settings.init_from != "pretrained" or not selector.needs_model or is_ddp_child():
             return TrainingSet(subset, earlier_stages=earlier)
-        ranking = ranking_models(run, dm, made)
+        ranking = ranking_models(run, parts, made)
         return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
     if is_ddp_child():  # extra DDP ranks read what rank 0 chose (under srun: is choosing)
         wait_for_file(saved)
         return TrainingSet(load_checked_subset(dm, saved))
-    selected = select_subset(run, dm, made)
+    selected = select_subset(run, parts, made)
     write_selection(run, dm, out, selected)
     subset = (selected.indices, selected.weights)
     return TrainingSet(subset, selected, selected.pretrained, selected.pretrain_stats)
 
 
 def training_set_of(
-    run: Run, dm: DataModule, out: Path, resume: str | None, cleaned: Cleaned | None
+    run: Run, parts: Parts, out: Path, resume: str | None, cleaned: Cleaned | None
 ) -> TrainingSet:
-    """What main training trains on, set on `dm`: a subset (obtain_subset), or the whole pool,
-    pruned anew every epoch (budget=infobatch, budget=lipt)."""
+    """What main training trains on, set on the data module: a subset (obtain_subset), or the
+    whole pool, pruned anew every epoch (budget=infobatch, budget=lipt)."""
     made = None if cleaned is None else cleaned.pretrained  # by label cleaning
-    training_set = obtain_subset(run, dm, out, resume, made)
+    training_set = obtain_subset(run, parts, out, resume, made)
     if run.prunes:
-        dynamic = dynamic_pruning(run, dm, out, resume, made)
+        dynamic = dynamic_pruning(run, parts, out, resume, made)
         training_set.dynamic = dynamic
         training_set.pretrained = dynamic.pretrained
         training_set.pretrain_stats = dynamic.pretrain_stats
@@ -119,7 +120,7 @@ def training_set_of(
     if training_set.pretrained is None:
         training_set.pretrained = made
     if training_set.subset is None:
-        dm.set_subset(None)
+        parts.dm.set_subset(None)
     else:
-        dm.set_subset(*training_set.subset)
+        parts.dm.set_subset(*training_set.subset)
     return training_set
