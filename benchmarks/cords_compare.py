@@ -147,11 +147,13 @@ def lipt_cfg(name: str, seed: int, pretrained: bool):
 
 def run_lipt(cfg, model: nn.Module, dm, seed: int) -> tuple[float, torch.Tensor]:
     from lipt.run.config import run_of
+    from lipt.stages.build import build_parts
     from lipt.stages.select import choose_subset
 
     run = run_of(cfg)  # before the clock: resolving the config is not selection
+    parts = build_parts(run, dm)
     start = time.perf_counter()
-    indices, _ = choose_subset(run, dm, [model], seed=seed)
+    indices, _ = choose_subset(run, parts, [model], seed=seed)
     return time.perf_counter() - start, indices
 
 
@@ -175,14 +177,14 @@ def main() -> None:
     if strategies is None:
         return
     from lipt.run.config import run_of
-    from lipt.stages.build import build_datamodule, build_model
-    from lipt.stages.select import load_pretrained
+    from lipt.stages.build import build_datamodule, build_model, build_parts
+    from lipt.stages.pretrain import load_pretrained
 
     run = run_of(compose_config("train", ["paths.output_dir=/tmp/lipt-bench", f"seed={args.seed}"]))
     dm = build_datamodule(run)
     pretrained = args.ckpt is not None
     if pretrained:
-        model = load_pretrained(run, dm, Path(args.ckpt)).eval()
+        model = load_pretrained(run, build_parts(run, dm), Path(args.ckpt)).eval()
     else:
         model = build_model(run, args.seed).eval()
     budget = round(FRACTION * len(dm.pool_indices))

@@ -49,8 +49,8 @@ def detect(
     import shutil
 
     from lipt.run.config import validate
-    from lipt.stages.build import build_datamodule
-    from lipt.stages.clean import cleaning_method, find_scored_issues
+    from lipt.stages.build import build_parts
+    from lipt.stages.clean import find_scored_issues
 
     kind, rate = noise.split(":")
     shutil.rmtree(out, ignore_errors=True)  # saved jigsaw learners would be reused, not timed
@@ -68,10 +68,9 @@ def detect(
         ],
     )
     run = validate(cfg)
-    dm = build_datamodule(run)
-    method_settings = cleaning_method(run)
-    assert method_settings is not None
-    cleaned, _ = find_scored_issues(run, dm, method_settings)
+    parts = build_parts(run)
+    assert parts.cleaning is not None
+    cleaned, _ = find_scored_issues(run, parts, parts.cleaning)
     # Training cost in passes over the pool: the fold models' samples, or the jigsaw learners'.
     trained = cleaned.stats["samples"] + (cleaned.pretrain_stats or {}).get("samples", 0)
     pool_epochs = trained / cleaned.stats["pool"]

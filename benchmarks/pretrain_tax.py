@@ -117,6 +117,7 @@ def run_strategy(
     from lipt.core.artifacts import save_subset
     from lipt.data import IndexedImages
     from lipt.selection import model_outputs
+    from lipt.stages.build import build_parts
     from lipt.stages.pretrain import pretrain_model
     from lipt.stages.select import choose_subset, subset_meta
     from lipt.stages.train import run as train_run
@@ -129,7 +130,8 @@ def run_strategy(
     overrides += variant_overrides if name == "jigsaw" else []
     run = validated(overrides, run_dir)
     log(f"{tag} seed {seed}: pre-training")
-    result = pretrain_model(run, dm, seed)
+    parts = build_parts(run, dm)
+    result = pretrain_model(run, parts, seed)
     row: dict[str, Any] = {"strategy": name, "variant": label, "seed": seed, **result.stats()}
     if result.report:  # the merge's (jigsaw): row field <- report field
         row.update({field: result.report.get(key) for field, key in MERGE_FIELDS.items()})
@@ -145,7 +147,7 @@ def run_strategy(
     if args.tax_only:
         return row
     start = time.perf_counter()
-    indices, weights = choose_subset(run, dm, [result.model], seed)
+    indices, weights = choose_subset(run, parts, [result.model], seed)
     row["select_seconds"] = round(time.perf_counter() - start, 3)
     subset = run_dir / "subset.npz"
     save_subset(subset, indices, weights, subset_meta(run, dm))

@@ -105,7 +105,7 @@ class PeakRSS:
 
 def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
     from lipt.selection import model_outputs
-    from lipt.stages.build import build_datamodule, build_model
+    from lipt.stages.build import build_datamodule, build_model, build_parts
     from lipt.stages.select import choose_subset
 
     rows = []
@@ -117,6 +117,7 @@ def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
             dm = build_datamodule(run)
             model = build_model(run, 0)
             model_outputs(model, dm.pool_dataloader())  # warm-up
+        parts = build_parts(run, dm)  # this selector's
         heads = None
         if name == "coverage":  # as if from pretrain.ckpt: one head per jigsaw learner
             head = model.classifier  # lipt models end in a `classifier` nn.Linear
@@ -128,7 +129,7 @@ def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
             inference.append(time.perf_counter() - start)
             with PeakRSS() as memory:
                 start = time.perf_counter()
-                choose_subset(run, dm, [model], seed=0, learner_heads=heads)
+                choose_subset(run, parts, [model], seed=0, learner_heads=heads)
                 selection.append(time.perf_counter() - start)
         ratio = min(selection) / min(inference)
         rows.append(
@@ -148,7 +149,7 @@ def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
 def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     """One selector on a synthetic pool; prints its time (peak memory is read by the parent)."""
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
-    from lipt.stages.build import build_selector
+    from lipt.stages.build import RESERVED_SELECTOR_KEYS, build_part
 
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(classes, dim, generator=g) / dim**0.5
@@ -163,7 +164,7 @@ def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     heads = learner_heads(classes, dim, g) if name == "coverage" else None
     inputs = SelectionInputs(outputs(n), outputs(n // 50), (), weight, bias, heads)
     run = run_of(compose_config("train", ["paths.output_dir=/tmp", f"selector={name}"]))
-    fn = build_selector(run)
+    fn = build_part(run.node("selector"), RESERVED_SELECTOR_KEYS)
     assert run.selector is not None
     start = time.perf_counter()
     budget = n // 10

@@ -24,9 +24,8 @@ from lipt.run.config import run_of, validate
 from lipt.run.hydra_callbacks import learner_sweep
 from lipt.stages import jigsaw as jigsaw_stage
 from lipt.stages.build import build_datamodule, build_model, build_part, build_parts
-from lipt.stages.pretrain import pretrain_model
+from lipt.stages.pretrain import load_pretrained, pretrain_model
 from lipt.stages.pretrain import run as pretrain_run
-from lipt.stages.select import load_pretrained
 from tests.helpers import run_entry
 
 N, M, K, B = 4, 1, 2, 32

@@ -313,7 +313,8 @@ def test_a_run_writes_only_inside_its_run_dir(tmp_path):
 
 def test_same_config_and_seed_give_the_same_subset_bit_for_bit(make_cfg, tmp_path):
     from lipt.stages.build import build_datamodule, build_parts
-    from lipt.stages.select import choose_subset, ranking_models
+    from lipt.stages.pretrain import ranking_models
+    from lipt.stages.select import choose_subset
 
     results = []
     for attempt in range(2):

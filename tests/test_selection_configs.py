@@ -16,7 +16,7 @@ from lipt.selection import split_budget
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
 from lipt.stages.build import build_datamodule, build_model, build_parts
-from lipt.stages.select import choose_subset, ranking_models
+from lipt.stages.select import choose_subset
 from tests.helpers import CONFIGS, FAST
 
 # coverage budgets classes by their difficulty on purpose (tests/test_selection_coverage.py).
@@ -55,7 +55,9 @@ def test_summary_reports_the_selectors_fallbacks(make_cfg, tmp_path, selector: s
             assert 0 <= diagnostics["backfill_rows"] <= 0.3 * 500
 
 
-def test_no_validation_rows_is_a_user_error_before_any_work(make_cfg, tmp_path) -> None:
+def test_no_validation_rows_is_a_user_error_before_any_work(
+    make_cfg, tmp_path, monkeypatch
+) -> None:
     cfg = make_cfg(
         [*FAST, "selector=glister", "budget=subset", "dataset.val_size=0", "pretrain=full"]
     )
@@ -69,8 +71,13 @@ def test_no_validation_rows_is_a_user_error_before_any_work(make_cfg, tmp_path) 
     cfg.selector.target = "val"
     with pytest.raises(UserError, match="validation split"):
         choose_subset(run_of(cfg), build_parts(run_of(cfg), dm), [build_model(run_of(cfg), 0)], 0)
+
+    def pretrained(*args: object, **kwargs: object) -> None:
+        raise AssertionError("pre-trained before the check")
+
+    monkeypatch.setattr(select_stage, "ranking_models", pretrained)
     with pytest.raises(UserError, match="validation split"):
-        ranking_models(run_of(cfg), build_parts(run_of(cfg), dm))
+        select_stage.select_subset(run_of(cfg), build_parts(run_of(cfg), dm))
 
 
 def test_gradmatch_per_batch_runs_from_the_config(make_cfg) -> None:

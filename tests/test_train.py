@@ -18,8 +18,10 @@ from lipt.data.seen import load_seen
 from lipt.jigsaw.learner import state_dict_cpu
 from lipt.models.classifier import Classifier
 from lipt.run.config import run_of, validate
+from lipt.stages import pretrain as pretrain_stage
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
+from lipt.stages import training_plan as plan_stage
 from lipt.stages.build import build_datamodule, build_model
 from tests.helpers import FAST, run_entry
 
@@ -246,7 +248,7 @@ class StartWeights(L.Callback):
 
 def _watch_main_training(monkeypatch) -> tuple[StartWeights, list]:
     start, pretrained = StartWeights(), []
-    real_pretrain, real_trainer = select_stage.pretrain_model, train_stage.build_trainer
+    real_pretrain, real_trainer = pretrain_stage.pretrain_model, plan_stage.build_trainer
 
     def pretrain(*args, **kwargs):
         result = real_pretrain(*args, **kwargs)
@@ -256,8 +258,8 @@ def _watch_main_training(monkeypatch) -> tuple[StartWeights, list]:
     def trainer(cfg, **kwargs):
         return real_trainer(cfg, **{**kwargs, "callbacks": [*kwargs["callbacks"], start]})
 
-    monkeypatch.setattr(select_stage, "pretrain_model", pretrain)
-    monkeypatch.setattr(train_stage, "build_trainer", trainer)
+    monkeypatch.setattr(pretrain_stage, "pretrain_model", pretrain)
+    monkeypatch.setattr(plan_stage, "build_trainer", trainer)
     return start, pretrained
 
 

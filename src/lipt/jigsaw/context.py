@@ -23,7 +23,7 @@ from lipt.selection.types import LearnerHeads
 @dataclass(frozen=True)
 class PretrainContext:
     """What a pre-training strategy needs of the run, built from the config by the stage
-    (lipt.stages.build.build_pretrain_context) or by the Python API (lipt.jigsaw.api)."""
+    (lipt.stages.build.build_parts) or by the Python API (lipt.jigsaw.api)."""
 
     data_name: str
     num_classes: int

@@ -19,8 +19,9 @@ from lipt.dynamic.callback import DynamicPruning, ensemble_scores
 from lipt.dynamic.plan import PruningMethod
 from lipt.jigsaw.context import Pretrained
 from lipt.stages.build import Parts
+from lipt.stages.pretrain import Ranking, ranking_models
 from lipt.stages.run import Run
-from lipt.stages.select import STAGES_FILE, Ranking, ranking_models
+from lipt.stages.select import STAGES_FILE
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,15 @@ def dynamic_pruning(
     starts)."""
     method: PruningMethod = run.budget.pruning(run.settings.fraction)
     audit = out if run.settings.record_seen else None
-    dm, seed = parts.dm, run.settings.seed
-    if not method.needs_ensemble or resume is not None or is_ddp_child():
-        return DynamicSetup(DynamicPruning(method, dm, seed, audit_dir=audit))
-    scores, ranking, score_stats = score_with_ensemble(run, parts, made)
-    # stages.json, as a selecting run writes it: a resumed run reports these stages' costs.
-    stages = {"score": score_stats}
-    if ranking.pretrain_stats is not None:
-        stages = {"pretrain": ranking.pretrain_stats, **stages}
-    write_json(out / STAGES_FILE, stages)
-    callback = DynamicPruning(method, dm, seed, initial_scores=scores, audit_dir=audit)
+    scores, ranking, score_stats = None, Ranking([]), None
+    if method.needs_ensemble and resume is None and not is_ddp_child():
+        scores, ranking, score_stats = score_with_ensemble(run, parts, made)
+        # stages.json, as a selecting run writes it: a resumed run reports these stages' costs.
+        stages = {"score": score_stats}
+        if ranking.pretrain_stats is not None:
+            stages = {"pretrain": ranking.pretrain_stats, **stages}
+        write_json(out / STAGES_FILE, stages)
+    callback = DynamicPruning(method, parts.dm, run.settings.seed, scores, audit_dir=audit)
     return DynamicSetup(callback, ranking.pretrained, ranking.pretrain_stats, score_stats)
 
 

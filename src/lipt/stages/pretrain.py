@@ -5,6 +5,9 @@ model and `full` is the classic warm-up over the whole pool, the tax lipt cuts (
 `jigsaw` is the paper's method (lipt.jigsaw.strategy.JigsawPretraining). A strategy is called as
 `strategy(ctx, dm, model, seed) -> Pretrained` (lipt.jigsaw.context.Strategy). `run` is
 `pretrain.py`'s body.
+
+`ranking_models` is what selection and lipt's dynamic pruning rank the pool with: the
+checkpoint at `ckpt_path` (select.py), or the strategy run `selector.repeats` times.
 """
 
 from __future__ import annotations
@@ -12,10 +15,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from torch import nn
+
+from lipt.core.artifacts import load_checkpoint
+from lipt.core.errors import UserError
 from lipt.core.job import run_dir
-from lipt.jigsaw.context import Pretrained
+from lipt.core.seeding import repeat_seed
+from lipt.jigsaw.context import Pretrained, heads_from_payload
+from lipt.selection import LearnerHeads
 from lipt.stages.build import Parts, build_parts
 from lipt.stages.jigsaw import run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
@@ -76,6 +87,64 @@ def pretrain_stats(results: list[Pretrained]) -> dict[str, Any] | None:
             totals[key] = totals.get(key, 0) + value
     rounded = {k: round(v, 3) if isinstance(v, float) else v for k, v in totals.items()}
     return rounded if results[0].trained else None
+
+
+@dataclass
+class Ranking:
+    """The model(s) whose outputs rank the pool, and the jigsaw learners' heads of the first
+    one (None unless it is a jigsaw soup). `pretrained`: the first pre-training made in this run
+    (None when loaded from ckpt_path); `pretrain_stats`: summary.json's stages.pretrain, summed
+    over `selector.repeats` (None when nothing was trained here)."""
+
+    models: list[nn.Module]
+    heads: LearnerHeads | None = None
+    pretrained: Pretrained | None = None
+    pretrain_stats: dict[str, Any] | None = None
+
+
+def ranking_models(run: Run, parts: Parts, made: Pretrained | None = None) -> Ranking:
+    """The checkpoint at `ckpt_path` (select.py), or the `pretrain` strategy run
+    `selector.repeats` times from `repeat_seed(seed, r)`; `made`: the first of them, already
+    pre-trained in this run (for label cleaning), is not made again."""
+    repeats = 1 if run.selector is None else run.selector.repeats
+    settings = run.settings
+    ckpt_path = settings.ckpt_path if settings.stage == "select" else None
+    if made is not None and not ckpt_path:
+        rest = [
+            pretrain_model(run, parts, repeat_seed(settings.seed, r)) for r in range(1, repeats)
+        ]
+        models = [made, *rest]
+        return Ranking([r.model for r in models], made.learner_heads, made, pretrain_stats(models))
+    if ckpt_path:
+        if repeats > 1:
+            raise UserError(
+                "selector.repeats > 1 needs several models; drop ckpt_path to pre-train in-process"
+            )
+        path = Path(ckpt_path)
+        return Ranking(
+            [load_pretrained(run, parts, path)], heads_from_payload(load_checkpoint(path))
+        )
+    results = [pretrain_model(run, parts, repeat_seed(settings.seed, r)) for r in range(repeats)]
+    first = results[0]
+    return Ranking([r.model for r in results], first.learner_heads, first, pretrain_stats(results))
+
+
+def load_pretrained(run: Run, parts: Parts, path: Path) -> nn.Module:
+    payload = load_checkpoint(path)
+    data_name = parts.dm.data_name
+    if payload.get("data") != data_name:
+        raise UserError(
+            f"{path} was pre-trained on {payload.get('data')!r}, this run uses {data_name!r}; "
+            "pass a checkpoint for this data set"
+        )
+    model = parts.initial_model(run.settings.seed)
+    try:
+        model.load_state_dict(payload["state_dict"], strict=True)
+    except RuntimeError as e:
+        first = str(e).splitlines()[0]
+        target = run.node("model")["_target_"]
+        raise UserError(f"{path} does not fit model={target} ({first})") from e
+    return model
 
 
 def run(run: Run) -> dict[str, Any]:

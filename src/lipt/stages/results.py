@@ -43,6 +43,11 @@ class Selected:
         figures = {"seconds": round(self.seconds, 3), "diagnostics": self.diagnostics}
         return {**figures, "profile": self.profile} if self.profile else figures
 
+    def stages(self) -> dict[str, dict[str, Any]]:
+        """summary.json's stages.pretrain (when pre-trained here) and stages.select."""
+        stages = {} if self.pretrain_stats is None else {"pretrain": self.pretrain_stats}
+        return {**stages, "select": self.stats()}
+
 
 @dataclass
 class Trained:
@@ -74,3 +79,15 @@ class Trained:
         if self.dynamic is not None:
             figures["dynamic"] = self.dynamic
         return figures
+
+
+def with_cleaning(
+    stages: dict[str, dict[str, Any]], cleaned: Cleaned | None
+) -> dict[str, dict[str, Any]]:
+    """summary.json's stages with stages.clean first after pre-training; the pre-training
+    label cleaning made (clean=lipt) is stages.pretrain when selection did not record it."""
+    if cleaned is None:
+        return stages
+    pretrain = stages.get("pretrain", cleaned.pretrain_stats)
+    first = {} if pretrain is None else {"pretrain": pretrain}
+    return {**first, "clean": cleaned.stats, **stages}

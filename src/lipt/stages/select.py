@@ -1,37 +1,38 @@
 """Stage 2: rank the training pool with pre-trained gradients and choose a subset.
 
 `choose_subset` wires a pure selector (lipt.selection, chosen by the `selector` config group) to
-models and data; `run` is `select.py`'s body: it loads `ckpt_path` or pre-trains in-process,
-then writes subset.npz and summary.json.
+the ranking models (lipt.stages.pretrain.ranking_models) and the data; `reselection` wires it to
+main training's Reselection callback (`reselect_every`). `run` is `select.py`'s body: it loads
+`ckpt_path` or pre-trains in-process, then writes subset.npz and summary.json.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from lipt.budget import subset_rows
 from lipt.core import console
-from lipt.core.artifacts import load_checkpoint, save_subset, write_json
+from lipt.core.artifacts import save_subset, write_json
 from lipt.core.errors import UserError
 from lipt.core.job import run_dir
-from lipt.core.seeding import repeat_seed
+from lipt.core.seeding import reselect_seed
 from lipt.core.settings import SelectorSettings
 from lipt.data import DataModule
-from lipt.jigsaw.context import Pretrained, heads_from_payload
+from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
 from lipt.selection import LearnerHeads, PoolOutputs, SelectionInputs
 from lipt.selection.api import pick, rank_pool
+from lipt.selection.reselection import Reselection
 from lipt.stages.build import Parts, build_parts
 from lipt.stages.clean import clean_pool
-from lipt.stages.pretrain import pretrain_model, pretrain_stats
-from lipt.stages.results import Cleaned, Selected
+from lipt.stages.pretrain import Ranking, ranking_models
+from lipt.stages.results import Selected, with_cleaning
 from lipt.stages.run import Run
 from lipt.stages.summary import subset_class_counts, summary_payload
 
@@ -69,65 +70,6 @@ def check_held_out(run: Run, dm: DataModule) -> None:
             f"selector={selector.name} matches the validation split, which is empty here; "
             "set dataset.val_size > 0"
         )
-
-
-@dataclass
-class Ranking:
-    """The model(s) whose outputs rank the pool, and the jigsaw learners' heads of the first
-    one (None unless it is a jigsaw soup). `pretrained`: the first pre-training made in this run
-    (None when loaded from ckpt_path); `pretrain_stats`: summary.json's stages.pretrain, summed
-    over `selector.repeats` (None when nothing was trained here)."""
-
-    models: list[nn.Module]
-    heads: LearnerHeads | None = None
-    pretrained: Pretrained | None = None
-    pretrain_stats: dict[str, Any] | None = None
-
-
-def ranking_models(run: Run, parts: Parts, made: Pretrained | None = None) -> Ranking:
-    """The checkpoint at `ckpt_path` (select.py), or the `pretrain` strategy run
-    `selector.repeats` times from `repeat_seed(seed, r)`; `made`: the first of them, already
-    pre-trained in this run (for label cleaning), is not made again."""
-    check_held_out(run, parts.dm)  # before any pre-training
-    repeats = 1 if run.selector is None else run.selector.repeats
-    settings = run.settings
-    ckpt_path = settings.ckpt_path if settings.stage == "select" else None
-    if made is not None and not ckpt_path:
-        rest = [
-            pretrain_model(run, parts, repeat_seed(settings.seed, r)) for r in range(1, repeats)
-        ]
-        models = [made, *rest]
-        return Ranking([r.model for r in models], made.learner_heads, made, pretrain_stats(models))
-    if ckpt_path:
-        if repeats > 1:
-            raise UserError(
-                "selector.repeats > 1 needs several models; drop ckpt_path to pre-train in-process"
-            )
-        path = Path(ckpt_path)
-        return Ranking(
-            [load_pretrained(run, parts, path)], heads_from_payload(load_checkpoint(path))
-        )
-    results = [pretrain_model(run, parts, repeat_seed(settings.seed, r)) for r in range(repeats)]
-    first = results[0]
-    return Ranking([r.model for r in results], first.learner_heads, first, pretrain_stats(results))
-
-
-def load_pretrained(run: Run, parts: Parts, path: Path) -> nn.Module:
-    payload = load_checkpoint(path)
-    data_name = parts.dm.data_name
-    if payload.get("data") != data_name:
-        raise UserError(
-            f"{path} was pre-trained on {payload.get('data')!r}, this run uses {data_name!r}; "
-            "pass a checkpoint for this data set"
-        )
-    model = parts.initial_model(run.settings.seed)
-    try:
-        model.load_state_dict(payload["state_dict"], strict=True)
-    except RuntimeError as e:
-        first = str(e).splitlines()[0]
-        target = run.node("model")["_target_"]
-        raise UserError(f"{path} does not fit model={target} ({first})") from e
-    return model
 
 
 def choose_subset(
@@ -223,6 +165,7 @@ def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
 def select_subset(run: Run, parts: Parts, made: Pretrained | None = None) -> Selected:
     """Stage 2 as select.py and train.py run it: the ranking model(s) (`made`: pre-trained in
     this run already, by label cleaning), then the subset."""
+    check_held_out(run, parts.dm)  # before any pre-training
     needs_model = chosen_selector(run).needs_model
     ranking = ranking_models(run, parts, made) if needs_model else Ranking([])
     start = time.perf_counter()
@@ -242,32 +185,35 @@ def select_subset(run: Run, parts: Parts, made: Pretrained | None = None) -> Sel
     )
 
 
+def reselection(
+    run: Run, parts: Parts, out: Path, subset: tuple[Tensor, Tensor] | None
+) -> Reselection | None:
+    """Re-selection every `reselect_every` epochs with the model being trained, for a subset
+    this run selected (None otherwise)."""
+    settings = run.settings
+    if settings.reselect_every <= 0 or subset is None or settings.subset_path is not None:
+        return None
+
+    def choose(module: nn.Module, epoch: int, profile: dict[str, float]) -> tuple[Tensor, Tensor]:
+        model = cast(nn.Module, module.model)  # the Classifier's network
+        with console.no_bars():  # Lightning's own bar is live during training
+            seed = reselect_seed(settings.seed, epoch)
+            return choose_subset(run, parts, [model], seed, profile=profile)
+
+    meta = subset_meta(run, parts.dm)
+    return Reselection(settings.reselect_every, parts.dm, out_dir=out, meta=meta, choose=choose)
+
+
 def write_selection(run: Run, dm: DataModule, out: Path, selected: Selected) -> None:
-    """subset.npz, its picture, stages.json and the jigsaw merge report of a soup made here."""
+    """stages.json, subset.npz, the jigsaw merge report of a soup made here, and the subset's
+    picture."""
+    meta, stages = subset_meta(run, dm), selected.stages()
     # stages.json first: a run killed between the two has no subset.npz and selects again.
-    write_json(out / STAGES_FILE, selection_stages(selected))
-    save_subset(out / SUBSET_FILE, selected.indices, selected.weights, subset_meta(run, dm))
-    write_subset_picture(dm, selected.indices, out / SUBSET_PICTURE)
+    write_json(out / STAGES_FILE, stages)
+    save_subset(out / SUBSET_FILE, selected.indices, selected.weights, meta)
     if selected.pretrained is not None and selected.pretrained.report:
         write_json(out / "merge_report.json", selected.pretrained.report)
-
-
-def with_cleaning(
-    stages: dict[str, dict[str, Any]], cleaned: Cleaned | None
-) -> dict[str, dict[str, Any]]:
-    """summary.json's stages with stages.clean first after pre-training; the pre-training
-    label cleaning made (clean=lipt) is stages.pretrain when selection did not record it."""
-    if cleaned is None:
-        return stages
-    pretrain = stages.get("pretrain", cleaned.pretrain_stats)
-    first = {} if pretrain is None else {"pretrain": pretrain}
-    return {**first, "clean": cleaned.stats, **stages}
-
-
-def selection_stages(selected: Selected) -> dict[str, dict[str, Any]]:
-    """summary.json's stages.pretrain (when pre-trained here) and stages.select."""
-    stages = {} if selected.pretrain_stats is None else {"pretrain": selected.pretrain_stats}
-    return {**stages, "select": selected.stats()}
+    write_subset_picture(dm, selected.indices, out / SUBSET_PICTURE)
 
 
 def run(run: Run) -> dict[str, Any]:
@@ -282,7 +228,7 @@ def run(run: Run) -> dict[str, Any]:
     selected = select_subset(run, parts, None if cleaned is None else cleaned.pretrained)
     write_selection(run, dm, out, selected)
     counts = subset_class_counts(dm, selected.indices)
-    stages = with_cleaning(selection_stages(selected), cleaned)
+    stages = with_cleaning(selected.stages(), cleaned)
     summary = summary_payload(run, dm, None, len(selected.indices), stages, class_counts=counts)
     write_json(out / "summary.json", summary)
     return summary

@@ -32,12 +32,12 @@ from lipt.core.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
 from lipt.data import DataModule
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.pictures import log_to_wandb
-from lipt.stages.build import Parts, build_parts, build_trainer
+from lipt.stages.build import Parts, build_parts
 from lipt.stages.clean import clean_pool
 from lipt.stages.dynamic import describe
-from lipt.stages.results import Trained
+from lipt.stages.results import Trained, with_cleaning
 from lipt.stages.run import Run
-from lipt.stages.select import SUBSET_FILE, with_cleaning
+from lipt.stages.select import SUBSET_FILE
 from lipt.stages.summary import subset_class_counts, summary_payload
 from lipt.stages.training_plan import TrainingPlan, training_plan
 from lipt.stages.training_set import TrainingSet, training_set_of
@@ -105,15 +105,13 @@ def initial_model(
     return model
 
 
-def fit_and_test(
-    run: Run, dm: DataModule, plan: TrainingPlan, trainer: L.Trainer, resume: str | None
-) -> Trained:
+def fit_and_test(run: Run, dm: DataModule, plan: TrainingPlan, resume: str | None) -> Trained:
     """Main training as planned, then the test split: what stages.train records."""
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
     L.seed_everything(run.settings.seed, workers=True, verbose=False)
     subset_size = plan.subset_size
     line = describe_training(run, subset_size, len(dm.pool_indices), plan.epochs)
-    dynamic, reselect, module = plan.dynamic, plan.reselect, plan.module
+    dynamic, reselect, module, trainer = plan.dynamic, plan.reselect, plan.module, plan.trainer
     log.info(line if dynamic is None else f"{line}; {describe(dynamic.callback.method)}")
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     seconds = module.seconds_trained()  # before the test pass; earlier attempts' included
@@ -170,11 +168,9 @@ def run(run: Run) -> dict[str, Any]:
     model = initial_model(run, parts, training_set, resume)
     whole = len(dm.pool_indices) if cleaned is None else int(cleaned.stats["pool"])
     plan = training_plan(run, parts, out, model, subset, training_set.dynamic, whole, requeue)
-    trainer = build_trainer(
-        run, logger=plan.loggers, callbacks=plan.callbacks, **plan.trainer_settings
-    )
-    trained = fit_and_test(run, dm, plan, trainer, resume)
-    stages = with_cleaning(training_stages(training_set, trained), cleaned)
+    trained = fit_and_test(run, dm, plan, resume)
+    trainer = plan.trainer
+    stages = with_cleaning(training_set.stages(trained), cleaned)
     summary = summary_payload(
         run, dm, trained.test_accuracy, plan.subset_size, stages, class_counts
     )
@@ -203,22 +199,6 @@ def log_the_run(
             # End this job's wandb run: the next job of a multirun (same process) would log into
             # it instead of starting its own.
             logger.experiment.finish()
-
-
-def training_stages(training_set: TrainingSet, trained: Trained) -> dict[str, dict[str, Any]]:
-    """summary.json's stages: pretrain and select when they ran in this run (a resumed run: as
-    the attempt that ran them recorded them; re-merging a soup on resume is not its cost), then
-    train."""
-    if training_set.earlier_stages is not None:
-        return {**training_set.earlier_stages, "train": trained.stats()}
-    stages: dict[str, dict[str, Any]] = {}
-    if training_set.pretrain_stats is not None:
-        stages["pretrain"] = training_set.pretrain_stats
-    if training_set.selected is not None:
-        stages["select"] = training_set.selected.stats()
-    if training_set.score_stats is not None:
-        stages["score"] = training_set.score_stats
-    return {**stages, "train": trained.stats()}
 
 
 def run_metrics(summary: dict[str, Any]) -> dict[str, float]:

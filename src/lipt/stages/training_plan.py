@@ -1,51 +1,48 @@
 """Main training's plan: what trains (the classifier around the initial model), for how many
-epochs or optimiser steps, with which callbacks, loggers and Trainer settings. Built once from
+epochs or optimiser steps, on which Trainer with which callbacks and loggers. Built once from
 the run and what the stages before it made; lipt.stages.train fits it.
 
 How long it trains is the `budget` option's arithmetic (lipt.budget): a subset for
 `trainer.max_epochs`; the whole pool on a step budget (a share of the schedule: `full_schedule`,
 or a subset's steps: `full_steps`), which the schedule spans and StopAtStep
-(lipt.models.schedules) ends; InfoBatch's
-fewer epochs; dynamic pruning's epochs of a shrinking pool.
+(lipt.models.schedules) ends; InfoBatch's fewer epochs; dynamic pruning's epochs of a shrinking
+pool.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
 from lipt.budget import PoolSizes, Schedule, Subset
-from lipt.core import console
 from lipt.core.requeue import RequeueOnSignal
-from lipt.core.seeding import reselect_seed
 from lipt.data import DataModule
 from lipt.data.seen import SeenSamples
 from lipt.models.classifier import Classifier
 from lipt.models.schedules import StopAtStep
 from lipt.selection.reselection import Reselection
-from lipt.stages.build import Parts, build_callbacks, build_loggers, progress_bars
+from lipt.stages.build import Parts, build_callbacks, build_loggers, build_trainer, progress_bars
 from lipt.stages.dynamic import DynamicSetup
 from lipt.stages.run import Run
-from lipt.stages.select import choose_subset, subset_meta
+from lipt.stages.select import reselection
 
 
 @dataclass
 class TrainingPlan:
     """What Trainer.fit runs: `module` for `epochs` (what the stage line announces; a step
-    budget's StopAtStep may end the last one early), with `callbacks` and `loggers`, and the
-    Trainer settings that differ from the `trainer` group's (`trainer_settings`)."""
+    budget's StopAtStep may end the last one early), on `trainer`: the `trainer` group's, with
+    lipt's callbacks and the `callbacks` and `logger` groups', and the settings the plan
+    changes (max_epochs, dataloaders reloaded each epoch under re-selection or pruning)."""
 
     module: Classifier
     epochs: int
     subset_size: int  # the images an epoch trains on before any pruning: the subset, or the pool
-    callbacks: list[L.Callback]
-    loggers: list[Any]
-    trainer_settings: dict[str, Any]
+    trainer: L.Trainer  # the `trainer` group's, with the callbacks and loggers
     reselect: Reselection | None
     dynamic: DynamicSetup | None
 
@@ -63,25 +60,6 @@ def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedu
         fraction=float(settings.fraction),
     )
     return budget.schedule(sizes)
-
-
-def reselection(
-    run: Run, parts: Parts, out: Path, subset: tuple[Tensor, Tensor] | None
-) -> Reselection | None:
-    """Re-selection every `reselect_every` epochs with the model being trained, for a subset
-    this run selected (None otherwise)."""
-    settings = run.settings
-    if settings.reselect_every <= 0 or subset is None or settings.subset_path is not None:
-        return None
-
-    def choose(module: nn.Module, epoch: int, profile: dict[str, float]) -> tuple[Tensor, Tensor]:
-        model = cast(nn.Module, module.model)  # the Classifier's network
-        with console.no_bars():  # Lightning's own bar is live during training
-            seed = reselect_seed(settings.seed, epoch)
-            return choose_subset(run, parts, [model], seed, profile=profile)
-
-    meta = subset_meta(run, parts.dm)
-    return Reselection(settings.reselect_every, parts.dm, out_dir=out, meta=meta, choose=choose)
 
 
 def training_plan(
@@ -105,6 +83,7 @@ def training_plan(
     schedule = main_schedule(run, dm, pool_before_cleaning)
     steps, epochs = schedule.steps, schedule.epochs
     module = parts.classifier(model, total_steps=steps, **dynamic_optim)
+    reselect = reselection(run, parts, out, subset)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
         ModelCheckpoint(
@@ -120,7 +99,6 @@ def training_plan(
     if requeue is not None:
         callbacks.append(requeue)
     trainer_settings: dict[str, Any] = {}
-    reselect = reselection(run, parts, out, subset)
     if reselect is not None:
         callbacks.append(reselect)
         trainer_settings["reload_dataloaders_every_n_epochs"] = settings.reselect_every
@@ -136,7 +114,6 @@ def training_plan(
     loggers = build_loggers(run)
     # The `callbacks` group: those the run has what they need for.
     callbacks += build_callbacks(run, loggers, progress_bars(run), len(dm.val_indices) > 0)
+    trainer = build_trainer(run, logger=loggers, callbacks=callbacks, **trainer_settings)
     size = len(dm.pool_indices) if subset is None else len(subset[0])
-    return TrainingPlan(
-        module, epochs, size, callbacks, loggers, trainer_settings, reselect, dynamic
-    )
+    return TrainingPlan(module, epochs, size, trainer, reselect, dynamic)

@@ -24,13 +24,12 @@ from lipt.jigsaw.context import Pretrained
 from lipt.selection.reselection import latest_subset
 from lipt.stages.build import Parts
 from lipt.stages.dynamic import DynamicSetup, dynamic_pruning
-from lipt.stages.results import Cleaned, Selected
+from lipt.stages.pretrain import ranking_models
+from lipt.stages.results import Cleaned, Selected, Trained
 from lipt.stages.run import Run
 from lipt.stages.select import (
     STAGES_FILE,
     SUBSET_FILE,
-    chosen_selector,
-    ranking_models,
     select_subset,
     write_selection,
 )
@@ -59,6 +58,21 @@ class TrainingSet:
     score_stats: dict[str, Any] | None = None  # budget=lipt: the pool's pass through the soup
     dynamic: DynamicSetup | None = None  # the whole pool, pruned anew every epoch
 
+    def stages(self, trained: Trained) -> dict[str, dict[str, Any]]:
+        """summary.json's stages: pretrain and select when they ran in this run (a resumed run:
+        as the attempt that ran them recorded them; re-merging a soup on resume is not its
+        cost), then train."""
+        if self.earlier_stages is not None:
+            return {**self.earlier_stages, "train": trained.stats()}
+        stages: dict[str, dict[str, Any]] = {}
+        if self.pretrain_stats is not None:
+            stages["pretrain"] = self.pretrain_stats
+        if self.selected is not None:
+            stages["select"] = self.selected.stats()
+        if self.score_stats is not None:
+            stages["score"] = self.score_stats
+        return {**stages, "train": trained.stats()}
+
 
 def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
     path = out / STAGES_FILE
@@ -76,7 +90,6 @@ def obtain_subset(
         return TrainingSet(load_checked_subset(dm, Path(settings.subset_path)))
     if not run.trains_subset:
         return TrainingSet(None)
-    selector = chosen_selector(run)
     saved = out / SUBSET_FILE
     if resume is not None and saved.is_file():
         # A resumed run trains on what the first attempt chose (re-selected ones included).
@@ -89,7 +102,8 @@ def obtain_subset(
         subset = load_checked_subset(dm, saved)
         log.info("resuming: the subset in %s is kept (not selected again)", saved)
         earlier = earlier_stages(out)
-        if settings.init_from != "pretrained" or not selector.needs_model or is_ddp_child():
+        ranks = run.selector is not None and run.selector.needs_model  # pre-trains to select
+        if settings.init_from != "pretrained" or not ranks or is_ddp_child():
             return TrainingSet(subset, earlier_stages=earlier)
         ranking = ranking_models(run, parts, made)
         return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
