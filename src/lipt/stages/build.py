@@ -56,11 +56,17 @@ class Parts:
 def build_parts(run: Run, dm: DataModule | None = None) -> Parts:
     """The run's parts, each built once (`dm`: the data module, where the caller has one)."""
     dm = build_datamodule(run) if dm is None else dm
-    # Late-bound (looked up when called), so a test can wrap build_classifier.
-    classifier = lambda model, **overrides: build_classifier(run, model, **overrides)  # noqa: E731
+
+    def classifier(model: nn.Module, **overrides: Any) -> Classifier:
+        return build_classifier(run, model, **overrides)  # a test may wrap it
+
     trainer = functools.partial(quiet_trainer, run)
     device = scoring_device(run)
     clean = run.node("clean")
+    # The selector's function, lipt's own keys (SelectorSettings) left out.
+    selector = (
+        None if run.selector is None else build_part(run.node("selector"), RESERVED_SELECTOR_KEYS)
+    )
     context = PretrainContext(
         data_name=dm.data_name,
         num_classes=run.dataset.num_classes,
@@ -86,10 +92,7 @@ def build_parts(run: Run, dm: DataModule | None = None) -> Parts:
         device=device,
         pretrain=build_part(run.node("pretrain")),
         context=context,
-        # The selector's function, lipt's own keys (SelectorSettings) left out.
-        selector=None
-        if run.selector is None
-        else build_part(run.node("selector"), RESERVED_SELECTOR_KEYS),
+        selector=selector,
         cleaning=build_part(clean) if "_target_" in clean else None,
     )
 

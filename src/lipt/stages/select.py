@@ -90,9 +90,10 @@ def choose_subset(
 
     A selector that needs no model (random) never runs `models` over the pool, so random
     online (`selector=random reselect_every=R`) only re-draws."""
-    dm, fn = parts.dm, parts.selector
+    dm, fn = parts.dm, parts.selector  # the selector's function, built with its settings
     check_held_out(run, dm)
     selector = chosen_selector(run)
+    assert fn is not None, "build_parts builds the function of a chosen selector"
     pool_size = len(dm.pool_indices)
     budget = budget_for(run, pool_size)
     log.info(describe_selection(selector, budget, pool_size))

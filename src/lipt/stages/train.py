@@ -1,10 +1,12 @@
 """Stage 3 and the whole pipeline (`train.py`): pre-train, select, train on the subset, test.
 
 `run` reads as a run goes, one named step each: a SLURM attempt, a finished run kept as it is, the
-data, where to resume from, label cleaning, the training set (lipt.stages.training_set: a subset
-selected or loaded, or the whole pool under dynamic pruning), the initial model, the training plan
-(lipt.stages.training_plan: what trains, for how long, with which callbacks), the fit and the test,
-and summary.json built from the stages' results.
+run's parts (lipt.stages.build.build_parts: the data module, the models' factories, the strategy,
+the selector, the cleaning method, built once and handed down), where to resume from, label
+cleaning, the training set (lipt.stages.training_set: a subset selected or loaded, or the whole
+pool under dynamic pruning), the initial model, the training plan (lipt.stages.training_plan: what
+trains, for how long, on which Trainer with which callbacks), the fit and the test, and
+summary.json built from the stages' results.
 
 Under DDP, Lightning re-runs the entry script in every extra rank with the same run directory:
 rank 0 pre-trains and selects before the trainer starts, writes subset.npz, and the extra ranks
