@@ -31,6 +31,7 @@ from lipt.jigsaw.context import PretrainContext, Strategy
 from lipt.models.classifier import QUIET_TRAINER, Classifier
 from lipt.models.options import apply_speed_options
 from lipt.models.schedules import LEARNER_SCHEDULES
+from lipt.selection import Selector
 from lipt.stages.run import Run
 
 # A `clean` option's method (lipt.cleaning): lipt's jigsaw finder or cleanlab's K folds.
@@ -49,7 +50,7 @@ class Parts:
     device: torch.device  # where held-out scoring runs
     pretrain: Strategy  # the `pretrain` option
     context: PretrainContext  # what `pretrain` needs of the run
-    selector: Any  # the `selector` function, a functools.partial (None: selector=none)
+    selector: Selector | None  # the `selector` function, its keys bound (None: selector=none)
     cleaning: CleaningMethod | None  # the `clean` option's method (None: clean=none)
 
 
