@@ -52,8 +52,8 @@ CLEAN_FILE = "clean.json"
 
 def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | None:
     """Find the pool's label issues with the `clean` method, write them, and apply its action
-    to `dm`. `resume`: the run resumes (ckpt_path=last), so K-fold issues already written are
-    read back rather than found again; an extra DDP rank always reads rank 0's."""
+    to the data module. `resume`: the run resumes (ckpt_path=last), so K-fold issues already
+    written are read back rather than found again; an extra DDP rank always reads rank 0's."""
     method, dm = parts.cleaning, parts.dm
     if method is None:
         return None
