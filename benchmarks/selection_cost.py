@@ -149,7 +149,7 @@ def fashion_mnist_part(selectors: list[str], repeats: int) -> list[dict]:
 def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     """One selector on a synthetic pool; prints its time (peak memory is read by the parent)."""
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
-    from lipt.stages.build import RESERVED_SELECTOR_KEYS, build_part
+    from lipt.stages.build import build_selector
 
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(classes, dim, generator=g) / dim**0.5
@@ -164,7 +164,7 @@ def large_worker(name: str, n: int, classes: int, dim: int) -> None:
     heads = learner_heads(classes, dim, g) if name == "coverage" else None
     inputs = SelectionInputs(outputs(n), outputs(n // 50), (), weight, bias, heads)
     run = run_of(compose_config("train", ["paths.output_dir=/tmp", f"selector={name}"]))
-    fn = build_part(run.node("selector"), RESERVED_SELECTOR_KEYS)
+    fn = build_selector(run.node("selector"))
     assert run.selector is not None
     start = time.perf_counter()
     budget = n // 10

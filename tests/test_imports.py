@@ -195,7 +195,7 @@ def test_the_pure_rooms_and_the_foundation_import_nothing_above_them():
 
 
 # The entry layer: the modules that read the composed config (omegaconf's DictConfig) and turn
-# it into the run's typed settings (lipt.run.config.validate -> lipt.core.settings.Run) or check
+# it into the run's typed settings (lipt.run.config.validate -> lipt.stages.run.Run) or check
 # it. Everything else, the stages (their builder included) takes the typed settings.
 ENTRY_LAYER = {
     f"lipt.run.{m}"
@@ -243,7 +243,7 @@ def test_only_the_entry_layer_reads_the_composed_config():
 
 
 def test_the_stages_take_the_typed_settings():
-    """Each entry script's stage is called with lipt.core.settings.Run, built by the build layer."""
+    """Each entry script's stage is called with lipt.stages.run.Run, built by the entry layer."""
     import inspect
 
     from lipt.stages import pretrain, select, train

@@ -170,14 +170,14 @@ def check_selector(cfg: DictConfig) -> None:
     import torch
 
     from lipt.selection import PoolOutputs, SelectionInputs, select_balanced
-    from lipt.stages.build import RESERVED_SELECTOR_KEYS, build_part
+    from lipt.stages.build import build_selector
 
     node = cfg.get("selector")
     if SelectorSettings.of(node) is None:  # selector=none
         return
     name = node.get("name")
     with refused_as(f"selector={name}", None):
-        fn = build_part(resolved(node), RESERVED_SELECTOR_KEYS)
+        fn = build_selector(resolved(node))
         inspect.signature(fn.func).bind_partial(*fn.args, **fn.keywords)
     classes = int(cfg.dataset.num_classes)
     g = torch.Generator().manual_seed(0)

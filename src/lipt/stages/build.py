@@ -31,7 +31,7 @@ from lipt.jigsaw.context import PretrainContext, Strategy
 from lipt.models.classifier import QUIET_TRAINER, Classifier
 from lipt.models.options import apply_speed_options
 from lipt.models.schedules import LEARNER_SCHEDULES
-from lipt.selection import Selector
+from lipt.selection import Selection, Selector
 from lipt.stages.run import Run
 
 # A `clean` option's method (lipt.cleaning): lipt's jigsaw finder or cleanlab's K folds.
@@ -64,10 +64,7 @@ def build_parts(run: Run, dm: DataModule | None = None) -> Parts:
     trainer = functools.partial(quiet_trainer, run)
     device = scoring_device(run)
     clean = run.node("clean")
-    # The selector's function, lipt's own keys (SelectorSettings) left out.
-    selector = (
-        None if run.selector is None else build_part(run.node("selector"), RESERVED_SELECTOR_KEYS)
-    )
+    selector = None if run.selector is None else build_selector(run.node("selector"))
     context = PretrainContext(
         data_name=dm.data_name,
         num_classes=run.dataset.num_classes,
@@ -124,6 +121,11 @@ def build_model(run: Run, seed: int) -> nn.Module:
 
 # Keys of a selector config that are lipt's (SelectorSettings), not the selector function's.
 RESERVED_SELECTOR_KEYS = tuple(SelectorSettings.keys())
+
+
+def build_selector(node: Mapping[str, Any]) -> functools.partial[Selection]:
+    """The `selector` node's function, its keys bound (`_partial_: true`), lipt's own left out."""
+    return cast(functools.partial[Selection], build_part(node, RESERVED_SELECTOR_KEYS))
 
 
 def build_part(node: Mapping[str, Any], reserved: Sequence[str] = ()) -> Any:
