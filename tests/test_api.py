@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -277,6 +278,35 @@ def test_jigsaw_pretrain_trains_its_learners_at_the_optim_given(monkeypatch):
     )  # fmt: skip
     assert result.counts["learners_merged"] == 2
     assert seen and set(seen) == {(0.05, 1e-4, "linear")}
+
+
+def test_jigsaw_pretrain_refuses_min_learners_outside_its_learners_before_training(monkeypatch):
+    import lipt.jigsaw.api
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a learner trained before min_learners was checked")
+
+    monkeypatch.setattr(lipt.jigsaw.api, "train_learner", no_training)
+    data = data_module(False, val_size=0.2, batch_size=32)
+    for bad in (0, 4):
+        with pytest.raises(
+            ValueError, match=r"min_learners must be an integer in 1\.\.num_learners \(3\)"
+        ):
+            lipt.jigsaw_pretrain(
+                make_net, data, num_learners=3, local_epochs=1, head="head", min_learners=bad
+            )
+
+
+def test_the_api_doc_names_the_optim_keys_jigsaw_pretrain_takes():
+    """docs/API.md's `optim` keys are LearnerOptim's: another (momentum) is refused."""
+    from lipt.core.settings import LearnerOptim
+
+    doc = " ".join((ROOT / "docs" / "API.md").read_text().split())
+    (said,) = re.findall(r"`optim` sets ([^)]*)\)", doc)
+    assert set(re.findall(r"\w+", said)) - {"and"} == set(LearnerOptim.__annotations__)
+    data = data_module(False, val_size=0.2, batch_size=32)
+    with pytest.raises(ValueError, match="momentum is not a setting"):
+        lipt.jigsaw_pretrain(make_net, data, num_learners=2, head="head", optim={"momentum": 0.5})
 
 
 def test_the_soup_ranks_the_pool_and_seeds_lipts_dynamic_pruning(soup):

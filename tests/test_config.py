@@ -61,6 +61,9 @@ ACCEPTED = [
     ["budget=full", "pretrain=none"],
     ["budget=full_steps", "pretrain=none"],
     ["selector=random", "budget=subset"],
+    ["logger=tensorboard", "+logger.tensorboard.flush_secs=30"],  # SummaryWriter's own key
+    ["logger=wandb", "+logger.wandb.tags=[a,b]"],  # wandb.init's
+    ["pretrain=none", "selector=random", "dataset.val_size=0"],  # no soup to score
 ]
 
 REFUSED = [
@@ -131,6 +134,29 @@ REFUSED = [
     (["optimized_metric=val_accuracy", "dataset.val_size=0"], ["optimized_metric", "val_size=0"]),
     (["optimized_metric=val_accuracy", "stage=pretrain"], ["train.py's", "pretrain.py"]),
     (["optimized_metric=test_accuracy"], ["optimized_metric", "val_accuracy"]),
+    (
+        ["optimized_metric=val_accuracy", "+trainer.limit_val_batches=0"],
+        ["optimized_metric", "trainer.limit_val_batches=0"],
+    ),
+    (
+        ["optimized_metric=val_accuracy", "dataset=synthetic", "dataset.val_size=0.0001"],
+        ["optimized_metric", "dataset.val_size=0.0001"],  # 0 of synthetic's 600 rows
+    ),
+    # a required key left out: named, not a constructor's TypeError
+    (["~seed"], ["seed must be set"]),
+    (["~dataset.mean"], ["dataset.mean must be set"]),
+    (["~dataset.eval_batch_size"], ["dataset.eval_batch_size must be set"]),
+    (["selector=glister", "~selector.name"], ["selector.name must be set"]),
+    # every jigsaw merge scores its soup on the validation split
+    (["dataset.val_size=0"], ["pretrain=jigsaw", "dataset.val_size=0"]),
+    (["stage=pretrain", "pretrain.learners=0", "dataset.val_size=0"], ["pretrain=jigsaw"]),
+    (["dataset=synthetic", "model.num_classes=3"], ["model.num_classes=3", "num_classes=4"]),
+    (["dataset=synthetic", "model.in_channels=3"], ["model.in_channels=3", "channels=1"]),
+    (["+logger.x=1"], ["logger.x=1 is not a logger", "_target_"]),
+    (["+callbacks.x=1"], ["callbacks.x=1 is not a callback"]),
+    # TensorBoard's writer takes the keys its logger class does not; wandb.init takes wandb's
+    (["logger=tensorboard", "+logger.tensorboard.bogus=1"], ["logger.tensorboard", "bogus"]),
+    (["logger=wandb", "+logger.wandb.bogus=1"], ["logger.wandb", "bogus"]),
 ]
 
 

@@ -122,7 +122,7 @@ def is_choice(cfg: DictConfig, key: str) -> bool:
 
 
 def strip(annotation: Any) -> Any:
-    while typing.get_origin(annotation) is typing.Annotated:
+    while typing.get_origin(annotation) in (typing.Annotated, typing.Required):
         annotation = typing.get_args(annotation)[0]
     return annotation
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import gzip
 import pickle
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from lipt.core.errors import UserError
-from lipt.data.sources import read_idx
+from lipt.core.errors import UserError, one_line
+from lipt.data import DataModule
+from lipt.data.sources import IMAGE_EXTENSIONS, load_image_folder, read_idx
 from lipt.run.config import run_of
 from lipt.stages.build import build_datamodule
 
@@ -153,3 +156,171 @@ def test_randaugment_changes_pixels_only_in_train_transform(make_cfg):
     assert all(s.shape == eval_x.shape for s in strong)
     assert any(not torch.allclose(s, eval_x) for s in strong)
     assert torch.allclose(dm.eval_transform()(image), eval_x)
+
+
+def test_a_corrupt_gzip_idx_file_is_one_line_naming_it(fashion_mnist_dir, make_cfg):
+    labels = fashion_mnist_dir / "t10k-labels-idx1-ubyte.gz"
+    packed = bytearray(labels.read_bytes())
+    packed[20:84] = b"\xff" * 64  # the deflate stream's block header: zlib cannot inflate it
+    labels.write_bytes(bytes(packed))
+    cfg = make_cfg([f"dataset.data_dir={fashion_mnist_dir}", "dataset.download=false"])
+    with pytest.raises(UserError, match=f"^cannot read {labels}: .*; re-download or restore"):
+        build_datamodule(run_of(cfg))
+
+
+@pytest.mark.parametrize("damage", ["one-label-removed", "rows-of-1000-pixels"])
+def test_a_malformed_cifar_batch_is_one_line_naming_it(cifar10_dir, make_cfg, damage):
+    path = cifar10_dir / "cifar-10-batches-py" / "data_batch_3"
+    with open(path, "rb") as f:
+        entry = pickle.load(f, encoding="latin1")
+    if damage == "one-label-removed":
+        entry["labels"] = entry["labels"][:-1]
+    else:
+        entry["data"] = entry["data"][:, :1000]
+    with open(path, "wb") as f:
+        pickle.dump(entry, f)
+    cfg = make_cfg(["dataset=cifar10", f"dataset.data_dir={cifar10_dir}", "dataset.val_size=20"])
+    with pytest.raises(UserError, match=f"^{path} is not a CIFAR batch: .*restore the original"):
+        build_datamodule(run_of(cfg))
+
+
+@pytest.mark.parametrize(
+    ("dataset", "fixture", "classes", "given"),
+    [("imagenet", "imagefolder_dir", 3, 1000), ("fashion_mnist", "fashion_mnist_dir", 10, 12)],
+)
+def test_num_classes_other_than_the_readers_classes_is_refused(
+    make_cfg, request, dataset, fixture, classes, given
+):
+    """A head of spare classes, and label noise that flips labels into them, refused when the
+    data is read: the reader knows its classes (an ImageFolder tree's folders)."""
+    overrides = [
+        f"dataset={dataset}",
+        f"dataset.data_dir={request.getfixturevalue(fixture)}",
+        f"dataset.num_classes={given}",
+        "dataset.val_size=20",
+        "dataset.label_noise.rate=0.2",
+    ]
+    if dataset == "imagenet":
+        overrides += ["dataset.image_size=32", "dataset.resize=36", "dataset.num_workers=0"]
+    with pytest.raises(
+        UserError,
+        match=f"^the data has {classes} classes .* but dataset.num_classes={given}; "
+        f"set dataset.num_classes={classes}$",
+    ):
+        build_datamodule(run_of(make_cfg(overrides)))
+
+
+def test_images_of_other_channels_than_the_configs_are_refused(make_cfg, fashion_mnist_dir):
+    overrides = [
+        f"dataset.data_dir={fashion_mnist_dir}",
+        "dataset.val_size=50",
+        "dataset.channels=3",
+        "dataset.mean=[0.5,0.5,0.5]",
+        "dataset.std=[0.25,0.25,0.25]",
+    ]
+    with pytest.raises(UserError, match=r"^the data's images have 1 channel\(s\) but dataset"):
+        build_datamodule(run_of(make_cfg(overrides)))
+
+
+# --- ImageFolder trees in every listed format -------------------------------------------------
+
+ORANGE = (200, 100, 50)  # grey 124: 0.299 R + 0.587 G + 0.114 B
+
+
+def save(pixels: np.ndarray, path: Path) -> None:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image = Image.fromarray(pixels)
+    if path.suffix == ".webp":
+        image.save(path, lossless=True)
+    else:
+        image.save(path)
+
+
+def folder_module(root: Path, channels: int, num_workers: int = 0) -> DataModule:
+    dm = DataModule(
+        partial(load_image_folder, str(root), 32, 32, channels),
+        num_classes=2,
+        channels=channels,
+        image_size=32,
+        mean=[0.5] * channels,
+        std=[0.25] * channels,
+        val_size=0,
+        num_workers=num_workers,
+        device="cpu",
+    )
+    dm.setup()
+    return dm
+
+
+def test_every_listed_format_decodes_like_decode_image(tmp_path):
+    """.bmp and .ppm (GTSRB's) too, which torchvision's decode_image cannot read: the same
+    [3, H, W] uint8 pixels as a PNG of the same image."""
+    from torchvision.io import ImageReadMode, decode_image
+    from torchvision.transforms.v2 import functional as F
+
+    pixels = (np.random.default_rng(0).random((32, 40, 3)) * 255).astype(np.uint8)
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            for ext in IMAGE_EXTENSIONS:
+                save(pixels, tmp_path / split / c / f"x{ext}")
+    source = folder_module(tmp_path, 3).train_source
+    expected = decode_image(str(tmp_path / "train/a/x.png"), mode=ImageReadMode.RGB)
+    expected = F.center_crop(F.resize(expected, [32], antialias=True), [32, 32])
+    decoded = {source.paths[i].suffix: source.image(i) for i in range(len(source))}
+    assert sorted(decoded) == sorted(IMAGE_EXTENSIONS)
+    for ext, image in decoded.items():
+        assert image.dtype == torch.uint8 and image.shape == (3, 32, 32), ext
+        if ext not in (".jpg", ".jpeg"):  # lossless formats: the same pixels
+            assert torch.equal(image, expected), ext
+
+
+def test_a_grey_tree_trains_as_one_channel(tmp_path):
+    """dataset.channels=1 decodes every file grey (webp, which decode_image gives only in
+    colour, included), as the config's one-channel model takes."""
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            for ext in IMAGE_EXTENSIONS:
+                save(np.full((36, 40, 3), ORANGE, np.uint8), tmp_path / split / c / f"rgb{ext}")
+            save(np.full((36, 40), 124, np.uint8), tmp_path / split / c / "grey.png")
+    dm = folder_module(tmp_path, 1)
+    assert dm.data_name.endswith(":grey")  # not an RGB run's artifacts
+    source = dm.train_source
+    for i in range(len(source)):
+        image = source.image(i)
+        assert image.shape == (1, 32, 32), source.paths[i]
+        assert int((image.int() - 124).abs().max()) <= 2, source.paths[i]
+    x, _, _ = next(iter(dm.pool_dataloader()))
+    assert x.shape == (len(source), 1, 32, 32)
+
+
+def test_images_in_subfolders_of_a_class_are_read_as_torchvision_reads_them(tmp_path):
+    from torchvision.datasets import ImageFolder
+
+    pixels = np.zeros((8, 8, 3), np.uint8)
+    for split in ("train", "val"):
+        for name in ("b.png", "a.jpg", "sub/c.png", "sub/deeper/d.png", "a0/e.png", "z.png"):
+            save(pixels, tmp_path / split / "cat" / name)
+            save(pixels, tmp_path / split / "dog" / name)
+        (tmp_path / split / "cat" / "notes.txt").write_text("not an image")
+    source = folder_module(tmp_path, 3).train_source
+    samples = ImageFolder(str(tmp_path / "train")).samples
+    assert [str(p) for p in source.paths] == [path for path, _ in samples]
+    assert source.labels.tolist() == [label for _, label in samples]
+
+
+def test_a_user_error_in_a_dataloader_worker_prints_its_own_message(tmp_path):
+    pixels = np.zeros((8, 8, 3), np.uint8)
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            for i in range(3):
+                save(pixels, tmp_path / split / c / f"{i}.png")
+    broken = tmp_path / "train" / "b" / "1.png"
+    broken.write_bytes(b"not a png")
+    dm = folder_module(tmp_path, 3, num_workers=1)
+    with pytest.raises(UserError) as caught:
+        list(dm.pool_dataloader())
+    assert "DataLoader worker" in str(caught.value)  # torch's wrapper around it
+    assert one_line(caught.value).startswith(f"cannot decode {broken} (")
+    assert one_line(caught.value).endswith("; remove or replace the file")

@@ -44,6 +44,23 @@ def test_a_dry_run_of_a_sweep_composes_every_job_and_refuses_a_bad_combination(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_every_job_of_a_sweep_meets_the_rules_across_keys_before_the_first_starts(
+    tmp_path: Path,
+) -> None:
+    """Each value passes alone and one pairing is refused, in one line before any work: one of
+    groups (clean=lipt's soup needs pre-training) in a dry run, one of top-level keys (GLISTER
+    needs a validation split) in a sweep that would train."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", *FAST, f"hydra.sweep.dir={sweep}"]
+    groups = ["dry_run=true", "clean=none,lipt", "pretrain=jigsaw,none", "budget=full_schedule"]
+    keys = ["budget=subset", "selector=random,glister", "dataset.val_size=100,0"]
+    for sweep_args, words in ((groups, "clean=lipt"), (keys, "selector=glister")):
+        out = run_entry(str(ROOT / "train.py"), [*args, *sweep_args], cwd=tmp_path)
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert len(out.stderr.strip().splitlines()) == 1 and words in out.stderr
+        assert not sweep.exists()
+
+
 @pytest.mark.parametrize("script", ["pretrain.py", "select.py"])
 def test_every_entry_script_has_a_dry_run(script: str, tmp_path: Path) -> None:
     args = [*FAST, "dry_run=true", "selector=random", "budget=subset"]

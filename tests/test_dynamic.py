@@ -12,6 +12,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from lipt.budget import infobatch_epochs
 from lipt.core.errors import UserError
 from lipt.data.seen import load_seen
 from lipt.dynamic import (
@@ -183,6 +184,14 @@ def test_lipt_budget_is_the_share_of_the_full_data_cost(budget):
         assert pruning == 5 and budget / 2 <= share <= budget
 
 
+def test_infobatch_epochs_cost_at_most_the_whole_pools_run():
+    # round(1.0 x 4 / 0.7) = 6 epochs would cost more than the whole pool's 4: capped at E
+    assert infobatch_epochs(1.0, 4) == 4 and infobatch_epochs(0.8, 10) == 10
+    assert all(infobatch_epochs(f / 100, e) <= e for f in range(1, 101) for e in range(1, 40))
+    # up to 0.7, the epochs `fraction` buys at InfoBatch's ~70% (the frontier's, at E = 12)
+    assert [infobatch_epochs(f, 12) for f in (0.1, 0.3, 0.5, 0.7)] == [2, 5, 9, 12]
+
+
 def test_bad_arguments_are_value_errors():
     losses = training_losses()
     g = torch.Generator()
@@ -268,7 +277,9 @@ def test_the_default_trains_infobatch_for_the_epochs_its_fraction_buys(tmp_path)
     shares = ledger["pruned_share"]
     assert sorted(shares) == ["0", "1", "2", "3"]  # 4 epochs, not trainer.max_epochs=10
     assert shares["0"] == 0 and shares["3"] == 0 and shares["1"] > 0.1  # as published
-    assert ledger["samples_full"] == 4 * 500 and summary["subset_size"] == 500  # whole pool
+    # measured against the whole pool's run, trainer.max_epochs of it, not its own 4 epochs
+    assert ledger["samples_full"] == 10 * 500 and summary["subset_size"] == 500
+    assert ledger["samples_saved"] == 10 * 500 - summary["stages"]["train"]["samples"]
     assert "pretrain" not in summary["stages"] and "select" not in summary["stages"]
 
 
@@ -276,12 +287,17 @@ class SimulatedCrashError(RuntimeError):
     pass
 
 
-def test_a_dynamic_run_resumes_bit_for_bit(tmp_path, monkeypatch):
-    args = [*INFOBATCH, "record_seen=true"]
+# A validation in mid-epoch (val_check_interval 0.5) checkpoints nothing: the crash after it
+# resumes from epoch 1's end too (a resume from mid-epoch would draw epoch 2 anew).
+@pytest.mark.parametrize(
+    ("validation", "crash_at"), [([], 1), (["+trainer.val_check_interval=0.5"], 8)]
+)
+def test_a_dynamic_run_resumes_bit_for_bit(tmp_path, monkeypatch, validation, crash_at):
+    args = [*INFOBATCH, "record_seen=true", *validation]
     real_step = Classifier.training_step
 
     def crash_in_epoch_2(self, batch, batch_idx):
-        if self.current_epoch == 2 and batch_idx == 1:
+        if self.current_epoch == 2 and batch_idx == crash_at:
             raise SimulatedCrashError("killed")  # after epochs 0 and 1 are checkpointed
         return real_step(self, batch, batch_idx)
 

@@ -61,3 +61,34 @@ def test_console_scripts_are_installed():
     bindir = __import__("pathlib").Path(sys.executable).parent
     for name in ("lipt-train", "lipt-pretrain", "lipt-select"):
         assert (bindir / name).is_file(), name
+
+
+def test_help_with_an_unknown_option_is_one_line_and_exit_code_2():
+    out = run_entry("train.py", ["--help", "selector=nope"], timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        "error: In 'train': Could not find 'selector/nope' (see `--help` for the groups and "
+        "options, `+key=value` adds a new key)"
+    ]
+
+
+def test_the_hydra_groups_are_chosen_as_config_md_and_their_comments_spell_it():
+    """hydra/callbacks, hydra/launcher and hydra/sweeper are in Hydra's own defaults list: an
+    option is chosen with `group=option` (`+group=option` is refused as a second value)."""
+    import re
+
+    from hydra import compose, initialize_config_dir
+
+    configs = ROOT / "configs"
+    reference = (ROOT / "docs" / "CONFIG.md").read_text()
+    with initialize_config_dir(str(configs), version_base="1.3"):
+        for folder in sorted(p for p in (configs / "hydra").iterdir() if p.is_dir()):
+            group = f"hydra/{folder.name}"
+            assert f"`{group}=<option>`" in reference and f"`+{group}=" not in reference
+            for option in sorted(folder.glob("*.yaml")):
+                compose("train", [f"{group}={option.stem}"], return_hydra_config=True)
+                spelled = re.findall(r"'?(hydra/callbacks=\S+?)'?$", option.read_text(), re.M)
+                assert spelled or group != "hydra/callbacks", option  # each shows its command
+                for override in spelled:
+                    cfg = compose("train", [override], return_hydra_config=True)
+                    assert "sweep_table" in cfg.hydra.callbacks, override

@@ -548,3 +548,25 @@ def test_the_slurm_launcher_trains_learners_as_an_array_only_for_runs_that_pre_t
         make_cfg([f"+approach={approach}", "+experiment=frontier_cpu"]), resolve=True
     )
     assert uses_jigsaw_learners(config) == learners
+
+
+def test_the_learner_array_writes_where_the_run_reads_its_learners(make_cfg, tmp_path):
+    """With pretrain.learner_dir set, the array's tasks write their learners there and count
+    what is missing there: the folder the run's in-process stage reads (else every learner
+    would be trained twice, by the array and again in-process)."""
+    from omegaconf import OmegaConf
+
+    from lipt.jigsaw.checkpoints import learner_file
+    from lipt.run.slurm_learners import LearnerGroup, learners_folder, missing_learners
+
+    shared = tmp_path / "shared_learners"
+    overrides = ["+approach=coverage", "+experiment=frontier_cpu", f"pretrain.learner_dir={shared}"]
+    config = OmegaConf.to_container(make_cfg(overrides), resolve=True)
+    assert isinstance(config, dict)
+    run_dir = tmp_path / "run"
+    assert LearnerGroup(run_dir, [0, 1], config).folder == shared
+    shared.mkdir()
+    (shared / learner_file(1)).write_bytes(b"")
+    assert missing_learners(learners_folder(run_dir, config), 3) == [0, 2]
+    del config["pretrain"]["learner_dir"]
+    assert learners_folder(run_dir, config) == run_dir / "learners"

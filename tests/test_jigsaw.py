@@ -1,4 +1,6 @@
-"""The jigsaw pre-training stage (lipt.stages.jigsaw), end to end on the synthetic data set."""
+"""The jigsaw pre-training stage (lipt.stages.jigsaw), end to end on the synthetic data set:
+its learners, soups, failures, reuse on resumes and multirun halves; and what every pre-training
+leaves to the stages after it (pretrain.ckpt's data split, the opening line)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import lipt.stages.build
 from lipt.core.errors import UserError
 from lipt.data import DataModule
 from lipt.jigsaw import learner as jigsaw_learner
+from lipt.jigsaw.checkpoints import recipe, recipe_difference
 from lipt.jigsaw.context import heads_from_payload
 from lipt.jigsaw.learner import Learner, learner_shards, state_digest
 from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
@@ -24,7 +27,7 @@ from lipt.run.config import run_of, validate
 from lipt.run.hydra_callbacks import learner_sweep
 from lipt.stages import jigsaw as jigsaw_stage
 from lipt.stages.build import build_datamodule, build_model, build_part, build_parts
-from lipt.stages.pretrain import load_pretrained, pretrain_model
+from lipt.stages.pretrain import describe_pretrain, load_pretrained, pretrain_model
 from lipt.stages.pretrain import run as pretrain_run
 from tests.helpers import run_entry
 
@@ -58,6 +61,12 @@ def jigsaw_cfg(make_cfg: Callable[..., DictConfig]) -> Callable[..., DictConfig]
 
 def _load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _learner_files(run_dir: Path) -> list[dict]:
+    """The learner checkpoints a run wrote to its learners/ folder, by id."""
+    paths = (run_dir / "learners").glob("learner_*.ckpt")
+    return [_load(p) for p in sorted(paths, key=lambda p: int(p.stem.split("_")[1]))]
 
 
 def _accuracy(model: torch.nn.Module, dm: DataModule) -> float:
@@ -130,7 +139,9 @@ def test_stage_writes_learners_with_disjoint_shards_and_counts_samples(
     assert report["eval_split"] == "validation" and report["eval_size"] == len(dm.val_indices)
 
 
-def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, monkeypatch):
+def test_learners_start_from_one_init_and_end_with_different_masks(
+    jigsaw_cfg, monkeypatch, tmp_path
+):
     cfg = jigsaw_cfg()
     dm = build_datamodule(run_of(cfg))
     starts: list[dict[str, torch.Tensor]] = []
@@ -141,7 +152,7 @@ def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, m
         return original(cfg, model, **optim)
 
     monkeypatch.setattr(lipt.stages.build, "build_classifier", spy)
-    result = pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
+    pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
 
     init = build_model(run_of(cfg), 0).state_dict()
     assert len(starts) == N
@@ -149,8 +160,8 @@ def test_learners_start_from_one_init_and_end_with_different_masks(jigsaw_cfg, m
         assert start.keys() == init.keys()
         assert all(torch.equal(start[k], init[k]) for k in init)
 
-    learners = [p["state_dict"] for p in result.checkpoints.values()]
-    densities = [p["density"] for p in result.checkpoints.values()]
+    learners = [p["state_dict"] for p in _learner_files(tmp_path)]
+    densities = [p["density"] for p in _learner_files(tmp_path)]
     assert len(set(densities)) == N and all(0.85 <= d <= 0.95 for d in densities)
     masks = [
         torch.cat([sd[k].ne(0).flatten() for k in sd if k.endswith("weight") and sd[k].ndim > 1])
@@ -241,17 +252,17 @@ def test_held_out_scores_in_channels_last_as_the_model_does_and_the_soup_keeps_i
     assert _accuracy(model, dm) == pytest.approx(report["soup_accuracy"], abs=1e-9)
 
 
-def test_uniform_soup_without_bn_recompute_averages_all_learners(jigsaw_cfg):
+def test_uniform_soup_without_bn_recompute_averages_all_learners(jigsaw_cfg, tmp_path):
     cfg = jigsaw_cfg("merge=uniform", "merge.recompute_bn=false", "prune=none", "augment=none")
     dm = build_datamodule(run_of(cfg))
     result = pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
     assert result.report["kept"] == list(range(N))
-    learners = [p["state_dict"] for p in result.checkpoints.values()]
+    learners = [p["state_dict"] for p in _learner_files(tmp_path)]
     for key, value in result.model.state_dict().items():
         if value.is_floating_point():
             expected = torch.stack([sd[key] for sd in learners]).mean(0)
             assert torch.allclose(value, expected, atol=1e-6), key
-    assert all(p["density"] == 1.0 for p in result.checkpoints.values())
+    assert all(p["density"] == 1.0 for p in _learner_files(tmp_path))
 
 
 def test_learner_depends_on_seed_and_id_not_on_global_rng(jigsaw_cfg):
@@ -287,7 +298,9 @@ def _poison(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return bad
 
 
-def test_diverged_and_failed_learners_are_left_out_with_a_warning(jigsaw_cfg, monkeypatch, caplog):
+def test_diverged_and_failed_learners_are_left_out_with_a_warning(
+    jigsaw_cfg, monkeypatch, caplog, tmp_path
+):
     cfg = jigsaw_cfg()
     dm = build_datamodule(run_of(cfg))
     calls = {"state": 0, "prune": 0}
@@ -318,7 +331,7 @@ def test_diverged_and_failed_learners_are_left_out_with_a_warning(jigsaw_cfg, mo
     # Its data was read and its steps were taken: the cost still counts.
     assert result.samples == N * K * M * B and result.unique_samples == N * M * B
     # The diverged learner's checkpoint is still written (for inspection); the failed one has none.
-    assert sorted(p["learner"] for p in result.checkpoints.values()) == [0, 1, 2]
+    assert [p["learner"] for p in _learner_files(tmp_path)] == [0, 1, 2]
 
 
 def test_no_learner_left_is_a_clear_error(jigsaw_cfg, monkeypatch):
@@ -391,13 +404,157 @@ def test_learner_ids_are_for_multirun_jobs_only(jigsaw_cfg):
         pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
 
 
-def test_snip_and_random_pruning_run(jigsaw_cfg):
+def test_snip_and_random_pruning_run(jigsaw_cfg, tmp_path):
     for method in ("snip", "random"):
         cfg = jigsaw_cfg(f"prune={method}", "pretrain.num_learners=2", "merge=uniform")
         result = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
         extra = B if method == "snip" else 0  # SNIP's one forward+backward batch per learner
         assert result.samples == 2 * (K * M * B + extra)
-        assert all(0.85 <= p["density"] <= 0.95 for p in result.checkpoints.values())
+        assert all(0.85 <= p["density"] <= 0.95 for p in _learner_files(tmp_path))
+
+
+# --------------------------------------------------------------------------- reuse and resumes
+
+
+def _recipe(cfg: DictConfig) -> dict:
+    parts = build_parts(run_of(cfg))
+    return recipe(parts.context, parts.pretrain, parts.dm, 0)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "+trainer.max_steps=1",
+        "trainer.precision=bf16-mixed",
+        "+trainer.gradient_clip_val=0.01",
+        "+trainer.accumulate_grad_batches=4",
+        "+trainer.limit_train_batches=1",
+        "dataset.flip=false",
+        "dataset.crop_padding=0",
+        "dataset.mean=[0.4]",
+    ],
+)
+def test_a_setting_that_changes_a_learner_changes_its_recipe(jigsaw_cfg, override):
+    changed = override.lstrip("+").split("=")[0].replace("dataset.", "inputs.")
+    assert recipe_difference(_recipe(jigsaw_cfg()), _recipe(jigsaw_cfg(override))) == [changed]
+
+
+def test_main_trainings_epochs_devices_and_logging_leave_the_recipe_as_it_is(jigsaw_cfg):
+    base = _recipe(jigsaw_cfg())
+    for override in (
+        "trainer.max_epochs=3",
+        "trainer.devices=2",
+        "trainer.accelerator=auto",
+        "trainer.log_every_n_steps=1",
+        "trainer.enable_progress_bar=false",
+    ):
+        assert _recipe(jigsaw_cfg(override)) == base, override
+
+
+def test_learners_of_other_trainer_settings_are_trained_again_not_reused(
+    jigsaw_cfg, tmp_path, caplog
+):
+    one_step = jigsaw_cfg("+trainer.max_steps=1")
+    pretrain_model(run_of(one_step), build_parts(run_of(one_step)), seed=0)
+    assert [p["samples"] for p in _learner_files(tmp_path)] == [B] * N
+    cfg = jigsaw_cfg()  # the same run folder, every learner's step limit lifted
+    with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
+        result = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
+    assert caplog.text.count("is trained again") == N and "trainer.max_steps" in caplog.text
+    assert result.samples == N * K * M * B
+    assert [p["samples"] for p in _learner_files(tmp_path)] == [K * M * B] * N
+
+
+def _took(path: Path, seconds: float) -> None:
+    """As if the learner at `path` had trained for `seconds` in an earlier attempt."""
+    payload = _load(path)
+    payload["seconds"] = seconds
+    torch.save(payload, path)
+
+
+def test_a_resumed_stage_counts_the_seconds_of_the_learners_it_reuses(jigsaw_cfg, tmp_path):
+    cfg = jigsaw_cfg()
+    pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
+    for path in (tmp_path / "learners").glob("learner_*.ckpt"):
+        _took(path, 100.0)
+    stats = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0).stats()
+    assert stats["learner_seconds"] == N * 100.0  # every learner reused
+    assert stats["learner_seconds"] + stats["merge_seconds"] <= stats["seconds"]
+
+
+def test_a_rerun_learner_job_counts_the_seconds_of_the_learners_it_reuses(jigsaw_cfg, tmp_path):
+    job = jigsaw_cfg("pretrain.learners=[0]", f"pretrain.learner_dir={tmp_path}/shared")
+    jigsaw_stage.run_learner_job(run_of(job))
+    _took(tmp_path / "shared" / "learner_0.ckpt", 100.0)
+    stats = jigsaw_stage.run_learner_job(run_of(job))["stages"]["pretrain"]
+    assert stats["learners"][0]["seconds"] == 100.0 and stats["seconds"] >= 100.0
+
+
+def _soup_without_training(make_cfg: Callable[..., DictConfig], *overrides: str) -> DictConfig:
+    """pretrain=none's config: its pretrain.ckpt records the split as a soup's does."""
+    return make_cfg(
+        [
+            "pretrain=none",
+            "trainer.accelerator=cpu",
+            "dataset=synthetic",
+            "model.width=8",
+            "logger=none",
+            *overrides,
+        ],
+        config_name="pretrain",
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("dataset.split_seed=1", r"split_seed 0, this run 1\); pass dataset\.split_seed=0,"),
+        ("dataset.val_size=50", r"val_size 100, this run 50\); pass dataset\.val_size=100,"),
+        ("dataset.pool_size=200", r"a pool of 500 rows, this run 200\); pass dataset\.pool_size"),
+        ("dataset.label_noise.rate=0.4", r"\(other labels\); pass dataset\.label_noise"),
+    ],
+)
+def test_a_pretrain_checkpoint_of_another_split_is_refused(make_cfg, tmp_path, override, needle):
+    pretrain_run(run_of(_soup_without_training(make_cfg)))
+    ckpt = tmp_path / "pretrain.ckpt"
+    same = run_of(_soup_without_training(make_cfg))
+    load_pretrained(same, build_parts(same), ckpt)
+    other = run_of(_soup_without_training(make_cfg, override))
+    with pytest.raises(UserError, match=needle):
+        load_pretrained(other, build_parts(other), ckpt)
+
+
+def test_a_pretrain_checkpoint_that_records_no_split_is_loaded_with_a_warning(
+    make_cfg, tmp_path, caplog
+):
+    pretrain_run(run_of(_soup_without_training(make_cfg)))
+    ckpt = tmp_path / "pretrain.ckpt"
+    payload = _load(ckpt)
+    del payload["split"]  # as pretrain.ckpt was written before it recorded one
+    torch.save(payload, ckpt)
+    other = run_of(_soup_without_training(make_cfg, "dataset.split_seed=1"))
+    with caplog.at_level(logging.WARNING, logger="lipt.stages.pretrain"):
+        load_pretrained(other, build_parts(other), ckpt)
+    assert "records no data split" in caplog.text
+
+
+def test_the_full_warm_up_logs_the_epochs_kappa_gives(make_cfg, caplog):
+    cfg = make_cfg(
+        [
+            "pretrain=full",
+            "pretrain.kappa=0.5",
+            "trainer.max_epochs=12",
+            "fraction=0.5",
+            "trainer.accelerator=cpu",
+            "dataset=synthetic",
+            "model.width=8",
+            "logger=none",
+        ]
+    )
+    parts = build_parts(run_of(cfg))
+    assert describe_pretrain(run_of(cfg), parts, 500).startswith(
+        "pre-training: full, 3 epochs (kappa 0.5 x 12 x 0.5) on the whole pool of 500"
+    )  # ceil(0.5 x 12 x 0.5), not pretrain.epochs' 10
 
 
 # --------------------------------------------------------------------------- multirun
@@ -454,7 +611,7 @@ def test_merge_from_saved_learners_equals_the_sweep_merge(jigsaw_cfg, tmp_path):
     merged = _load(tmp_path / "sweep" / "pretrain.ckpt")["state_dict"]
     assert all(torch.equal(merged[k], v) for k, v in result.model.state_dict().items())
     assert result.samples == summary["stages"]["pretrain"]["samples"] == N * K * M * B
-    assert result.checkpoints == {}  # nothing trained, nothing to write again
+    assert not (tmp_path / "learners").exists()  # nothing trained, nothing written
     with pytest.raises(UserError, match="merge_from"):
         validate(jigsaw_cfg(f"pretrain.merge_from={tmp_path}/nowhere"))
 

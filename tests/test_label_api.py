@@ -181,6 +181,72 @@ def test_bad_input_is_refused_in_one_line_before_any_work(data, kwargs, words, m
         refuse(data, **kwargs)
 
 
+class ReachedJigsawError(Exception):
+    """The jigsaw stage was reached: every check before it passed."""
+
+
+def reach_jigsaw(*args, **kwargs):
+    raise ReachedJigsawError
+
+
+def test_a_target_transform_labels_the_pool_as_it_labels_the_items(tmp_path, monkeypatch):
+    """torchvision's ImageFolder keeps the folder labels in `.targets` and maps each item's
+    through `target_transform`: here 3 folders, 2 classes (insects, mammals)."""
+    from PIL import Image
+    from torchvision.datasets import ImageFolder
+    from torchvision.transforms import v2
+
+    for name in ("ant", "bee", "cow"):
+        (tmp_path / name).mkdir()
+        for i in range(10):
+            Image.new("RGB", (8, 8), (20 * i, 0, 0)).save(tmp_path / name / f"{i}.png")
+    to_tensor = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
+    insect_or_mammal = lambda y: int(y == 2)  # noqa: E731
+    dataset = ImageFolder(str(tmp_path), to_tensor, target_transform=insect_or_mammal)
+    dm = lipt.PoolDataModule(dataset, val_size=6)
+    items = torch.tensor([dataset[i][1] for i in range(len(dataset))])
+    assert sorted(set(dataset.targets)) == [0, 1, 2]  # what the data set holds
+    assert torch.equal(dm.labels(), items)
+    # a two-class head takes these labels: the finder's checks pass, its jigsaw stage starts
+    monkeypatch.setattr(api, "jigsaw_pretrain", reach_jigsaw)
+
+    def net() -> nn.Module:
+        return nn.Sequential(nn.Flatten(), nn.Linear(192, 2))
+
+    with pytest.raises(ReachedJigsawError):
+        lipt.find_label_issues(net, dm, head="1", folds=2)
+
+
+def test_lipts_own_data_module_is_set_up_when_it_is_not(monkeypatch):
+    from functools import partial
+
+    from lipt.data import DataModule
+    from lipt.data.sources import make_synthetic
+
+    dm = DataModule(
+        partial(make_synthetic, 300, 50, 4, 1, 8, 0), 4, 1, 8, [0.5], [0.25], val_size=50
+    )
+    monkeypatch.setattr(api, "jigsaw_pretrain", reach_jigsaw)
+
+    def net() -> nn.Module:
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 4))
+
+    with pytest.raises(ReachedJigsawError):
+        lipt.find_label_issues(net, dm, head="1")
+    assert len(dm.pool_indices) == 250
+
+
+def test_lipts_randaugment_on_a_pool_data_module_is_refused_in_one_line():
+    """Not taken for every learner failing: the learners stop at the first one's shard."""
+    from lipt.core.errors import UserError
+    from lipt.jigsaw.parts import RandAugment
+
+    x, labels, _ = noisy_blobs()
+    dm = lipt.PoolDataModule(TensorDataset(x, labels), val_size=100, batch_size=32)
+    with pytest.raises(UserError, match=r"^lipt's RandAugment is for its own image data sets; "):
+        lipt.jigsaw_pretrain(make_net, dm, head="head", num_learners=4, augment=RandAugment())
+
+
 # --------------------------------------------------------------------------- against the stage
 
 

@@ -123,6 +123,9 @@ CASES = [
     ("train.py", ["clean=nope"], ["clean"]),
     ("train.py", ["clean=cleanlab", "subset_path={other_data}"], ["subset_path", "clean=none"]),
     ("select.py", ["clean=lipt", "ckpt_path={foreign_ckpt}"], ["clean=lipt", "ckpt_path"]),
+    # train.py opens its checkpoint before any stage: one line, not a traceback after selection
+    ("train.py", ["ckpt_path={corrupt_ckpt}"], ["ckpt_path=", "not a readable checkpoint"]),
+    ("train.py", ["ckpt_path={truncated_ckpt}"], ["ckpt_path=", "not a readable checkpoint"]),
     # Keys that moved: one line naming the new one.
     ("train.py", ["optim.lr=0.05"], ["Could not override 'optim.lr'"]),
     ("train.py", ["optim.scheduler=constant"], ["Could not override 'optim.scheduler'"]),

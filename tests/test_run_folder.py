@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from lipt.core.lock import RunDirLockedError, lock_run_dir
 from lipt.run.config import run_of, validate
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
-from tests.helpers import FAST, run_entry
+from tests.helpers import FAST, ROOT, run_entry
 
 HOLDER = """
 import sys
@@ -113,6 +114,56 @@ def test_the_lock_is_released_when_a_run_exits(tmp_path):
         )
         assert out.returncode == 0, out.stderr[-2000:]
     assert "checkpoints" in os.listdir(folder)
+
+
+def test_a_refused_run_removes_only_the_folder_made_for_it(tmp_path):
+    """A run refused once the data is read leaves no folder it made, but a folder that was there
+    before it started is kept: an earlier attempt's (a resume), or the user's with its own logs."""
+    import numpy as np
+
+    labels = tmp_path / "labels.npy"
+    np.save(labels, np.zeros(5, dtype=np.int64))  # the training split has 600 items
+    made = tmp_path / "made"
+    earlier = tmp_path / "earlier"
+    (earlier / ".hydra").mkdir(parents=True)
+    (earlier / "train.log").write_text("an earlier attempt\n")
+    users = tmp_path / "users"
+    users.mkdir()
+    (users / "notes.log").write_text("the user's\n")
+    for folder in (made, earlier, users):
+        args = [*FAST, f"dataset.train_labels={labels}", f"hydra.run.dir={folder}"]
+        out = run_entry("train.py", args, timeout=300)
+        assert out.returncode == 2, out.stderr[-2000:]
+        assert "dataset.train_labels has 5 labels" in out.stderr
+    assert not made.exists()
+    assert (earlier / "train.log").read_text().startswith("an earlier attempt\n")
+    assert (users / "notes.log").read_text() == "the user's\n"
+
+
+def test_sigterm_ends_a_run_with_one_line_on_how_to_resume_and_exit_code_143(tmp_path):
+    """Lightning's SIGTERM handler ends the fit with a SystemExit whose code is 0: a run stopped
+    so says how to resume and exits 143, as a process SIGTERM ended does."""
+    folder = tmp_path / "run"
+    args = [*FAST, "trainer.max_epochs=1000", f"hydra.run.dir={folder}"]
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    last = folder / "checkpoints" / "last.ckpt"  # an epoch done: the fit is under way
+    deadline = time.monotonic() + 120
+    while not last.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 143, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == (
+        f"stopped by SIGTERM; resume with ckpt_path=last hydra.run.dir={folder}"
+    )
+    assert "Traceback" not in stderr and not (folder / "summary.json").exists()
+    assert last.is_file()
 
 
 # --------------------------------------------------------------------------- a full disk

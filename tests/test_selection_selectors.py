@@ -4,6 +4,7 @@ balance) and, per selector, a test that fails if its maths were wrong."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator
 from functools import partial
 
@@ -18,6 +19,9 @@ from lipt.selection import (
     PoolOutputs,
     Selection,
     SelectionInputs,
+    ccs,
+    common,
+    coverage,
     glister_pick_order,
     last_layer_gradients,
     mean_score,
@@ -199,6 +203,16 @@ def test_balanced_restricts_what_the_selector_sees() -> None:
     assert [s[3] for s in seen] == [50, 30, 15, 5]
 
 
+@pytest.mark.parametrize("name", sorted(WEIGHTED))
+def test_balanced_weights_leave_out_the_classes_given_no_budget(name: str) -> None:
+    # 10 of 202 rows: the 2-row class's share rounds to 0, so it is skipped and its rows are
+    # not stood for: the weights sum to the pool size less that class
+    inputs = make_inputs(n=202, counts=[100, 100, 2])
+    sel = select_balanced(ALL[name], inputs, 10, generator=gen())
+    assert torch.bincount(inputs.pool.targets[sel.rows], minlength=3).tolist() == [5, 5, 0]
+    torch.testing.assert_close(sel.weights.sum(), torch.tensor(200.0))
+
+
 # ---------------------------------------------------------------- score-based selectors
 
 
@@ -313,6 +327,49 @@ def test_ccs_fills_small_strata_then_spreads_the_rest_evenly() -> None:
     assert sum(counts) + int((picked < 0.01).sum()) == 40
     assert counts[1] == 5  # the 5-row stratum is taken whole
     assert max(counts[2:]) - min(counts[2:]) <= 1  # the rest spread evenly
+
+
+def members_bin_by_bin(bins: Tensor, rows: Tensor) -> list[Tensor]:
+    """The grouping CCS and coverage's strata did before common.bin_members: a pass over the
+    rows per bin, the empty bins left out."""
+    groups = (rows[bins == s] for s in range(int(bins.max()) + 1))
+    return [m for m in groups if len(m) > 0]
+
+
+def test_bin_members_groups_as_a_pass_per_bin_did() -> None:
+    g = gen(7)
+    for n, strata in [(1, 1), (60, 3), (500, 50), (300, 1000), (2000, 10**6)]:
+        bins = torch.randint(strata, (n,), generator=g)
+        rows = torch.randperm(n, generator=g) + 5  # not in bin order, not 0..n-1
+        got, want = common.bin_members(bins, rows), members_bin_by_bin(bins, rows)
+        assert len(got) == len(want)
+        assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("strata", [50, 7, 5000])  # 50: the default
+def test_strata_picks_are_those_of_the_grouping_bin_by_bin(monkeypatch, strata: int) -> None:
+    inputs = make_inputs(n=1000, seed=3)
+    scores = torch.rand(1000, generator=gen(4)) ** 3  # uneven bins, some empty
+    picks = [
+        select_ccs(inputs, 150, generator=gen(), strata=strata).rows,
+        coverage.strata_pick(scores, 150, generator=gen(), strata=strata),
+    ]
+    monkeypatch.setattr(ccs, "bin_members", members_bin_by_bin)
+    monkeypatch.setattr(coverage, "bin_members", members_bin_by_bin)
+    before = [
+        select_ccs(inputs, 150, generator=gen(), strata=strata).rows,
+        coverage.strata_pick(scores, 150, generator=gen(), strata=strata),
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(picks, before, strict=True))
+
+
+def test_a_million_strata_take_no_pass_per_stratum() -> None:
+    inputs = make_inputs(n=2000, seed=3)
+    scores = torch.rand(2000, generator=gen(4))
+    start = time.perf_counter()
+    check_selection(select_ccs(inputs, 200, generator=gen(), strata=10**6), 200, 2000)
+    assert len(coverage.strata_pick(scores, 200, generator=gen(), strata=10**6)) == 200
+    assert time.perf_counter() - start < 3.0  # a pass over the rows per stratum: over 20 s
 
 
 def test_ccs_never_prunes_below_the_budget() -> None:

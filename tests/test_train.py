@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from lipt.budget import PoolSizes, WholePool
 from lipt.core.errors import UserError
 from lipt.data.seen import load_seen
 from lipt.jigsaw.learner import state_dict_cpu
@@ -339,3 +340,113 @@ def test_ddp_ranks_train_disjoint_halves_of_the_subset_in_force(tmp_path):
     ]
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 3 * 4  # 3 epochs of ceil(100 / 32) steps per rank
+
+
+# --- step budgets on any trainer ---------------------------------------------------------------
+
+
+def trained_samples(pool: int, batch_size: int, world_size: int, accumulate: int, steps: int):
+    """(samples, epochs begun) of a fit stopped at `steps` optimiser steps, stepping as
+    Lightning does: every process trains its ceil(pool / W) rows an epoch in batches and
+    steps every `accumulate` batches and after an epoch's last; StopAtStep ends it after the
+    batch that completes the last step."""
+    rows = -(-pool // world_size)
+    batches = [min(batch_size, rows - start) for start in range(0, rows, batch_size)]
+    samples = done = epochs = 0
+    while True:
+        epochs += 1
+        for i, size in enumerate(batches):
+            samples += size * world_size
+            if (i + 1) % accumulate == 0 or i == len(batches) - 1:
+                done += 1
+                if done >= steps:
+                    return samples, epochs
+
+
+# 30% of 4 epochs of a 3,000-image pool in batches of 256: 12 steps an epoch on one device,
+# round(0.3 x 4 x 12) = 14 steps, 3,512 samples; a 900-image subset's 4 x 4 steps: 4,024.
+# (processes, batches per step) -> full_schedule's and full_steps' (epochs, steps)
+STEPPING = [
+    ((1, 1), (2, 14), (4, 16)),
+    ((2, 1), (2, 7), (4, 8)),  # 1,500 rows a process: 6 steps an epoch
+    ((1, 2), (2, 7), (4, 8)),
+    ((2, 2), (2, 4), (4, 4)),  # 3 steps an epoch
+    ((1, 5), (2, 4), (4, 4)),  # 12 batches: steps after the 5th, 10th and the epoch's last
+]
+
+
+@pytest.mark.parametrize(("stepping", "schedule", "subset"), STEPPING)
+def test_a_step_budget_trains_as_many_samples_on_any_devices_and_accumulation(
+    stepping, schedule, subset
+):
+    world_size, accumulate = stepping
+    sizes = PoolSizes(3000, 3000, 256, 4, 0.3, world_size, accumulate)
+    per_step = 256 * world_size * accumulate  # the most one optimiser step trains
+    for steps, expected, one_device in (("schedule", schedule, 3512), ("subset", subset, 4024)):
+        planned = WholePool(steps=steps).schedule(sizes)
+        assert (planned.epochs, planned.steps) == expected
+        samples, epochs = trained_samples(3000, 256, world_size, accumulate, expected[1])
+        assert abs(samples - one_device) < per_step, (steps, samples)
+        assert epochs <= planned.epochs  # not cut off before its last step
+
+
+def test_a_step_budget_counts_the_steps_of_an_accumulating_trainer(make_cfg, tmp_path):
+    # FAST: 500 rows in 16 batches of 32. Accumulating 3, an epoch takes ceil(16 / 3) = 6 steps
+    # (Lightning steps after the epoch's last batch too): round(0.3 x 4 x 6) = 7 steps, the
+    # first epoch and 3 batches, the 596 samples that 19 steps of one batch train.
+    budget = [*FAST, "budget=full_schedule", "fraction=0.3", "trainer.max_epochs=4"]
+    runs = {}
+    for name, extra in (("plain", []), ("accumulating", ["+trainer.accumulate_grad_batches=3"])):
+        out = tmp_path / name
+        summary = train_stage.run(validate(make_cfg([*budget, *extra, f"paths.output_dir={out}"])))
+        ckpt = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)
+        runs[name] = (summary["stages"]["train"]["samples"], ckpt)
+    assert runs["plain"][0] == runs["accumulating"][0] == 596
+    for name, steps in (("plain", 19), ("accumulating", 7)):
+        ckpt = runs[name][1]
+        assert ckpt["global_step"] == steps
+        schedule = ckpt["lr_schedulers"][0]  # the cosine ends at zero on the last step
+        assert schedule["T_max"] == steps and schedule["_last_lr"][0] == pytest.approx(0)
+
+
+LIGHTNING_DEVICES = [
+    {"devices": 1},
+    {"devices": "2", "strategy": "ddp"},
+    {"devices": 2, "num_nodes": 2, "strategy": "ddp"},
+    {"devices": "auto", "accelerator": "cpu"},
+    {"devices": "auto", "accelerator": "auto"},
+]
+
+
+@pytest.mark.parametrize("node", LIGHTNING_DEVICES)
+def test_the_plan_counts_the_processes_lightnings_trainer_runs(node):
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, **node)
+    assert plan_stage.trainer_world_size(node) == trainer.world_size
+
+
+def test_a_step_budget_on_devices_the_trainer_node_does_not_count_is_refused(make_cfg):
+    tpu = ["trainer.accelerator=tpu", "trainer.devices=auto"]  # how many: only Lightning knows
+    run = run_of(make_cfg([*FAST, "budget=full_steps", *tpu]))
+    dm = build_datamodule(run)
+    with pytest.raises(UserError, match=r"give trainer\.devices as a number") as refused:
+        plan_stage.main_schedule(run, dm, len(dm.pool_indices))
+    assert "\n" not in str(refused.value)
+    by_epochs = run_of(make_cfg([*FAST, *tpu]))  # budget=infobatch counts no steps
+    assert plan_stage.main_schedule(by_epochs, dm, len(dm.pool_indices)).steps is None
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_a_step_budget_on_two_ddp_processes_trains_the_samples_of_one(tmp_path):
+    # Each process: 250 rows, 8 batches of 32 an epoch. round(0.3 x 4 x 8) = 10 steps: the
+    # first epoch and 2 steps of 2 x 32, 628 samples (one device: 19 steps of 32, 596).
+    run_dir = tmp_path / "run"
+    args = [*FAST, "budget=full_schedule", "fraction=0.3", "trainer.max_epochs=4"]
+    args += ["trainer=ddp", "trainer.accelerator=cpu", f"hydra.run.dir={run_dir}"]
+    out = run_entry("train.py", args, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stages"]["train"]["samples"] == 628
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 10 and ckpt["lr_schedulers"][0]["T_max"] == 10
+    assert ckpt["lr_schedulers"][0]["_last_lr"][0] == pytest.approx(0)

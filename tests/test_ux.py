@@ -406,3 +406,18 @@ def test_the_end_of_a_run_says_what_its_budget_bought(tmp_path):
     }
     assert "subset            5,500 of 55,000 (10.0%)" in console.closing_block(subset, tmp_path)
     assert "subset 5,500  trained 10.0%" in console.job_line(subset, tmp_path, "#1")
+
+
+def test_an_optimized_metric_the_run_did_not_produce_is_one_line_not_a_traceback(tmp_path):
+    """Validation every 2 epochs of a 1-epoch run gives no val_accuracy for the sweeper: the run
+    ends with its result shown, one line that says so, and exit code 2."""
+    from tests.helpers import FAST
+
+    folder = tmp_path / "run"
+    args = [*FAST, "optimized_metric=val_accuracy", "+trainer.check_val_every_n_epoch=2"]
+    out = run_entry("train.py", [*args, f"hydra.run.dir={folder}"], timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and (folder / "summary.json").is_file()
+    assert out.stderr.strip().splitlines()[-1] == (
+        "error: optimized_metric=val_accuracy: this run's summary.json has no number there"
+    )

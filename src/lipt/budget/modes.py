@@ -32,9 +32,32 @@ def subset_rows(fraction: float, pool: int) -> int:
     return round(fraction * pool)
 
 
-def subset_steps(fraction: float, pool: int, batch_size: int, epochs: int) -> int:
-    """Optimiser steps of `epochs` epochs on a subset of `fraction` of the pool (one device)."""
-    return epochs * math.ceil(max(1, subset_rows(fraction, pool)) / batch_size)
+def epoch_steps(rows: int, batch_size: int, world_size: int = 1, accumulate: int = 1) -> int:
+    """Optimiser steps of one epoch on `rows` rows as Lightning's Trainer takes them: each of
+    `world_size` processes trains ceil(rows / world_size) of them (the distributed sampler pads
+    the last by wrapping), in batches of `batch_size`, and the optimiser steps every
+    `accumulate` batches and on the epoch's last batch."""
+    if batch_size < 1 or world_size < 1 or accumulate < 1:
+        raise ValueError(
+            f"batch_size, world_size and accumulate must be >= 1, got {batch_size}, "
+            f"{world_size}, {accumulate}"
+        )
+    batches = math.ceil(math.ceil(rows / world_size) / batch_size)
+    return math.ceil(batches / accumulate)
+
+
+def subset_steps(
+    fraction: float,
+    pool: int,
+    batch_size: int,
+    epochs: int,
+    world_size: int = 1,
+    accumulate: int = 1,
+) -> int:
+    """Optimiser steps of `epochs` epochs on a subset of `fraction` of the pool, on
+    `world_size` processes stepping every `accumulate` batches (`epoch_steps`)."""
+    rows = max(1, subset_rows(fraction, pool))
+    return epochs * epoch_steps(rows, batch_size, world_size, accumulate)
 
 
 def schedule_steps(fraction: float, epochs: int, steps_per_epoch: int) -> int:
@@ -47,12 +70,13 @@ def schedule_steps(fraction: float, epochs: int, steps_per_epoch: int) -> int:
 
 def infobatch_epochs(fraction: float, full_epochs: int) -> int:
     """InfoBatch's epochs at about `fraction` of the cost of `full_epochs` whole-pool epochs:
-    max(1, round(fraction x E / 0.7)), as it trains on about 70% of each epoch."""
+    max(1, round(fraction x E / 0.7)), as it trains on about 70% of each epoch, and at most E
+    (above fraction 0.7 more epochs would cost more than the whole pool's run)."""
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}")
     if full_epochs < 1:
         raise ValueError(f"full_epochs must be >= 1, got {full_epochs}")
-    return max(1, round(fraction * full_epochs / INFOBATCH_KEPT_SHARE))
+    return min(full_epochs, max(1, round(fraction * full_epochs / INFOBATCH_KEPT_SHARE)))
 
 
 @dataclass(frozen=True)
@@ -89,7 +113,10 @@ class WholePool(BudgetOption):
     - `steps: subset`: as many optimiser steps as a subset of `fraction` takes in as many epochs;
     - `steps: schedule`: round(fraction x max_epochs x steps per epoch) optimiser steps, the
       schedule annealed over them (the whole pool on a shorter schedule). The steps per epoch
-      are the pool's before label cleaning dropped any: a cleaned pool spends as much."""
+      are the pool's before label cleaning dropped any: a cleaned pool spends as much.
+    Steps are optimiser steps as the Trainer takes them (`epoch_steps`: its processes and its
+    gradient accumulation counted), so a step budget trains as many samples on any number of
+    devices, accumulating or not."""
 
     name: str = "full"
     steps: Literal["all", "subset", "schedule"] = "all"
@@ -97,12 +124,20 @@ class WholePool(BudgetOption):
     def schedule(self, sizes: PoolSizes) -> Schedule:
         if self.steps == "all":
             return Schedule(sizes.max_epochs)
+        stepping = (sizes.batch_size, sizes.world_size, sizes.accumulate)
         if self.steps == "subset":
-            steps = subset_steps(sizes.fraction, sizes.pool, sizes.batch_size, sizes.max_epochs)
+            steps = subset_steps(
+                sizes.fraction,
+                sizes.pool,
+                sizes.batch_size,
+                sizes.max_epochs,
+                sizes.world_size,
+                sizes.accumulate,
+            )
             return Schedule(sizes.max_epochs, steps)
-        budget_batches = math.ceil(sizes.pool_before_cleaning / sizes.batch_size)
-        steps = schedule_steps(sizes.fraction, sizes.max_epochs, budget_batches)
-        per_epoch = math.ceil(sizes.pool / sizes.batch_size)
+        budget_steps = epoch_steps(sizes.pool_before_cleaning, *stepping)
+        steps = schedule_steps(sizes.fraction, sizes.max_epochs, budget_steps)
+        per_epoch = epoch_steps(sizes.pool, *stepping)
         return Schedule(math.ceil(steps / per_epoch), steps)
 
 
@@ -110,8 +145,9 @@ class WholePool(BudgetOption):
 class InfoBatchEpochs(BudgetOption):
     """`budget=infobatch`: the whole pool pruned every epoch by InfoBatch as published
     (lipt.dynamic.InfoBatch: `ratio`, `delta`), for the epochs `fraction` of the cost buys
-    (`epochs: fraction`, infobatch_epochs) or for trainer.max_epochs (`epochs: all`, the
-    published protocol, whose saving follows the losses)."""
+    (`epochs: fraction`, infobatch_epochs, at most trainer.max_epochs) or for
+    trainer.max_epochs (`epochs: all`, the published protocol, whose saving follows the
+    losses)."""
 
     prunes: ClassVar[bool] = True
 

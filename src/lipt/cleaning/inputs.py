@@ -29,13 +29,16 @@ JIGSAW_OPTIONS = (
 
 
 def pool_data(data: Any) -> PoolDataModule | DataModule:
-    """A lipt data module as it is; a map-style data set wrapped, a tenth kept for validation
-    (what the jigsaw soup is scored on).
+    """A lipt data module as it is (lipt's DataModule set up); a map-style data set wrapped, a
+    tenth kept for validation (what the jigsaw soup is scored on).
 
     Raises:
         ValueError: data that is not a map-style data set of (input, class index) items.
     """
-    if isinstance(data, PoolDataModule | DataModule):
+    if isinstance(data, DataModule):
+        data.setup()  # reads the data once; a no-op when it has been set up
+        return data
+    if isinstance(data, PoolDataModule):
         return data
     check_labelled(data, "data")
     return PoolDataModule(data, val_size=0.1)

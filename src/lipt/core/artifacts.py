@@ -170,6 +170,33 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return payload
 
 
+# What Lightning reads first when a fit resumes from a checkpoint.
+LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict")
+
+
+def check_lightning_checkpoint(path: Path, key: str) -> None:
+    """Refuse, in one line naming the setting `key` (e.g. "ckpt_path=last"), a file main
+    training cannot resume from: unreadable (truncated, not a torch file) or not a Lightning
+    checkpoint (a jigsaw learner's, pretrain.ckpt). Cheap: the tensors are mapped, not read."""
+    path = Path(path).expanduser()
+    named = key if key.endswith(str(path)) else f"{key}: {path}"
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # torch raises many types for truncated or foreign files
+        raise UserError(
+            f"{named} is not a readable checkpoint ({type(e).__name__}); give another "
+            "one main training saved (a run's checkpoints/), or delete it to start main "
+            "training over"
+        ) from e
+    missing = [k for k in LIGHTNING_KEYS if not isinstance(payload, dict) or k not in payload]
+    if missing:
+        raise UserError(
+            f"{named} is not a Lightning checkpoint of main training (no "
+            f"{', '.join(missing)}); ckpt_path resumes main training: give a run's "
+            "checkpoints/last.ckpt, or ckpt_path=last in that run's folder"
+        )
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer, through a temporary file and a rename: a run killed while
     saving keeps the previous `last.ckpt` intact for `ckpt_path=last`."""

@@ -18,6 +18,10 @@ class PoolSizes:
     batch_size: int
     max_epochs: int  # trainer.max_epochs: the whole pool's full schedule
     fraction: float  # the share of that schedule's cost to spend, in (0, 1]
+    # How the Trainer steps, which a step budget counts: its processes (devices x nodes), each
+    # on its own share of an epoch, and the batches each takes per optimiser step.
+    world_size: int = 1
+    accumulate: int = 1  # trainer.accumulate_grad_batches
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
-"""This process's job: its run folder (created and locked), whether it is an extra DDP rank,
-and the sweep folder of a multirun job."""
+"""This process's job: its run folder (created and locked), whether an earlier attempt ran in it,
+whether it is an extra DDP rank, and the sweep folder of a multirun job."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import time
 from pathlib import Path
 
@@ -53,3 +55,46 @@ def sweep_dir_of_job() -> Path | None:
         return None
     depth = len(Path(str(hc.sweep.subdir)).parts)
     return Path(str(hc.runtime.output_dir)).parents[depth - 1]
+
+
+def logged_before_this_process(out: Path) -> bool:
+    """Whether an earlier attempt of this run ran in `out`: the run's log file (Hydra's
+    <job>.log, which every attempt appends to) opens with a record from before this process
+    started. A folder Hydra made for this process (hydra.run.dir forgotten) holds none."""
+    started = process_start_time()
+    if started is None:
+        return False
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            path = Path(handler.baseFilename).resolve()
+            first = first_record_time(path) if path.parent == out.resolve() else None
+            if first is not None and first < started:
+                return True
+    return False
+
+
+def process_start_time() -> float | None:
+    """When this process started, in seconds since the epoch, to the clock tick (Linux's /proc;
+    None elsewhere): its start in ticks since boot, carried over to the wall clock."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, IndexError, AttributeError):
+        return None
+    ticks = int(fields[19])  # field 22 of stat(5): starttime
+    return time.time() - since_boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def first_record_time(log_file: Path) -> float | None:
+    """The time stamp that opens the log file's first record (logging's asctime, local time, as
+    Hydra's log format writes it), in seconds since the epoch; None: empty, or another format."""
+    try:
+        with log_file.open(errors="replace") as f:
+            line = f.readline()
+    except OSError:
+        return None
+    stamp = re.match(r"\[?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})", line)
+    if stamp is None:
+        return None
+    local = time.strptime(stamp[1], "%Y-%m-%d %H:%M:%S")
+    return time.mktime(local) + int(stamp[2]) / 1000

@@ -46,7 +46,7 @@ def check_mapping(
 ) -> None:
     """Each key of `node` fits its declaration; an undeclared key is refused unless `open_keys`
     (a target taking **kwargs). Hydra's instantiation keys are not settings; a declared key the
-    node lacks is not checked (the target's default applies)."""
+    node lacks is not checked (the target's default applies) unless it is declared Required."""
     values = {k: v for k, v in node.items() if k not in HYDRA_KEYS}
     try:
         text = json.dumps(values, default=to_jsonable_python)  # nan stays NaN: refused below
@@ -80,7 +80,10 @@ def _cached_adapter(declared: tuple[tuple[str, Any], ...], open_keys: bool) -> T
 
 
 def _checkable(annotation: Any) -> Any:
-    """`annotation`, or Any where pydantic cannot check it (a library's TypeVar, a protocol)."""
+    """`annotation`, or Any where pydantic cannot check it (a library's TypeVar, a protocol).
+    Required (a key the node must have: lipt.core.settings) stays around what is checked."""
+    if typing_extensions.get_origin(annotation) is typing_extensions.Required:
+        return typing_extensions.Required[_checkable(typing_extensions.get_args(annotation)[0])]
     for config in (_CONFIG, None):  # a TypedDict or dataclass carries its own config
         try:
             TypeAdapter(annotation, config=config)

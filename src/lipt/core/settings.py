@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Annotated, Any, ClassVar, Literal
 
-from typing_extensions import TypedDict  # pydantic reads typing's own from Python 3.12 only
+# pydantic reads typing's own TypedDict from Python 3.12 only
+from typing_extensions import Required, TypedDict
 
 from lipt.core.bounds import BELOW_ONE, COUNT, NON_NEGATIVE, POSITIVE, SEED, SHARE, Interval
 from lipt.core.errors import UserError
@@ -41,9 +42,12 @@ class Checked:
 
 @functools.cache
 def _field_types(cls: type) -> dict[str, Any]:
-    fields = fields_of(cls)
-    assert fields is not None, cls  # a Checked subclass is a dataclass
-    return fields
+    """Each field's annotation, Required where the field has no default: a config that leaves
+    it out is refused by name (lipt.core.schema), not by the constructor's TypeError."""
+    declared = fields_of(cls)
+    assert declared is not None, cls  # a Checked subclass is a dataclass
+    required = {f.name for f in fields(cls) if f.default is f.default_factory is MISSING}
+    return {k: Required[v] if k in required else v for k, v in declared.items()}
 
 
 class LearnerOptim(TypedDict, total=False):
@@ -185,9 +189,10 @@ class SelectorSettings(Checked):
         declared = cls.keys()
         own = {k: v for k, v in node.items() if k in declared}
         try:
+            check_mapping(cls.PREFIX, own, declared, open_keys=False)  # a key left out: named
             return cls(**own, needs_held_out=held_out)
         except UserError as e:
-            raise UserError(f"selector={name}: {e}") from e
+            raise UserError(f"selector={name}: {e}" if name is not None else str(e)) from e
 
 
 @dataclass(frozen=True)

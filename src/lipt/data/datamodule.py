@@ -124,6 +124,7 @@ class DataModule(L.LightningDataModule):
                 f"dataset.val_size={self.val_size} leaves no training pool from {n} items; "
                 "use a smaller dataset.val_size"
             )
+        self._check_shape(splits)
         self._replace_labels(splits.train)
         labels = splits.train.labels
         if int(labels.min()) < 0 or int(labels.max()) >= self.num_classes:
@@ -143,6 +144,24 @@ class DataModule(L.LightningDataModule):
         if isinstance(splits.train, TensorImages) and isinstance(splits.test, TensorImages):
             self._resident_train = ResidentImages(splits.train)
             self._resident_test = ResidentImages(splits.test)
+
+    def _check_shape(self, splits: Splits) -> None:
+        """The reader's classes and its images' channels are the config's: a model built for
+        others fails mid-run, and label noise would flip labels into classes without items."""
+        classes = splits.classes
+        if classes is not None and len(classes) != self.num_classes:
+            shown = ", ".join(classes if len(classes) <= 4 else [*classes[:2], "...", classes[-1]])
+            raise UserError(
+                f"the data has {len(classes)} classes ({shown}) but dataset.num_classes="
+                f"{self.num_classes}; set dataset.num_classes={len(classes)}"
+            )
+        channels = int(splits.train.image(0).shape[0])
+        if channels != self.channels:
+            raise UserError(
+                f"the data's images have {channels} channel(s) but dataset.channels="
+                f"{self.channels}; set dataset.channels={channels}, with as many dataset.mean "
+                "and dataset.std values"
+            )
 
     def _replace_labels(self, train: ImageSource) -> None:
         """`train_labels` or `label_noise`, in place of the reader's labels, before any loader
@@ -199,7 +218,7 @@ class DataModule(L.LightningDataModule):
     @property
     def class_names(self) -> list[str]:
         """The data set's class names in label order; the label itself for a class it does not
-        name (a data set without names, an ImageFolder tree of fewer folders than classes)."""
+        name (a data set without names)."""
         assert self.splits is not None, "call setup() first"
         names = list(self.splits.classes or [])[: self.num_classes]
         return names + [str(c) for c in range(len(names), self.num_classes)]

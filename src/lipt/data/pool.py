@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from lipt.core.errors import UserError
 from lipt.data.resident import ResidentBatches
 
 
@@ -107,13 +108,18 @@ def check_labelled(dataset: Any, name: str = "dataset") -> None:
 
 
 def held_labels(dataset: Any) -> Tensor | None:
-    """Every label at once where the data set keeps them as a tensor, else None."""
+    """Every label at once where the data set keeps them (a TensorDataset's, `.targets`), else
+    None. `.targets` go through the data set's `target_transform` as its items' labels do
+    (torchvision's data sets)."""
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) >= 2:
         return dataset.tensors[1]
     targets = getattr(dataset, "targets", None)
-    if isinstance(targets, Tensor | list):
+    if not isinstance(targets, Tensor | list):
+        return None
+    transform = getattr(dataset, "target_transform", None)
+    if transform is None:
         return torch.as_tensor(targets)
-    return None
+    return torch.as_tensor([int(transform(t)) for t in targets])
 
 
 class IndexedItems(Dataset):
@@ -347,8 +353,8 @@ class PoolDataModule(L.LightningDataModule):
 
     def shard_dataloader(self, positions: Tensor, randaugment: dict | None) -> Iterable[Any]:
         """A jigsaw learner's shard, augmented by the data set's own transforms."""
-        if randaugment is not None:
-            raise ValueError(
+        if randaugment is not None:  # a UserError: the learner loop stops at it, not each learner
+            raise UserError(
                 "lipt's RandAugment is for its own image data sets; augment your items in the "
                 "data set's own transforms (augment=NoAugment())"
             )

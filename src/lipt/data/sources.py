@@ -7,7 +7,9 @@ dominated by PIL; ImageNet-style folders stay on disk and are decoded per item.
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -69,7 +71,7 @@ def read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             data = f.read()
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a corrupt .gz
         raise UserError(f"cannot read {path}: {e}; re-download or restore the file") from e
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
         raise UserError(f"{path} is not an IDX file (bad magic number); restore the original file")
@@ -182,11 +184,16 @@ def _read_cifar_batches(files: list[Path], label_key: str) -> TensorImages:
             with open(path, "rb") as f:
                 entry = pickle.load(f, encoding="latin1")
             data = np.asarray(entry["data"], dtype=np.uint8)
-            batch_labels = entry[label_key]
+            batch_labels = [int(y) for y in entry[label_key]]
         except (OSError, EOFError, pickle.UnpicklingError, KeyError, TypeError, ValueError) as e:
             raise UserError(f"{path} is not a readable CIFAR batch ({e}); restore it") from e
+        if data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or data.shape[0] != len(batch_labels):
+            raise UserError(
+                f"{path} is not a CIFAR batch: its data is {data.shape}, not one row of 3072 "
+                f"pixels for each of its {len(batch_labels)} labels; restore the original file"
+            )
         images.append(data.reshape(-1, 3, 32, 32))
-        labels.extend(int(y) for y in batch_labels)
+        labels.extend(batch_labels)
     return TensorImages(
         torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.int64)
     )
@@ -229,38 +236,68 @@ def load_cifar(data_dir: str, num_classes: Literal[10, 100]) -> Splits:
 # --- ImageFolder trees (ImageNet layout: train/<class>/*.JPEG, val/<class>/*.JPEG) -----------
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
+# torchvision's decode_image reads neither: PIL (installed with torchvision) decodes them.
+PIL_EXTENSIONS = (".bmp", ".ppm")
+FOLDER_CHANNELS = (1, 3)  # grey or RGB
+
+
+def class_files(folder: Path) -> list[Path]:
+    """The images in `folder` and its subfolders, in torchvision's ImageFolder order (folders
+    by path, files by name), so a tree reads as torchvision reads it."""
+    return [
+        Path(top) / name
+        for top, _, names in sorted(os.walk(folder, followlinks=True))
+        for name in sorted(names)
+        if name.lower().endswith(IMAGE_EXTENSIONS)
+    ]
+
+
+def decode_file(path: Path, channels: int) -> Tensor:
+    """[channels, H, W] uint8: the file decoded as grey (1) or RGB (3), whatever it holds."""
+    from torchvision.io import ImageReadMode, decode_image
+    from torchvision.transforms.v2 import functional as F
+
+    suffix = path.suffix.lower()
+    try:
+        if suffix in PIL_EXTENSIONS:
+            from PIL import Image
+
+            with Image.open(path) as opened:
+                pixels = np.asarray(opened.convert("L" if channels == 1 else "RGB"))
+            img = torch.from_numpy(pixels.copy())
+            return img.unsqueeze(0) if channels == 1 else img.permute(2, 0, 1).contiguous()
+        # decode_image gives webp only as RGB(A): made grey after decoding
+        grey = channels == 1 and suffix != ".webp"
+        img = decode_image(str(path), mode=ImageReadMode.GRAY if grey else ImageReadMode.RGB)
+    except (RuntimeError, OSError, ValueError) as e:
+        raise UserError(f"cannot decode {path} ({e}); remove or replace the file") from e
+    return F.rgb_to_grayscale(img) if img.shape[0] != channels else img
 
 
 class FolderImages(ImageSource):
-    """Images decoded on demand and resized so the short side is `resize`, centre-cropped to
-    `size`: keeps every item the same shape without holding the data set in memory."""
+    """Images decoded on demand as `channels` (1: grey, 3: RGB) and resized so the short side is
+    `resize`, centre-cropped to `size`: keeps every item the same shape without holding the data
+    set in memory."""
 
-    def __init__(self, root: Path, classes: list[str], resize: int, size: int) -> None:
+    def __init__(
+        self, root: Path, classes: list[str], resize: int, size: int, channels: int = 3
+    ) -> None:
+        assert channels in FOLDER_CHANNELS, channels
         self.paths: list[Path] = []
         labels: list[int] = []
         for label, name in enumerate(classes):
-            folder = root / name
-            files = (
-                sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
-                if folder.is_dir()
-                else []
-            )
+            files = class_files(root / name)
             self.paths.extend(files)
             labels.extend([label] * len(files))
         if not self.paths:
             raise UserError(f"no images under {root}; expected {root}/<class>/<image>.JPEG")
         self.labels = torch.tensor(labels, dtype=torch.int64)
-        self.resize, self.size = resize, size
+        self.resize, self.size, self.channels = resize, size, channels
 
     def image(self, i: int) -> Tensor:
-        from torchvision.io import ImageReadMode, decode_image
         from torchvision.transforms.v2 import functional as F
 
-        path = self.paths[i]
-        try:
-            img = decode_image(str(path), mode=ImageReadMode.RGB)  # [3, H, W] uint8
-        except RuntimeError as e:
-            raise UserError(f"cannot decode {path} ({e}); remove or replace the file") from e
+        img = decode_file(self.paths[i], self.channels)
         img = F.resize(img, [self.resize], antialias=True)
         return F.center_crop(img, [self.size, self.size])
 
@@ -280,16 +317,23 @@ def load_image_folder(
     data_dir: str,
     resize: Annotated[int, Interval(ge=1, le=8192)],
     size: Annotated[int, Interval(ge=1, le=8192)],
+    channels: Annotated[int, Interval(ge=1, le=64)] = 3,
 ) -> Splits:
+    """`channels`: 3 decodes every image as RGB, 1 as grey (dataset.channels)."""
+    if channels not in FOLDER_CHANNELS:
+        raise UserError(
+            f"dataset.channels={channels}: an ImageFolder tree is read as grey (1) or RGB (3); "
+            "set dataset.channels=1 or 3, with as many dataset.mean and dataset.std values"
+        )
     root = _existing_dir(data_dir, "imagenet")
     train_dir, val_dir = image_folder_dirs(data_dir)
     classes = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
     if not classes:
         raise UserError(f"no class folders in {train_dir}")
     return Splits(
-        FolderImages(train_dir, classes, resize, size),
-        FolderImages(val_dir, classes, resize, size),
-        f"imagefolder:{root.name}:{len(classes)}",
+        FolderImages(train_dir, classes, resize, size, channels),
+        FolderImages(val_dir, classes, resize, size, channels),
+        f"imagefolder:{root.name}:{len(classes)}" + (":grey" if channels == 1 else ""),
         classes,
     )
 

@@ -185,11 +185,12 @@ class DynamicPruning(L.Callback):
 
     # --- the ledger and the checkpoint -----------------------------------------------------
 
-    def ledger(self, samples: int, num_epochs: int) -> dict[str, Any]:
-        """summary.json's stages.train.dynamic: the method, its knobs, what the full pool over
-        the same epochs would have cost, what was saved against it, the share pruned per
-        epoch."""
-        full = len(self.pool) * num_epochs
+    def ledger(self, samples: int, full_epochs: int) -> dict[str, Any]:
+        """summary.json's stages.train.dynamic: the method, its knobs, what the whole pool's
+        run costs (the pool for `full_epochs`, trainer.max_epochs: what `fraction` is a share
+        of, whatever epochs the budget trained), what was saved against it (negative for a run
+        that cost more), the share pruned per epoch."""
+        full = len(self.pool) * full_epochs
         return {
             "method": self.method.name,
             **self.method.settings(),

@@ -83,10 +83,15 @@ def learner_trainer(accelerator: str, **overrides: Any) -> L.Trainer:
 
 
 def _check_pretrain_args(
-    data: LearnerData, num_learners: int, batches_per_learner: int, local_epochs: int
+    data: LearnerData,
+    num_learners: int,
+    batches_per_learner: int,
+    local_epochs: int,
+    min_learners: int | None = None,
 ) -> None:
-    """Raise ValueError for a learner count, shard size or epoch count below 1, or data whose
-    validation split (on which the soup is scored) is empty."""
+    """Raise ValueError for a learner count, shard size or epoch count below 1, a
+    `min_learners` outside 1..num_learners, or data whose validation split (on which the soup is
+    scored) is empty."""
     for key, value in (
         ("num_learners", num_learners),
         ("batches_per_learner", batches_per_learner),
@@ -94,6 +99,13 @@ def _check_pretrain_args(
     ):
         if isinstance(value, bool) or int(value) < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+    if min_learners is not None and (
+        isinstance(min_learners, bool) or not 1 <= int(min_learners) <= int(num_learners)
+    ):
+        raise ValueError(
+            f"min_learners must be an integer in 1..num_learners ({num_learners}) or None "
+            f"(half of them), got {min_learners!r}"
+        )
     if len(data.val_indices) == 0:
         raise ValueError(
             "the jigsaw soup is scored on the validation split, which is empty: give the data "
@@ -178,10 +190,11 @@ def jigsaw_pretrain(
 
     Raises:
         ValueError: before any training, for a factory whose model has no nn.Linear `head`,
-            data without a validation split, a pool too small for n x M minibatches, or
-            fewer than `min_learners` (default: half) usable learners at the end.
+            data without a validation split, a pool too small for n x M minibatches or a
+            `min_learners` outside 1..`num_learners`; and for fewer than `min_learners`
+            (default: half) usable learners at the end.
     """
-    _check_pretrain_args(data, num_learners, batches_per_learner, local_epochs)
+    _check_pretrain_args(data, num_learners, batches_per_learner, local_epochs, min_learners)
     init = _common_init(factory, seed)
     classes = resolve_head(init, head).out_features
     ctx = PretrainContext(

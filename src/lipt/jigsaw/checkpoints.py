@@ -6,7 +6,6 @@ checkpoint of it is there (a killed run, a sweep whose other jobs died, resumes)
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,42 @@ from lipt.core.artifacts import LEARNERS_DIR, load_checkpoint, save_checkpoint
 from lipt.core.errors import UserError
 from lipt.core.job import sweep_dir_of_job
 from lipt.data import DataModule
-from lipt.jigsaw.context import PretrainContext
+from lipt.jigsaw.context import PretrainContext, pool_labels_digest
 from lipt.jigsaw.learner import Learner, learner_shards, train_learner
 from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.weights import is_finite_state_dict
+from lipt.models.classifier import QUIET_TRAINER
 
 log = logging.getLogger(__name__)
+
+
+# `trainer` keys that leave a learner's weights as they are: those its single-device quiet
+# trainer overrides (QUIET_TRAINER; max_epochs is pretrain.local_epochs) and those that say where
+# it runs, how exactly it computes or what it logs. Every other key (precision, max_steps,
+# gradient_clip_val, accumulate_grad_batches, limit_train_batches, ...) is part of the recipe.
+TRAINER_KEYS_OUTSIDE_RECIPE = frozenset(
+    {
+        *QUIET_TRAINER,
+        "max_epochs",
+        "devices",
+        "strategy",
+        "callbacks",
+        "accelerator",
+        "num_nodes",
+        "plugins",
+        "default_root_dir",
+        "sync_batchnorm",
+        "use_distributed_sampler",
+        "deterministic",
+        "benchmark",
+        "log_every_n_steps",
+        "limit_test_batches",
+        "limit_predict_batches",
+        "val_check_interval",
+        "check_val_every_n_epoch",
+        "profiler",
+    }
+)
 
 
 def recipe(
@@ -41,16 +70,35 @@ def recipe(
         "local_epochs": int(settings.local_epochs),
         "batch_size": dm.batch_size,
         "optim": {**ctx.optimizer, **settings.learner_optim()},
+        "trainer": {
+            k: v for k, v in ctx.trainer_config.items() if k not in TRAINER_KEYS_OUTSIDE_RECIPE
+        },
+        # The data set's own augmentation and normalisation, under `augment`'s.
+        "inputs": {
+            "image_size": dm.image_size,
+            "mean": list(dm.mean),
+            "std": list(dm.std),
+            "crop_padding": dm.crop_padding,
+            "flip": bool(dm.flip),
+        },
         "augment": dataclasses.asdict(ctx.augment),
         "prune": {"method": type(ctx.prune).__name__, **dataclasses.asdict(ctx.prune)},
     }
 
 
-def pool_labels_digest(dm: DataModule) -> str:
-    """The pool's labels as a short digest: learners trained on other labels (another
-    label_noise, train_labels or cleaning) are not this soup's, even with every setting equal."""
-    labels = dm.train_source.labels[dm.pool_indices]  # [pool]
-    return hashlib.sha256(labels.long().cpu().numpy().tobytes()).hexdigest()[:16]
+def recipe_difference(expected: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """The recipe keys whose values differ, a nested one as `trainer.max_steps`."""
+    names = []
+    for key, value in expected.items():
+        theirs = got.get(key)
+        if theirs == value:
+            continue
+        if isinstance(value, dict) and isinstance(theirs, dict):
+            inner = sorted(set(value) | set(theirs))
+            names += [f"{key}.{k}" for k in inner if value.get(k) != theirs.get(k)]
+        else:
+            names.append(key)
+    return sorted(names)
 
 
 def learner_file(learner: int) -> str:
@@ -94,8 +142,7 @@ def load_learner(path: Path, learner: int, shard: Tensor, expected: dict[str, An
     except UserError as e:
         return Learner(learner, shard, status="missing", error=str(e))
     if payload.get("recipe") != expected or int(payload.get("learner", -1)) != learner:
-        got = payload.get("recipe") or {}
-        diff = sorted(k for k in expected if got.get(k) != expected[k]) or ["learner"]
+        diff = recipe_difference(expected, payload.get("recipe") or {}) or ["learner"]
         raise UserError(
             f"{path} was trained with other settings ({', '.join(diff)}) than this merge; use "
             "a fresh pretrain.learner_dir or the same overrides as the learner jobs"
@@ -138,6 +185,7 @@ def train_or_reuse(
             saved = Learner(learner, shard, status="missing")
         if saved.status != "missing":
             log.info("jigsaw learner %d (%s) reused from %s", learner, saved.status, path)
+            saved.reused = True
             return saved
     trained = train_learner(ctx, settings, dm, init, seed, learner, shard)
     if trained.state_dict is not None:  # diverged ones too: the merge reports them

@@ -5,6 +5,7 @@ group (jigsaw's, the full warm-up, none), or the Python API (lipt.jigsaw.api).""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,9 @@ class PretrainContext:
     # The `optimizer` node, resolved: each learner's optimiser is it at pretrain.optim's lr and
     # weight decay, and its checkpoint records both.
     optimizer: dict[str, Any] = field(default_factory=dict)
+    # The `trainer` node, resolved: `trainer` builds each learner's trainer from it, and a
+    # learner's checkpoint records the keys that change its weights (precision, max_steps, ...).
+    trainer_config: dict[str, Any] = field(default_factory=dict)
     head: str = "classifier"  # the model's final nn.Linear, by name: the learners' heads
 
 
@@ -54,10 +58,6 @@ class Pretrained:
     samples: int = 0  # training samples passed forward and backward
     unique_samples: int = 0  # distinct training-set items read
     report: dict[str, Any] = field(default_factory=dict)  # e.g. the jigsaw merge report
-    # Further checkpoints the strategy wrote as it went, by path, e.g. every jigsaw learner's
-    # (written when each finished, so a killed run keeps them); payloads load with
-    # torch.load(weights_only=True).
-    checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Further counts for summary.json, e.g. jigsaw's learners_merged / learners_failed.
     counts: dict[str, int] = field(default_factory=dict)
     # The jigsaw learners' final layers, handed to selection (and saved in pretrain.ckpt) so a
@@ -72,6 +72,9 @@ class Pretrained:
     # learners and candidate soups, BatchNorm re-estimates, the soup). None: not measured here.
     learner_seconds: float | None = None
     merge_seconds: float | None = None
+    # The training seconds of the learners an earlier attempt saved and this one reused: the
+    # stage adds them to this attempt's wall time, so `seconds` is the whole stage's cost.
+    reused_seconds: float = 0.0
 
     def stats(self) -> dict[str, Any]:
         """summary.json's stages.pretrain."""
@@ -94,13 +97,14 @@ class Strategy(Protocol):
 
 
 def pretrain_payload(
-    ctx: PretrainContext, model: nn.Module, heads: LearnerHeads | None = None
+    ctx: PretrainContext, dm: DataModule, model: nn.Module, heads: LearnerHeads | None = None
 ) -> dict[str, Any]:
     """pretrain.ckpt: tensors and plain values only (loadable with weights_only=True)."""
     payload: dict[str, Any] = {
         "state_dict": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
         "model": ctx.model_config,
         "data": ctx.data_name,
+        "split": data_split(dm),
         "num_classes": ctx.num_classes,
         "pretrain": ctx.pretrain_name,
         "seed": ctx.run_seed,
@@ -108,6 +112,25 @@ def pretrain_payload(
     if heads is not None:
         payload["learner_heads"] = {"weight": heads.weight, "bias": heads.bias}
     return payload
+
+
+def data_split(dm: DataModule) -> dict[str, Any]:
+    """How the training split was divided and labelled for a pre-training, as pretrain.ckpt
+    records it: a run that loads the model with another validation split would select with a
+    model trained on its validation rows."""
+    return {
+        "val_size": dm.val_size,
+        "split_seed": int(dm.split_seed),
+        "pool_size": len(dm.pool_indices),
+        "labels": pool_labels_digest(dm),
+    }
+
+
+def pool_labels_digest(dm: DataModule) -> str:
+    """The pool's labels as a short digest: a model or learner trained on other labels (another
+    label_noise, train_labels or cleaning) is not this pool's, even with every setting equal."""
+    labels = dm.train_source.labels[dm.pool_indices]  # [pool]
+    return hashlib.sha256(labels.long().cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 def heads_from_payload(payload: dict[str, Any]) -> LearnerHeads | None:

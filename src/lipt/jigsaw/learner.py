@@ -90,6 +90,7 @@ class Learner:
     seconds: float = 0.0
     status: str = "ok"
     error: str | None = None
+    reused: bool = False  # read from an earlier attempt's checkpoint, not trained in this process
 
     def summary(self) -> dict[str, Any]:
         return {

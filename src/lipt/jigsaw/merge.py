@@ -350,14 +350,16 @@ def soup_result(
 ) -> Pretrained:
     """Stage 1's result from a soup and its learners: the cost of the learners that exist (a
     "missing" one's job never wrote it), their counts and heads. `trained_here`: the learners
-    trained in this process, so their seconds are part of this stage's (not when merging saved
-    ones: merge_report.json keeps them all the same)."""
+    were obtained in this process, trained or reused from an earlier attempt's checkpoints, so
+    their seconds are part of this stage's (not when merging saved ones: merge_report.json keeps
+    them all the same)."""
     present = [le for le in learners if le.status != "missing"]
     report["learner_seconds"] = round(sum(le.seconds for le in present), 3)
     return Pretrained(
         model=soup,
         learner_seconds=report["learner_seconds"] if trained_here else None,
         merge_seconds=report["merge_seconds"],
+        reused_seconds=sum(le.seconds for le in present if le.reused),
         samples=sum(le.samples for le in present),
         unique_samples=sum(len(le.shard) for le in present),
         report=report,

@@ -34,13 +34,7 @@ from lipt.core.errors import UserError
 from lipt.core.seeding import torch_threads
 from lipt.data import DataModule
 from lipt.jigsaw.api import train_and_merge
-from lipt.jigsaw.checkpoints import (
-    learner_dir,
-    learner_file,
-    learner_payload,
-    load_learners,
-    train_or_reuse,
-)
+from lipt.jigsaw.checkpoints import learner_dir, load_learners, train_or_reuse
 from lipt.jigsaw.context import PretrainContext, Pretrained
 from lipt.jigsaw.learner import Learner, learner_shard
 from lipt.jigsaw.merge import learner_ids_by_status, merge_learners, soup_result
@@ -67,9 +61,10 @@ def pretrain_jigsaw(
     """All n learners in this process from the common init `model`, then the soup.
 
     Returns the soup (a dense copy of `model`), the samples all learners passed forward and
-    backward (n*K*M*B, plus SNIP's batches), the n*M*B distinct samples of their shards, the
-    merge report, and every learner's checkpoint for pretrain.py to write. With
-    `pretrain.merge_from`, merges the learner checkpoints saved there instead of training.
+    backward (n*K*M*B, plus SNIP's batches), the n*M*B distinct samples of their shards and the
+    merge report; each learner's checkpoint is written to the learner folder as it finishes, and
+    one already there with this recipe is reused. With `pretrain.merge_from`, merges the learner
+    checkpoints saved there instead of training.
     """
     if settings.learner_ids() is not None:
         raise UserError(
@@ -86,12 +81,7 @@ def pretrain_jigsaw(
     def train_one(i: int, shard: Tensor) -> Learner:
         return train_or_reuse(ctx, settings, dm, model, seed, i, shard, folder)
 
-    result, learners = train_and_merge(ctx, settings, dm, model, seed, train_one)
-    result.checkpoints = {
-        str(folder / learner_file(le.id)): learner_payload(ctx, settings, dm, seed, le)
-        for le in learners
-        if le.state_dict is not None
-    }
+    result, _ = train_and_merge(ctx, settings, dm, model, seed, train_one)
     return result
 
 

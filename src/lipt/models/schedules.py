@@ -122,9 +122,11 @@ LEARNER_SCHEDULES: dict[str, Schedule] = {"cosine": cosine, "linear": linear, "c
 
 
 class StopAtStep(L.Callback):
-    """Ends the fit once `steps` optimiser steps are done: a step budget that a schedule spans
-    (budget=full_schedule, full_steps), mid-epoch too. Lightning's `max_steps` is not used: a
-    fit resumed from an epoch's end would stop an epoch short."""
+    """Ends the fit once `steps` optimiser steps are done (the Trainer's global_step: one per
+    `accumulate_grad_batches` batches, every process's together, as lipt.budget counts them): a
+    step budget that a schedule spans (budget=full_schedule, full_steps), mid-epoch too.
+    Lightning's `max_steps` is not used: a fit resumed from an epoch's end would stop an epoch
+    short."""
 
     def __init__(self, steps: int) -> None:
         self.steps = steps

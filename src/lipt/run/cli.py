@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from omegaconf import DictConfig
 
@@ -123,17 +123,26 @@ def compose_jobs(
     from hydra import compose, initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     composed = {} if composed is None else composed
+    parser = OverridesParser.create()
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(config_dir()), version_base="1.3"):
         hydra = GlobalHydra.instance().hydra
         assert hydra is not None
         loader = hydra.config_loader
         assert isinstance(loader, ConfigLoaderImpl)
+        # Hydra's repository of config files depends on the job's hydra.searchpath alone: made
+        # once (it reads the primary config: most of a job's cost in a sweep of values)
+        repos: dict[tuple[str, ...], Any] = {}
         for job in jobs:
             # as Hydra's defaults list tells them apart (hydra._internal.defaults_list.Overrides)
-            parsed, repo = loader._parse_overrides_and_create_caching_repo(config_name, job)
+            parsed = parser.parse_overrides(job)
+            own = tuple(str(o.input_line) for o in parsed if o.is_hydra_override())
+            if own not in repos:
+                repos[own] = loader._parse_overrides_and_create_caching_repo(config_name, job)[1]
+            repo = repos[own]
             is_value = [
                 not o.is_hydra_override()
                 and (isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group))
@@ -150,8 +159,10 @@ def compose_jobs(
 
 def precheck(config_name: str, args: list[str], multirun: bool = False) -> int | None:
     """Compose and validate the config from `args` as Hydra will; exit 2 on the first problem.
-    With `dry_run=true`, also compose and check every job of a sweep and build what each run
-    builds first; returns the number of jobs checked then (None without dry_run)."""
+    A sweep's candidate jobs (each value once) get every check; every job (up to
+    CHECKED_JOBS) gets those that build nothing, the rules across keys among them. With
+    `dry_run=true`, also build what each run builds first; returns the number of jobs checked
+    then (None without dry_run)."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -168,7 +179,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
     # compose_jobs holds Hydra's context between its configs: closed here, not whenever a
     # traceback that refers to them is collected (which would clear Hydra under other code)
     generators: list[Generator[DictConfig, None, None]] = []
-    # a dry run composes a sweep's candidate jobs, then every job: each choice of groups once
+    # a sweep's candidate jobs are composed, then every job: each choice of groups once
     kept: dict[tuple[str, ...], DictConfig] = {}
 
     def opened(jobs: Generator[DictConfig, None, None]) -> Generator[DictConfig, None, None]:
@@ -187,11 +198,13 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         GlobalHydra.instance().clear()
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
             declared = _declared_sweep(config_name, args, multirun)
+        jobs: list[list[str]] = []  # a single run's one job is its candidate
         if declared.single is not None:
             composed: Iterable[DictConfig] = [declared.single]
         else:
             candidates = _candidate_overrides(overrides, declared.params)
             composed = opened(compose_jobs(config_name, declared.with_reference(candidates), kept))
+            jobs = declared.with_reference(_every_job(overrides, declared.params))
         configs = []
         for cfg in composed:
             cfg.paths.output_dir = "."  # ${hydra:...} is not resolvable outside a run
@@ -199,6 +212,9 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
             configs.append(cfg)
         # then what builds the Trainer, selector, ... (imports torch)
         runs = [validate(cfg) for cfg in configs]
+        for cfg in opened(compose_jobs(config_name, jobs, kept)):  # the rules across keys
+            cfg.paths.output_dir = "."
+            validate(cfg, build=False)
         if not any(run.settings.dry_run for run in runs):
             return None
         from lipt.run.preflight import build_everything
@@ -206,11 +222,7 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         loaded: dict[str, Any] = {}
         for run in runs:
             build_everything(run, loaded)
-        jobs = declared.with_reference(_every_job(overrides, declared.params))
-        for cfg in opened(compose_jobs(config_name, jobs, kept)):  # the checks across keys
-            cfg.paths.output_dir = "."
-            validate(cfg, deep=False)
-        return len(jobs)
+        return max(len(jobs), 1)
     except (HydraException, OmegaConfBaseException, UserError) as e:
         fail(one_line(e) + ("" if isinstance(e, UserError) else _hint(e)))
     finally:
@@ -219,9 +231,10 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         GlobalHydra.instance().clear()
 
 
-# A dry run composes every job of a sweep up to this many; past it, every value of each swept
-# key (as without dry_run).
-DRY_RUN_JOBS = 10_000
+# precheck composes every job of a sweep up to this many; past it, every value of each swept
+# key. A job costs about 10 ms (each choice of groups is composed once, ~0.1 s): a tenth of
+# Hydra's own composition of the job when it runs.
+CHECKED_JOBS = 10_000
 
 
 def _every_job(args: list[str], declared: list[str]) -> list[list[str]]:
@@ -239,7 +252,7 @@ def _every_job(args: list[str], declared: list[str]) -> list[list[str]]:
     size = 1
     for values in by_key.values():
         size *= len(values)
-    if size > DRY_RUN_JOBS:
+    if size > CHECKED_JOBS:
         return candidates
     return [list(job) for job in itertools.product(*by_key.values())]
 
@@ -268,8 +281,10 @@ def launch(config_name: str, stage_module: str) -> None:
     and with it Lightning, is imported only once the overrides pass: a mistake is answered in a
     second."""
     import importlib
+    import time
 
     import hydra
+    from hydra.errors import HydraException
 
     private_matplotlib_dir()  # before precheck's deep checks or the stage import Lightning
     args = sys.argv[1:]
@@ -290,24 +305,35 @@ def launch(config_name: str, stage_module: str) -> None:
         # First, as when the stage was imported before Hydra started: Lightning sets up its own
         # loggers on import, before console.setup routes them.
         stage: Callable[[Run], Any] = importlib.import_module(stage_module).run
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
         from lipt.core import console
         from lipt.core.lock import RunDirLockedError, released_after
         from lipt.run.config import validate
 
         output_dir = Path(str(cfg.paths.output_dir))
+        made_now = made_for_this_job(output_dir, started)
         keep_caches_in(output_dir)
         console.setup(multirun_job=is_multirun())
         try:
             with released_after(output_dir):
                 summary = stage(validate(cfg))
+            console.report_result(summary, output_dir)
+            return task_result(cfg, summary)
         except UserError as e:
-            if not isinstance(e, RunDirLockedError):  # a locked folder is another run's: keep it
+            # a locked folder is another run's, and one that was there before is the user's or
+            # an earlier attempt's: kept
+            if made_now and not isinstance(e, RunDirLockedError):
                 remove_if_only_bookkeeping(output_dir)
             fail(one_line(e))
-        console.report_result(summary, output_dir)
-        return task_result(cfg, summary)
+        except SIGTERMException:  # Lightning's handler ends the fit with SystemExit(None): 0
+            stopped_by_sigterm(str(cfg.get("stage")), output_dir)
 
-    main()
+    started = time.time()  # after precheck's probes: a run folder Hydra makes is changed later
+    try:
+        main()
+    except HydraException as e:  # `--help` composes the overrides outside Hydra's error report
+        fail(one_line(e) + _hint(e))
 
 
 def is_multirun() -> bool:
@@ -347,9 +373,36 @@ def keep_caches_in(run_dir: Path) -> None:
         os.environ.setdefault(name, str(cache / sub))
 
 
+def made_for_this_job(run_dir: Path, since: float) -> bool:
+    """Whether Hydra made `run_dir` for this job (at its start): changed since `since` (a folder
+    that was there keeps its time while Hydra rewrites .hydra/ and appends to the log) and
+    holding only .hydra/ and the job's log."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not run_dir.is_dir():  # paths.output_dir set elsewhere: the stage makes it
+        return True
+    ours = {".hydra", f"{HydraConfig.get().job.name}.log"}
+    return run_dir.stat().st_mtime >= since and {p.name for p in run_dir.iterdir()} <= ours
+
+
+def stopped_by_sigterm(stage: str, run_dir: Path) -> NoReturn:
+    """One line on how to resume, and exit code 143 (128 + SIGTERM, as a shell reports it)."""
+    import signal
+
+    from hydra.core.hydra_config import HydraConfig
+
+    folder = f"hydra.sweep.dir={HydraConfig.get().sweep.dir}" if is_multirun() else None
+    again = "ckpt_path=last " if stage == "train" else ""  # learners are reused by any stage
+    print(
+        f"stopped by SIGTERM; resume with {again}{folder or f'hydra.run.dir={run_dir}'}",
+        file=sys.stderr,
+    )
+    sys.exit(128 + signal.SIGTERM)
+
+
 def remove_if_only_bookkeeping(run_dir: Path) -> None:
-    """A run refused for bad input leaves nothing behind: drop its folder when it holds only
-    what Hydra wrote at start (.hydra/, the log). A resumed run's folder holds more: kept."""
+    """A run refused for bad input leaves nothing behind: drop the folder Hydra made for it
+    (made_for_this_job) when it holds only what Hydra wrote at start (.hydra/, the log)."""
     import logging
     import shutil
 

@@ -120,12 +120,13 @@ def run_of(cfg: DictConfig) -> Run:
     )
 
 
-def validate(cfg: DictConfig, deep: bool = True) -> Run:
+def validate(cfg: DictConfig, deep: bool = True, build: bool = True) -> Run:
     """The run's typed settings (`run_of`), once every check passes. Raise UserError naming the
     key and the fix for the first problem found: the declared type and range of every
     top-level and `dataset.*` key here (no torch), then (`deep`) every group option's keys
-    against its `_target_`'s parameters, the checks across keys, and those that build the
-    Trainer, the loggers and the selector and look at the data files (lipt.run.preflight)."""
+    against its `_target_`'s parameters and the checks across group keys, then (`build`) those
+    that build the Trainer, the loggers and the selector and look at the data files
+    (lipt.run.preflight)."""
     run = run_of(cfg)
     values, top, dataset = run.config, run.settings, run.dataset
     if dataset.data_dir is not None:
@@ -145,6 +146,10 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
         what = "a pretrain.ckpt" if top.stage == "select" else "a checkpoint or last"
         path = Path(top.ckpt_path).expanduser()
         _readable_path("ckpt_path", path, f"give {what}", want_dir=False)
+        if top.stage == "train":  # opened now, not after pre-training and selection
+            from lipt.core.artifacts import check_lightning_checkpoint  # torch
+
+            check_lightning_checkpoint(path, f"ckpt_path={top.ckpt_path}")
     check_settings(run)
     if not deep:
         return run
@@ -154,5 +159,6 @@ def validate(cfg: DictConfig, deep: bool = True) -> Run:
 
     check_groups(cfg, values)
     check_groups_together(run)
-    preflight(cfg)
+    if build:
+        preflight(cfg)
     return run

@@ -270,6 +270,8 @@ def render(config_dir: Path) -> str:
             line = f"`{group}=<option>`; default: none."
         elif default:
             line = f"`{group}=<option>`; default: `{default}`."
+        elif group.startswith("hydra/"):  # in Hydra's own defaults list: chosen, not added
+            line = f"`{group}=<option>`; default: Hydra's own."
         else:
             line = f"`+{group}=<option>`."
         out += [line, ""]

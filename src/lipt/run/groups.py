@@ -114,6 +114,11 @@ def check_groups(cfg: DictConfig, values: Mapping[str, Any]) -> None:
             continue
         if group in MULTI:
             for name, entry in node.items():
+                if entry is not None and not isinstance(entry, Mapping):  # null turns one off
+                    raise UserError(
+                        f"{group}.{name}={entry} is not a {group.rstrip('s')}: give a node with "
+                        "_target_ or remove it"
+                    )
                 if isinstance(entry, Mapping) and "_target_" in entry:
                     check_node_target(f"{group}.{name}", entry)
             continue

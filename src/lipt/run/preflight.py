@@ -3,9 +3,8 @@ pre-training parts, the selector and the data files. `lipt.run.config.validate` 
 cheap checks, before any stage starts, so a setting read only by main training fails before
 minutes of pre-training.
 
-Each check builds or binds the real object (the Trainer from `cfg.trainer`, the parts of
-pre-training, the selector's partial, the logger class's signature) rather than re-implementing
-its rules.
+Each check builds or binds the real object (the Trainer from `cfg.trainer`, the loggers, the
+parts of pre-training, the selector's partial) rather than re-implementing its rules.
 """
 
 from __future__ import annotations
@@ -100,6 +99,27 @@ def check_optimizer(cfg: DictConfig) -> None:
 
 # Keys of a logger's node that name the folder it writes (Lightning's and wandb's).
 LOGGER_DIRS = ("save_dir", "dir", "log_dir", "root_dir")
+
+
+def check_loggers(cfg: DictConfig) -> None:
+    """Build each logger in a scratch folder, and TensorBoard's writer, which takes the keys its
+    class does not (made at the first metric otherwise: after pre-training). wandb's extra keys
+    are wandb.init's: bound to its signature, not called (that would start a run)."""
+    from hydra.utils import instantiate
+    from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+    for name, node in (cfg.get("logger") or {}).items():
+        if node is None or "_target_" not in node:
+            continue
+        where = f"logger.{name}"
+        with tempfile.TemporaryDirectory() as scratch, refused_as(where, where):
+            logger = instantiate(node, **{key: scratch for key in LOGGER_DIRS if key in node})
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.close()
+            if isinstance(logger, WandbLogger):
+                import wandb
+
+                inspect.signature(wandb.init).bind(**logger._wandb_init)
 
 
 def check_written_folders(cfg: DictConfig) -> None:
@@ -239,6 +259,7 @@ def check_data_files(cfg: DictConfig) -> None:
 # The checks that look at files run every time.
 BUILDS: tuple[tuple[Callable[[DictConfig], None], tuple[str, ...]], ...] = (
     (lambda cfg: check_trainer(cfg) if "trainer" in cfg else None, ("trainer",)),
+    (lambda cfg: check_loggers(cfg), ("logger",)),
     (lambda cfg: check_optimizer(cfg), ("optimizer", "scheduler")),
     (lambda cfg: check_parts(cfg), (*PARTS, "callbacks")),
     (lambda cfg: check_selector(cfg), ("selector", "dataset.num_classes")),

@@ -2,8 +2,9 @@
 on its declaration (lipt.core.schema); what a library refuses is found by building the object
 (lipt.run.preflight). Each rule raises one UserError that names the keys and the fix.
 
-`check_settings` needs only the run's typed settings (no torch), so a sweep's dry run asks it of
-every job; `check_groups_together` reads group keys whose own types lipt.run.groups has checked.
+`check_settings` needs only the run's typed settings (no torch); `check_groups_together` reads
+group keys whose own types lipt.run.groups has checked. A sweep's every job meets both before its
+first job starts (lipt.run.cli.precheck).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ def check_settings(run: Run) -> None:
 
 
 def check_groups_together(run: Run) -> None:
-    """The rules across group keys: pre-training's, label cleaning's and the schedule's."""
-    for rule in (_jigsaw, _clean, _schedule):
+    """The rules across group keys: pre-training's, label cleaning's, the schedule's and the
+    model's shapes."""
+    for rule in (_jigsaw, _clean, _schedule, _model):
         rule(run)
 
 
@@ -92,17 +94,20 @@ def _budget(run: Run) -> None:
 
 
 def pretrains(run: Run) -> bool:
-    """Whether a train.py run pre-trains a model (what init_from=pretrained starts from): false
-    when pre-training is none, or when neither the selector (a subset it selects), the budget's
-    pruning (budget=lipt) nor label cleaning (clean=lipt's soup) asks for one. K-fold cleaning
-    (clean=cleanlab, warmup) trains folds, not a pre-trained model."""
+    """Whether the run pre-trains a model (what init_from=pretrained starts from): pretrain.py
+    always; else false when pre-training is none, or when neither the selector (a subset it
+    selects, select.py without ckpt_path), the budget's pruning (budget=lipt) nor label cleaning
+    (clean=lipt's soup) asks for one. K-fold cleaning (clean=cleanlab, warmup) trains folds,
+    not a pre-trained model."""
+    settings, selector = run.settings, run.selector
     if run.node("pretrain").get("_target_") == NO_PRETRAINING:
         return False
-    if run.node("clean").get("_target_") == JIGSAW_CLEANING:
+    if settings.stage == "pretrain" or run.node("clean").get("_target_") == JIGSAW_CLEANING:
         return True
-    selector = run.selector
-    selects = selector is not None and selector.needs_model and run.settings.subset_path is None
-    return selects or (run.prunes and run.budget.needs_ensemble)
+    ranks = selector is not None and selector.needs_model
+    if settings.stage == "select":
+        return ranks and settings.ckpt_path is None
+    return (ranks and settings.subset_path is None) or (run.prunes and run.budget.needs_ensemble)
 
 
 def _init_from(run: Run) -> None:
@@ -122,11 +127,23 @@ def _optimized_metric(run: Run) -> None:
         return
     if stage != "train":
         raise UserError(f"optimized_metric is train.py's; drop it for {stage}.py")
-    if run.dataset.val_size == 0:
-        raise UserError(
-            f"optimized_metric={metric} needs a validation split, but dataset.val_size=0; "
-            "set dataset.val_size > 0"
-        )
+    limit = run.node("trainer").get("limit_val_batches")
+    for key, value, empty in (
+        ("dataset.val_size", run.dataset.val_size, no_validation_rows(run)),
+        ("trainer.limit_val_batches", limit, type(limit) in (int, float) and limit == 0),
+    ):
+        if empty:
+            raise UserError(
+                f"optimized_metric={metric} needs a validation result, but {key}={value} "
+                f"validates nothing; set a larger {key}"
+            )
+
+
+def no_validation_rows(run: Run) -> bool:
+    """Whether the validation split is empty: val_size=0, or a share that rounds to no row of
+    a data set whose size the config gives (synthetic data's num_train)."""
+    share, rows = run.dataset.val_size, run.dataset.num_train
+    return share == 0 or (0 < share < 1 and rows is not None and round(share * rows) == 0)
 
 
 def _jigsaw(run: Run) -> None:
@@ -135,6 +152,11 @@ def _jigsaw(run: Run) -> None:
     if "num_learners" not in pretrain:
         return  # another pre-training
     n, learners = pretrain["num_learners"], pretrain.get("learners")
+    if pretrains(run) and no_validation_rows(run):  # every merge scores its soup there
+        raise UserError(
+            f"pretrain=jigsaw scores its soup on the validation split, but dataset.val_size="
+            f"{run.dataset.val_size} leaves it empty; set a larger dataset.val_size"
+        )
     if learners is not None:
         ids = list(learners) if not isinstance(learners, int) else [learners]
         if not ids or not all(0 <= i < n for i in ids) or len(set(ids)) != len(ids):
@@ -220,3 +242,14 @@ def _schedule(run: Run) -> None:
             f"{max_time} ends it by the clock; drop trainer.max_time or use "
             "scheduler=cosine|constant"
         )
+
+
+def _model(run: Run) -> None:
+    """The model's head and first layer fit the data (the model configs interpolate them)."""
+    model, dataset = run.node("model"), run.dataset
+    for key, data_key in (("num_classes", "num_classes"), ("in_channels", "channels")):
+        if key in model and model[key] != getattr(dataset, data_key):
+            raise UserError(
+                f"model.{key}={model[key]} does not fit dataset.{data_key}="
+                f"{getattr(dataset, data_key)}; drop model.{key} (it follows the data set)"
+            )

@@ -39,6 +39,7 @@ from lipt.core.errors import UserError, fail, one_line
 from lipt.run.slurm_learners import (
     LearnerGroup,
     groups_of,
+    learners_folder,
     missing_learners,
     train_learner_group,
     uses_jigsaw_learners,
@@ -170,7 +171,8 @@ def train_learners(launcher: SlurmSweepLauncher, jobs: list[SweepJob]) -> None:
             LearnerGroup(job.run_dir, ids, job.config)
             for job in wanted
             for ids in groups_of(
-                missing_learners(job.run_dir, counts[job.num]), launcher.learners_per_task
+                missing_learners(learners_folder(job.run_dir, job.config), counts[job.num]),
+                launcher.learners_per_task,
             )
         ]
 

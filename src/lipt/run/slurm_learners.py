@@ -4,9 +4,9 @@ are grouped into array tasks, and the function each task runs.
 Learners never communicate (LiPT, https://proceedings.mlr.press/v202/ro23a.html, section 3.2),
 so each group is an independent task. A group pays a job's start (a Python process, its imports,
 a data load and the scheduler's latency) once for all of its learners. Every task writes its
-learners' checkpoints into the run's own `learners/` folder, where the run's in-process jigsaw
-stage finds them and merges them as it merges its own (lipt.jigsaw.checkpoints.train_or_reuse):
-the soup is the in-process one, bit for bit.
+learners' checkpoints into the run's learners folder (`learners/`, or pretrain.learner_dir),
+where the run's in-process jigsaw stage finds them and merges them as it merges its own
+(lipt.jigsaw.checkpoints.train_or_reuse): the soup is the in-process one, bit for bit.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class LearnerGroup:
 
     @property
     def folder(self) -> Path:
-        return self.run_dir / LEARNERS_DIR
+        return learners_folder(self.run_dir, self.config)
 
     @property
     def job_dir(self) -> Path:
@@ -57,9 +57,15 @@ def uses_jigsaw_learners(config: dict[str, Any]) -> int:
     return int(pretrain.get("num_learners", 0)) if pretrains else 0
 
 
-def missing_learners(run_dir: Path, count: int) -> list[int]:
-    """Ids in 0..count-1 whose checkpoint is not in the run's learners/ folder yet."""
-    folder = run_dir / LEARNERS_DIR
+def learners_folder(run_dir: Path, config: dict[str, Any]) -> Path:
+    """Where the run's in-process stage looks for its learners (lipt.jigsaw.checkpoints.
+    learner_dir): `pretrain.learner_dir` when set, else the run's learners/ folder."""
+    explicit = (config.get("pretrain") or {}).get("learner_dir")
+    return Path(str(explicit)).expanduser() if explicit else run_dir / LEARNERS_DIR
+
+
+def missing_learners(folder: Path, count: int) -> list[int]:
+    """Ids in 0..count-1 whose checkpoint is not in `folder` (learners_folder) yet."""
     return [i for i in range(count) if not (folder / learner_file(i)).is_file()]
 
 

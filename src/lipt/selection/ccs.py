@@ -15,7 +15,7 @@ import torch
 
 from lipt.core.bounds import BELOW_ONE, COUNT, Interval
 from lipt.core.errors import UserError
-from lipt.selection.common import check_budget, finish, randperm
+from lipt.selection.common import bin_members, check_budget, finish, randperm
 from lipt.selection.gradients import DEFAULT_CHUNK
 from lipt.selection.scores import Score, mean_score
 from lipt.selection.types import Selection, SelectionInputs
@@ -56,8 +56,7 @@ def select_ccs(
         bins = ((kept_scores - low) / width).floor().long().clamp(0, strata - 1)
     else:
         bins = torch.zeros_like(kept)
-    members = [kept[bins == s] for s in range(strata)]
-    members = sorted((m for m in members if len(m) > 0), key=len)  # smallest bins first
+    members = sorted(bin_members(bins, kept), key=len)  # smallest bins first
 
     # Budget per bin: min(size, floor(remaining / bins left)); the remainder flows to the
     # larger bins, so the total is exactly `budget` (the kept rows number at least `budget`).

@@ -132,6 +132,16 @@ def random_partitions(n: int, partition_size: int, generator: torch.Generator) -
     return [part.sort().values for part in torch.tensor_split(perm, num)]
 
 
+def bin_members(bins: Tensor, rows: Tensor) -> list[Tensor]:
+    """The `rows` of each non-empty bin (`bins[i]`: the bin of `rows[i]`), bins ascending,
+    each bin's rows in their order in `rows`: `[rows[bins == b] for b in range(...)]` less the
+    empty ones, by one stable sort rather than a pass over the rows per bin (CCS's strata go
+    up to a million)."""
+    order = torch.sort(bins, stable=True).indices
+    sizes = torch.unique_consecutive(bins[order], return_counts=True)[1]
+    return list(torch.split(rows[order], sizes.tolist()))
+
+
 def select_balanced(
     fn: Selector, inputs: SelectionInputs, budget: int, *, generator: torch.Generator
 ) -> Selection:
@@ -143,7 +153,8 @@ def select_balanced(
     so GLISTER/GradMatch fall back to the class's pool rows and count it in their
     diagnostics, which are summed over classes here). Rows are mapped back to pool
     positions; weights are kept as `fn` returned them (weighted selectors scale a class's
-    weights to the class size, so they still sum to the pool size).
+    weights to the class size, so they sum to the pool size less the classes whose share of
+    the budget rounds to 0, which are skipped).
     """
     budget = check_budget(inputs, budget)
     targets = inputs.pool.targets

@@ -47,6 +47,7 @@ from torch import Tensor
 from lipt.core.bounds import BELOW_ONE, COUNT, NON_NEGATIVE, UNIT, Interval
 from lipt.core.errors import UserError
 from lipt.selection.common import (
+    bin_members,
     check_budget,
     check_choice,
     finish,
@@ -245,10 +246,7 @@ def strata_pick(scores: Tensor, k: int, *, generator: torch.Generator, strata: i
         bins = ((scores - low) / width).floor().long().clamp(0, strata - 1)
     else:
         bins = torch.zeros(len(scores), dtype=torch.int64)
-    members = sorted(
-        (m for m in (torch.nonzero(bins == s).flatten() for s in range(strata)) if len(m) > 0),
-        key=len,
-    )
+    members = sorted(bin_members(bins, torch.arange(len(bins), device=bins.device)), key=len)
     chosen, remaining = [], k
     for left, rows in zip(range(len(members), 0, -1), members, strict=True):
         take = min(len(rows), remaining // left)

@@ -7,7 +7,9 @@ re-selecting run shows whether its later subsets drift towards the hard tail or 
 coverage.
 
 Rank 0 computes the new subset once and broadcasts it; every rank then rebuilds its loader
-(Lightning reloads train loaders every R epochs) and trains on its own part of the same subset.
+at the next epoch and trains on its own part of the same subset. Each subset file records the
+period and the subset it replaced, so a resumed run takes up its own re-selections
+(`latest_subset`), never those another run left in the folder.
 The Lightning wrapper of this folder's selectors, as lipt.dynamic.callback is of its plans.
 """
 
@@ -19,10 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lipt.core.artifacts import atomic_write_bytes, save_subset
+from lipt.core.artifacts import atomic_write_bytes, load_subset, save_subset
 from lipt.core.seeding import reselect_seed
 from lipt.data import SubsetData
 from lipt.data.pool import check_subset_data
@@ -67,6 +70,17 @@ def fingerprint(indices: Tensor, weights: Tensor) -> str:
     return digest.hexdigest()
 
 
+def subset_digest(indices: Tensor | None) -> str | None:
+    """Names a subset by its indices as a subset file holds them (int64); None: the pool."""
+    if indices is None:
+        return None
+    return hashlib.sha256(indices.cpu().numpy().astype(np.int64).tobytes()).hexdigest()
+
+
+# The key of a re-selected subset file's metadata that says which run wrote it.
+RECORD = "reselection"
+
+
 class Reselection(L.Callback):
     """Every `every` epochs (not after the last), choose a new subset with the module being
     trained and train on it. The subset of `budget` (a count or a share of the pool) is chosen by
@@ -75,7 +89,9 @@ class Reselection(L.Callback):
     `reselect_seed(seed, E)`. Or, in place of those, `choose` chooses (train.py's: the
     configured selector). `out_dir`: where each re-selection's subset (subsets/epoch_E.npz) and
     every rank's fingerprint of it are written (None: nowhere); `meta`: the subset files'
-    metadata.
+    metadata, to which each file adds its period and the digest of the subset it replaced
+    (what `latest_subset` checks). The epoch after a re-selection trains on the new subset,
+    in a resumed fit too.
 
     Raises:
         ValueError: at construction for a bad period, budget or selector, or data that is not a
@@ -112,6 +128,8 @@ class Reselection(L.Callback):
         # lipt.select finds the head when it runs: a bad one fails when fit starts instead
         self.head, self.checks_head = head, budget is not None
         self.reselections = 0
+        # The trainer's reload period while one reload is forced (on_train_epoch_end).
+        self.reload_period: int | None = None
         self.seconds = 0.0  # profiles included, as in stages.select
         # str(completed epochs) -> subset profile: keyed as summary.json and the checkpoint keep it
         self.profiles: dict[str, dict[str, float]] = {}
@@ -139,7 +157,10 @@ class Reselection(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         epoch = trainer.current_epoch + 1  # epochs completed
-        if epoch % self.every != 0 or epoch >= (trainer.max_epochs or 0):
+        # None after the last epoch or step (max_epochs is -1 where max_steps alone bounds a fit)
+        last_epoch = trainer.max_epochs is not None and 0 < trainer.max_epochs <= epoch
+        steps_done = 0 < trainer.max_steps <= trainer.global_step
+        if epoch % self.every != 0 or last_epoch or steps_done:
             return
         start = time.perf_counter()
         subset: tuple[Tensor, Tensor] | None = None
@@ -151,11 +172,19 @@ class Reselection(L.Callback):
             subset = (indices.cpu(), weights.cpu())
             if self.out_dir is not None:
                 path = self.out_dir / "subsets" / f"epoch_{epoch}.npz"
-                save_subset(path, *subset, self.meta)
+                record = {"every": self.every, "replaces": subset_digest(self.dm.subset_indices)}
+                save_subset(path, *subset, {**self.meta, RECORD: record})
         subset = trainer.strategy.broadcast(subset, src=0)
         assert subset is not None
         indices, weights = subset
         self.dm.set_subset(indices, weights)
+        # Lightning rebuilds the training loader once current_epoch minus the epoch it last did
+        # reaches reload_dataloaders_every_n_epochs; a resumed fit counts from the epoch it
+        # resumed at (the count is not checkpointed), which can be off the re-selection period.
+        # A period of 1 until the next epoch starts rebuilds it there whatever that count.
+        if self.reload_period is None:
+            self.reload_period = trainer.reload_dataloaders_every_n_epochs  # type: ignore[attr-defined]
+        trainer.reload_dataloaders_every_n_epochs = 1  # type: ignore[attr-defined]
         self.unique.update(indices.tolist())
         self.reselections += 1
         self.seconds += time.perf_counter() - start
@@ -164,6 +193,17 @@ class Reselection(L.Callback):
             atomic_write_bytes(
                 self.out_dir / "subsets" / name, fingerprint(indices, weights).encode()
             )
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.restore_reload_period(trainer)  # the loader was rebuilt just before this hook
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.restore_reload_period(trainer)  # a fit stopped early leaves the trainer as it was
+
+    def restore_reload_period(self, trainer: L.Trainer) -> None:
+        if self.reload_period is not None:
+            trainer.reload_dataloaders_every_n_epochs = self.reload_period  # type: ignore[attr-defined]
+            self.reload_period = None
 
     # Kept in Lightning checkpoints, so a resumed run reports the whole run's figures.
     def state_dict(self) -> dict:
@@ -182,12 +222,37 @@ class Reselection(L.Callback):
         self.profiles = dict(state_dict.get("profiles", {}))
 
 
-def latest_subset(out_dir: Path, completed_epochs: int) -> Path | None:
-    """The subset in force after `completed_epochs` epochs: the last re-selection at or before
-    that point (None: the initial subset.npz)."""
-    best: tuple[int, Path] | None = None
-    for path in (out_dir / "subsets").glob("epoch_*.npz"):
-        epoch = int(path.stem.split("_")[1])
-        if epoch <= completed_epochs and (best is None or epoch > best[0]):
-            best = (epoch, path)
-    return None if best is None else best[1]
+def latest_subset(
+    out_dir: Path,
+    completed_epochs: int,
+    every: int | None = None,
+    initial: Path | None = None,
+) -> Path | None:
+    """The subset in force after `completed_epochs` epochs of a run that re-selects every
+    `every` epochs, starting from the subset file `initial`: its last re-selection at or before
+    that point (None: the initial subset). Only that run's own re-selections count: a file must
+    record the period and replace the subset in force before it, back to `initial`, so the
+    files another run left in `out_dir` are passed over (a file written before they recorded
+    this is taken at a multiple of `every`). `every` 0: the run never re-selects; None: any
+    period. `initial` None: the first re-selection may replace any subset."""
+    if every is not None and every <= 0:
+        return None
+    in_force = None if initial is None else subset_digest(load_subset(initial)[0])
+    found: Path | None = None
+    paths = {
+        int(path.stem.split("_")[1]): path for path in (out_dir / "subsets").glob("epoch_*.npz")
+    }
+    for epoch in sorted(e for e in paths if e <= completed_epochs):
+        indices, _, meta = load_subset(paths[epoch])
+        record = meta.get(RECORD)
+        if record is None:  # written before subset files said which run wrote them: trusted
+            taken = every is None or epoch % every == 0
+        else:
+            period = record.get("every") if isinstance(record, dict) else None
+            ours = isinstance(period, int) and period >= 1 and epoch % period == 0
+            ours = ours and every in (None, period)
+            first = found is None and initial is None  # no subset it must replace
+            taken = ours and (first or record.get("replaces") == in_force)
+        if taken:
+            in_force, found = subset_digest(indices), paths[epoch]
+    return found

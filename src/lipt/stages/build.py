@@ -78,6 +78,7 @@ def build_parts(run: Run, dm: DataModule | None = None) -> Parts:
         classifier=classifier,
         optimizer=optimizer_settings(run),
         trainer=trainer,
+        trainer_config=run.node("trainer"),
         augment=build_part(run.node("augment")),
         prune=build_part(run.node("prune")),
         merge=build_part(run.node("merge")),

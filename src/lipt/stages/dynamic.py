@@ -75,12 +75,21 @@ def dynamic_pruning(
     if method.needs_ensemble and resume is None and not is_ddp_child():
         scores, ranking, score_stats = score_with_ensemble(run, parts, made)
         # stages.json, as a selecting run writes it: a resumed run reports these stages' costs.
+        # An earlier attempt's stays: it scored before main training saved an epoch, and
+        # re-merging its saved learners now is not what these stages cost.
         stages = {"score": score_stats}
         if ranking.pretrain_stats is not None:
             stages = {"pretrain": ranking.pretrain_stats, **stages}
-        write_json(out / STAGES_FILE, stages)
+        if not recorded_stages(run, out):
+            write_json(out / STAGES_FILE, stages)
     callback = DynamicPruning(method, parts.dm, run.settings.seed, scores, audit_dir=audit)
     return DynamicSetup(callback, ranking.pretrained, ranking.pretrain_stats, score_stats)
+
+
+def recorded_stages(run: Run, out: Path) -> bool:
+    """Whether an earlier attempt of this run (resumed: ckpt_path=last) recorded its stages
+    before it was stopped, which summary.json then reports."""
+    return run.settings.ckpt_path == "last" and (out / STAGES_FILE).is_file()
 
 
 def describe(method: PruningMethod) -> str:

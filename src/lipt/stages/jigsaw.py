@@ -25,7 +25,7 @@ def run_learner_job(run: Run) -> dict[str, Any]:
     """`pretrain.py pretrain=jigsaw pretrain.learners=<ids>`: one job of a multirun. Trains only
     its learners, reading only their shards, and writes their checkpoints to the shared learner
     dir; the soup callback (lipt.run.hydra_callbacks) merges when the sweep ends. Writes the
-    job's summary.json."""
+    job's summary.json (its `seconds` count a reused learner's, as its `samples` do)."""
     start = time.perf_counter()
     out = run_dir(run.folder)
     parts = build_parts(run)
@@ -35,8 +35,10 @@ def run_learner_job(run: Run) -> dict[str, Any]:
     dm, seed = parts.dm, run.settings.seed
     model = parts.initial_model(seed)
     learners, folder = train_learner_group(parts.context, settings, dm, model, seed, ids)
+    # As pretrain.py counts them: learners an earlier attempt of the job saved count their seconds.
+    reused_seconds = sum(le.seconds for le in learners if le.reused)
     stats = {
-        "seconds": round(time.perf_counter() - start, 3),
+        "seconds": round(time.perf_counter() - start + reused_seconds, 3),
         "samples": sum(le.samples for le in learners),
         "unique_samples": sum(len(le.shard) for le in learners),
         "learners": [le.summary() for le in learners],

@@ -25,49 +25,56 @@ from lipt.core.artifacts import load_checkpoint
 from lipt.core.errors import UserError
 from lipt.core.job import run_dir
 from lipt.core.seeding import repeat_seed
-from lipt.jigsaw.context import Pretrained, heads_from_payload
+from lipt.jigsaw.context import Pretrained, data_split, heads_from_payload
 from lipt.selection import LearnerHeads
 from lipt.stages.build import Parts, build_parts
 from lipt.stages.jigsaw import run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.run import Run
+from lipt.warmup import FullWarmup
 
 log = logging.getLogger(__name__)
 
 
 def pretrain_model(run: Run, parts: Parts, seed: int) -> Pretrained:
-    """Run the configured strategy from the common initial model of `seed`."""
+    """Run the configured strategy from the common initial model of `seed`. Its `seconds`: this
+    attempt's wall time, plus the training seconds of jigsaw learners an earlier attempt saved
+    and this one reused (the stage's whole cost, as `learner_seconds` counts them too)."""
     start = time.perf_counter()
     dm = parts.dm
-    log.info(describe_pretrain(run, len(dm.pool_indices)))
+    log.info(describe_pretrain(run, parts, len(dm.pool_indices)))
     result = parts.pretrain(parts.context, dm, parts.initial_model(seed), seed)
-    result.seconds = time.perf_counter() - start
+    result.seconds = time.perf_counter() - start + result.reused_seconds
     if result.report:
         log.info(soup_line(result.report))
     return result
 
 
-def describe_pretrain(run: Run, pool_size: int) -> str:
+def describe_pretrain(run: Run, parts: Parts, pool_size: int) -> str:
     """The line that opens pre-training: the strategy and its parts."""
     p, merge = run.node("pretrain"), run.node("merge").get("name")
     if p["name"] == "none":
         return "pre-training: none (selection ranks with the untrained initial model)"
-    if p["name"] == "full":
-        return f"pre-training: full, {p['epochs']} epochs on the whole pool of {pool_size:,}"
+    if isinstance(parts.pretrain, FullWarmup):
+        ctx = parts.context
+        epochs = parts.pretrain.warmup_epochs(ctx.main_epochs, ctx.fraction)
+        kappa = parts.pretrain.kappa
+        how = "" if kappa is None else f" (kappa {kappa} x {ctx.main_epochs} x {ctx.fraction:g})"
+        return f"pre-training: full, {epochs} epochs{how} on the whole pool of {pool_size:,}"
     if p.get("merge_from"):
         return f"pre-training: merging the jigsaw learners saved in {p['merge_from']} ({merge})"
     batches = int(p["batches_per_learner"])
-    parts = [
+    pieces = [
         f"{p['num_learners']} learners x {batches} batch{'es' if batches > 1 else ''} x "
         f"{p['local_epochs']} passes"
     ]
     augment, prune = run.node("augment"), run.node("prune")
     if augment and augment["name"] != "none":
-        parts.append({"randaugment": "RandAugment"}.get(augment["name"], augment["name"]))
+        pieces.append({"randaugment": "RandAugment"}.get(augment["name"], augment["name"]))
     if prune and prune["name"] != "none":
-        parts.append(f"{prune['name'].upper()} {prune['density_low']}-{prune['density_high']}")
-    parts.append(f"soup {merge}")
-    return "pre-training: jigsaw, " + ", ".join(parts)
+        pieces.append(f"{prune['name'].upper()} {prune['density_low']}-{prune['density_high']}")
+    pieces.append(f"soup {merge}")
+    return "pre-training: jigsaw, " + ", ".join(pieces)
 
 
 def soup_line(report: Mapping[str, Any]) -> str:
@@ -130,6 +137,12 @@ def ranking_models(run: Run, parts: Parts, made: Pretrained | None = None) -> Ra
 
 
 def load_pretrained(run: Run, parts: Parts, path: Path) -> nn.Module:
+    """The model of the pretrain.ckpt at `path`, for this run's data and model.
+
+    Raises:
+        UserError: it was pre-trained on another data set, another split or labelling of it, or
+            does not fit the model.
+    """
     payload = load_checkpoint(path)
     data_name = parts.dm.data_name
     if payload.get("data") != data_name:
@@ -137,6 +150,7 @@ def load_pretrained(run: Run, parts: Parts, path: Path) -> nn.Module:
             f"{path} was pre-trained on {payload.get('data')!r}, this run uses {data_name!r}; "
             "pass a checkpoint for this data set"
         )
+    check_split(path, payload.get("split"), data_split(parts.dm))
     model = parts.initial_model(run.settings.seed)
     try:
         model.load_state_dict(payload["state_dict"], strict=True)
@@ -145,6 +159,31 @@ def load_pretrained(run: Run, parts: Parts, path: Path) -> nn.Module:
         target = run.node("model")["_target_"]
         raise UserError(f"{path} does not fit model={target} ({first})") from e
     return model
+
+
+def check_split(path: Path, saved: dict[str, Any] | None, here: dict[str, Any]) -> None:
+    """Refuse a pretrain.ckpt whose training split (lipt.jigsaw.context.data_split) is not this
+    run's: its model trained on rows this run holds out to validate, or on other labels. One
+    that records none (written before pretrain.ckpt recorded it) is accepted with a warning."""
+    if saved is None:
+        log.warning("%s records no data split: not checked against this run's", path)
+        return
+    # The first cause only: another validation split also changes the pool and its labels.
+    seeds = [key for key in ("val_size", "split_seed") if saved.get(key) != here[key]]
+    if seeds:
+        was = ", ".join(f"{key} {saved.get(key)!r}, this run {here[key]!r}" for key in seeds)
+        fix = ", ".join(f"dataset.{key}={saved.get(key)!r}" for key in seeds)
+    elif saved.get("pool_size") != here["pool_size"]:
+        was = f"a pool of {saved.get('pool_size')} rows, this run {here['pool_size']}"
+        fix = "dataset.pool_size as it was"
+    elif saved.get("labels") != here["labels"]:
+        was, fix = "other labels", "dataset.label_noise and dataset.train_labels as they were"
+    else:
+        return
+    raise UserError(
+        f"{path} was pre-trained on another split of the training data ({was}); pass {fix}, "
+        "or pre-train again with this run's split"
+    )
 
 
 def run(run: Run) -> dict[str, Any]:

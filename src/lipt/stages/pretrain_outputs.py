@@ -19,7 +19,7 @@ def write_pretrain_outputs(
     """Write pretrain.ckpt, merge_report.json (when the strategy reported) and summary.json to
     `out`; returns the summary."""
     save_checkpoint(
-        out / "pretrain.ckpt", pretrain_payload(ctx, result.model, result.learner_heads)
+        out / "pretrain.ckpt", pretrain_payload(ctx, dm, result.model, result.learner_heads)
     )
     if result.report:
         write_json(out / "merge_report.json", result.report)

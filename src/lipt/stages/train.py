@@ -26,10 +26,15 @@ from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor, nn
 
 from lipt.core import console
-from lipt.core.artifacts import write_json
+from lipt.core.artifacts import check_lightning_checkpoint, write_json
 from lipt.core.errors import UserError
 from lipt.core.host import core_ticks, host, load_average, other_cores_busy
-from lipt.core.job import is_ddp_child, run_dir, sweep_dir_of_job
+from lipt.core.job import (
+    is_ddp_child,
+    logged_before_this_process,
+    run_dir,
+    sweep_dir_of_job,
+)
 from lipt.core.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
 from lipt.data import DataModule
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
@@ -42,29 +47,36 @@ from lipt.stages.run import Run
 from lipt.stages.select import SUBSET_FILE
 from lipt.stages.summary import subset_class_counts, summary_payload
 from lipt.stages.training_plan import TrainingPlan, training_plan
-from lipt.stages.training_set import TrainingSet, training_set_of
+from lipt.stages.training_set import TrainingSet, check_kept_subset, training_set_of
 
 log = logging.getLogger(__name__)
 
 
 def resume_path(run: Run, out: Path) -> str | None:
+    """The checkpoint main training resumes from (ckpt_path), checked now, before anything of
+    the run starts; None where main training starts from its first epoch."""
     ckpt = run.settings.ckpt_path
     if not ckpt:
         return None
     if ckpt == "last":
         last = out / "checkpoints" / "last.ckpt"
         if last.is_file():
+            check_lightning_checkpoint(last, "ckpt_path=last")
             return str(last)
         if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
             return None  # killed before main training: its saved learners and subset are reused
         if sweep_dir_of_job() is not None:
             log.info("resuming a sweep: this job never started, so it starts now")
             return None
+        if logged_before_this_process(out):
+            log.info(f"resuming {console.shown(out)}: nothing saved yet: starting over")
+            return None
         raise UserError(
             f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
         )
     if not Path(str(ckpt)).is_file():
         raise UserError(f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'")
+    check_lightning_checkpoint(Path(str(ckpt)), f"ckpt_path={ckpt}")
     return str(ckpt)
 
 
@@ -118,21 +130,28 @@ def fit_and_test(run: Run, dm: DataModule, plan: TrainingPlan, resume: str | Non
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     seconds = module.seconds_trained()  # before the test pass; earlier attempts' included
     samples = module.total_samples_seen()
-    epochs_trained = int(trainer.current_epoch)  # after fit: the epochs completed
     # The last epoch's validation accuracy: what hyper-parameters are chosen on (never test).
     val_metric = trainer.callback_metrics.get("val/acc")
+    val_accuracy = None if val_metric is None else float(val_metric)
+    if val_accuracy is None and resume is not None and len(dm.val_indices):
+        # A resumed fit with nothing left to run (killed before summary.json) validated
+        # nothing: the trained weights' number, as the fit's last epoch had it.
+        validated = trainer.validate(module, datamodule=dm, verbose=False)
+        val_accuracy = validated[0].get("val/acc") if validated else None
     test_accuracy = float(trainer.test(module, datamodule=dm, verbose=False)[0]["test/acc"])
-    unique = subset_size if reselect is None else len(reselect.unique)
+    # Without re-selection an epoch is a shuffled pass over the subset without repeats: a step
+    # budget under one epoch sees `samples` distinct images (exactly so on one device).
+    unique = min(samples, subset_size) if reselect is None else len(reselect.unique)
     return Trained(
         seconds=seconds,
         samples=samples,
         unique_samples=unique if dynamic is None else dynamic.callback.unique_samples(),
         test_accuracy=test_accuracy,
-        val_accuracy=None if val_metric is None else float(val_metric),
+        val_accuracy=val_accuracy,
         reselections=None if reselect is None else reselect.reselections,
         reselect_seconds=None if reselect is None else reselect.seconds,
         reselect_profiles=None if reselect is None else reselect.profiles,
-        dynamic=None if dynamic is None else dynamic.callback.ledger(samples, epochs_trained),
+        dynamic=None if dynamic is None else dynamic.callback.ledger(samples, run.main_epochs),
     )
 
 
@@ -162,11 +181,13 @@ def run(run: Run) -> dict[str, Any]:
     parts = build_parts(run)  # each built once, handed down
     dm = parts.dm
     resume = resume_path(run, out)
+    check_kept_subset(run, dm, out, resume)  # before cleaning re-merges a soup
     # Label cleaning (the `clean` group) changes the pool or its labels before selection.
     cleaned = clean_pool(run, parts, out, resume=run.settings.ckpt_path == "last")
     training_set = training_set_of(run, parts, out, resume, cleaned)
     subset = training_set.subset
-    class_counts = None if subset is None else subset_class_counts(dm, subset[0])
+    initial = training_set.initial_indices  # a resumed run's re-selected subset: the first one
+    class_counts = None if initial is None else subset_class_counts(dm, initial)
     model = initial_model(run, parts, training_set, resume)
     whole = len(dm.pool_indices) if cleaned is None else int(cleaned.stats["pool"])
     plan = training_plan(run, parts, out, model, subset, training_set.dynamic, whole, requeue)

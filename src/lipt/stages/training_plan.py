@@ -11,6 +11,7 @@ pool.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
 from lipt.budget import PoolSizes, Schedule, Subset
+from lipt.core.errors import UserError
 from lipt.core.requeue import RequeueOnSignal
 from lipt.data import DataModule
 from lipt.data.seen import SeenSamples
@@ -47,19 +49,66 @@ class TrainingPlan:
     dynamic: DynamicSetup | None
 
 
+def trainer_world_size(trainer: Mapping[str, Any]) -> int | None:
+    """The processes main training runs on, as Lightning's Trainer counts them: the `trainer`
+    node's devices x num_nodes, devices `auto` (or -1) being every CUDA GPU where the
+    accelerator may be one and there are some, else one device. None where the node alone does
+    not tell (`auto` on another accelerator, or a value Lightning refuses)."""
+    devices = trainer.get("devices", "auto")
+    if isinstance(devices, str) and "," in devices:  # "0,1": those GPUs
+        devices = [d for d in devices.split(",") if d.strip()]
+    elif isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    count: int | None = None
+    if isinstance(devices, (list, tuple)):
+        count = len(devices)
+    elif devices in ("auto", -1):
+        count = every_device(str(trainer.get("accelerator", "auto")), devices)
+    elif isinstance(devices, int) and devices > 0:
+        count = devices
+    return None if count is None else count * int(trainer.get("num_nodes", 1))
+
+
+def every_device(accelerator: str, devices: str | int) -> int | None:
+    """What devices `auto` or -1 count on `accelerator`, as Lightning resolves them."""
+    from lightning.pytorch.accelerators import CUDAAccelerator
+
+    if accelerator in ("auto", "gpu", "cuda") and CUDAAccelerator.is_available():
+        return CUDAAccelerator.auto_device_count()
+    if accelerator in ("auto", "cpu", "gpu", "mps") and devices == "auto":
+        return 1  # no CUDA GPU: one CPU, or Apple's one GPU
+    return None
+
+
 def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedule:
     """Main training's epochs, and the optimiser steps a step budget stops at: the budget's
-    arithmetic on this pool (a saved subset trains as budget=subset does)."""
+    arithmetic on this pool (a saved subset trains as budget=subset does), counting the steps
+    as the `trainer` node takes them (its processes and gradient accumulation).
+
+    Raises:
+        UserError: for a step budget on a trainer whose number of processes the node does not
+            tell.
+    """
     budget = Subset() if run.gives_way_to_saved_subset else run.budget
-    settings = run.settings
+    settings, trainer = run.settings, run.node("trainer")
+    world_size = trainer_world_size(trainer)
     sizes = PoolSizes(
         pool=len(dm.pool_indices),
         pool_before_cleaning=pool_before_cleaning,
         batch_size=settings.batch_size,
         max_epochs=run.main_epochs,
         fraction=float(settings.fraction),
+        world_size=world_size or 1,
+        accumulate=int(trainer.get("accumulate_grad_batches", 1)),
     )
-    return budget.schedule(sizes)
+    schedule = budget.schedule(sizes)
+    if schedule.steps is not None and world_size is None:
+        raise UserError(
+            f"budget={budget.name} counts optimiser steps, and trainer.devices="
+            f"{trainer.get('devices')} on accelerator {trainer.get('accelerator', 'auto')} does "
+            "not say how many processes take them: give trainer.devices as a number"
+        )
+    return schedule
 
 
 def training_plan(
@@ -86,12 +135,15 @@ def training_plan(
     reselect = reselection(run, parts, out, subset)
     callbacks: list[L.Callback] = [
         # One rolling checkpoint, rewritten (atomically) every epoch: what ckpt_path=last resumes.
+        # At epochs' ends only, not after a mid-epoch validation (trainer.val_check_interval
+        # < 1): a fit resumed mid-epoch would not train what an uninterrupted one does.
         ModelCheckpoint(
             dirpath=out / "checkpoints",
             filename="last",
             save_top_k=1,
             save_last=False,
             enable_version_counter=False,
+            save_on_train_epoch_end=True,
         )
     ]
     if settings.record_seen:
@@ -115,5 +167,9 @@ def training_plan(
     # The `callbacks` group: those the run has what they need for.
     callbacks += build_callbacks(run, loggers, progress_bars(run), len(dm.val_indices) > 0)
     trainer = build_trainer(run, logger=loggers, callbacks=callbacks, **trainer_settings)
+    if steps is not None:  # the Trainer takes the steps the budget counted
+        node = run.node("trainer")
+        assert trainer.world_size == trainer_world_size(node), trainer.world_size
+        assert trainer.accumulate_grad_batches == int(node.get("accumulate_grad_batches", 1))
     size = len(dm.pool_indices) if subset is None else len(subset[0])
     return TrainingPlan(module, epochs, size, trainer, reselect, dynamic)

@@ -3,7 +3,8 @@ earlier attempt, read from rank 0 under DDP, or selected now by lipt.stages.sele
 pool, pruned anew every epoch by lipt.stages.dynamic (budget=infobatch, budget=lipt).
 
 A resumed run trains on what its first attempt chose, re-selected subsets included, and reports
-the stages that attempt ran (stages.json) rather than running them again.
+the stages that attempt ran (stages.json) rather than running them again; it is refused when its
+selection settings are not those the subset was selected with (`check_kept_subset`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import torch
 from torch import Tensor
 
 from lipt.core.artifacts import check_subset, load_subset
+from lipt.core.errors import UserError
 from lipt.core.job import is_ddp_child, wait_for_file
 from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained
 from lipt.selection.reselection import latest_subset
 from lipt.stages.build import Parts
-from lipt.stages.dynamic import DynamicSetup, dynamic_pruning
+from lipt.stages.dynamic import DynamicSetup, dynamic_pruning, recorded_stages
 from lipt.stages.pretrain import ranking_models
 from lipt.stages.results import Cleaned, Selected, Trained
 from lipt.stages.run import Run
@@ -31,6 +33,7 @@ from lipt.stages.select import (
     STAGES_FILE,
     SUBSET_FILE,
     select_subset,
+    subset_meta,
     write_selection,
 )
 
@@ -42,6 +45,33 @@ def load_checked_subset(dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
     expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
     check_subset(path, indices, weights, meta, expected, len(dm.train_source), dm.val_indices)
     return indices, weights
+
+
+def kept_subset(run: Run, out: Path, resume: str | None) -> Path | None:
+    """The subset.npz an earlier attempt of this run saved, which this attempt trains on
+    instead of selecting (None: it selects, takes subset_path, or trains the whole pool)."""
+    saved = out / SUBSET_FILE
+    resuming = resume is not None or run.settings.ckpt_path == "last"
+    if not resuming or run.settings.subset_path or not run.trains_subset or not saved.is_file():
+        return None
+    return saved
+
+
+def check_kept_subset(run: Run, dm: DataModule, out: Path, resume: str | None) -> None:
+    """Refuse, before any work, a resume whose selection settings differ from those the kept
+    subset was selected with: it would train on the old subset under the new settings' name."""
+    saved = kept_subset(run, out, resume)
+    if saved is None:
+        return
+    recorded, now = load_subset(saved)[2], subset_meta(run, dm)
+    changed = [key for key in now if key in recorded and recorded[key] != now[key]]
+    if changed:
+        was = ", ".join(f"{key}={recorded[key]}" for key in changed)
+        has = ", ".join(f"{key}={now[key]}" for key in changed)
+        raise UserError(
+            f"{saved} was selected with {was}, this run has {has}; resume with the original "
+            "settings, or pass a new hydra.run.dir to start a new run"
+        )
 
 
 @dataclass
@@ -57,6 +87,16 @@ class TrainingSet:
     earlier_stages: dict[str, dict[str, Any]] | None = None
     score_stats: dict[str, Any] | None = None  # budget=lipt: the pool's pass through the soup
     dynamic: DynamicSetup | None = None  # the whole pool, pruned anew every epoch
+    # The subset selected before main training (subset.npz), where a resumed run trains on a
+    # later re-selected one: what summary.json's subset_class_counts describe.
+    initial: Tensor | None = None
+
+    @property
+    def initial_indices(self) -> Tensor | None:
+        """The subset main training started on (None: the whole pool)."""
+        if self.initial is not None:
+            return self.initial
+        return None if self.subset is None else self.subset[0]
 
     def stages(self, trained: Trained) -> dict[str, dict[str, Any]]:
         """summary.json's stages: pretrain and select when they ran in this run (a resumed run:
@@ -94,8 +134,10 @@ def obtain_subset(
     if resume is not None and saved.is_file():
         # A resumed run trains on what the first attempt chose (re-selected ones included).
         completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
-        subset = load_checked_subset(dm, latest_subset(out, completed) or saved)
-        return TrainingSet(subset, earlier_stages=earlier_stages(out))
+        reselected = latest_subset(out, completed, settings.reselect_every, saved)
+        subset = load_checked_subset(dm, reselected or saved)
+        initial = None if reselected is None else load_checked_subset(dm, saved)[0]
+        return TrainingSet(subset, initial=initial, earlier_stages=earlier_stages(out))
     if settings.ckpt_path == "last" and saved.is_file():
         # Killed after selection, before main training saved an epoch: keep the subset; the
         # pre-trained model (init_from=pretrained) is merged again from the saved learners.
@@ -129,7 +171,7 @@ def training_set_of(
         training_set.pretrained = dynamic.pretrained
         training_set.pretrain_stats = dynamic.pretrain_stats
         training_set.score_stats = dynamic.score_stats
-        if resume is not None:
+        if resume is not None or recorded_stages(run, out):
             training_set.earlier_stages = earlier_stages(out)
     if training_set.pretrained is None:
         training_set.pretrained = made

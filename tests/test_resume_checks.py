@@ -1,0 +1,223 @@
+"""What `ckpt_path` checks before a resumed run does any work, and what a resumed run reports:
+a damaged or foreign checkpoint and changed selection settings are refused in one line; a run
+stopped before it saved anything starts over; summary.json says what the uninterrupted run
+says (the selecting attempt's stages, validation accuracy, the first subset's class counts)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from lipt.core.artifacts import check_lightning_checkpoint, save_checkpoint
+from lipt.core.errors import UserError
+from lipt.models.classifier import Classifier
+from lipt.run.config import run_of, validate
+from lipt.stages import train as train_stage
+from lipt.stages.build import build_datamodule
+from tests.helpers import FAST, run_entry, start_entry
+
+SUBSET = [*FAST, "selector=random", "budget=subset", "fraction=0.5"]
+
+
+class SimulatedCrashError(RuntimeError):
+    pass
+
+
+def _crash_at(monkeypatch: pytest.MonkeyPatch, epoch: int) -> None:
+    """Main training raises at batch 1 of `epoch`: the epochs before it are checkpointed."""
+    real_step = Classifier.training_step
+
+    def crash(self: Classifier, batch: Any, batch_idx: int) -> Any:
+        if self.current_epoch == epoch and batch_idx == 1:
+            raise SimulatedCrashError("killed")
+        return real_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(Classifier, "training_step", crash)
+
+
+def _killed(make_cfg: Any, monkeypatch: pytest.MonkeyPatch, args: list[str], epoch: int) -> None:
+    _crash_at(monkeypatch, epoch)
+    with pytest.raises(SimulatedCrashError):
+        train_stage.run(validate(make_cfg(args)))
+    monkeypatch.undo()
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+# --- a checkpoint main training cannot resume from ------------------------------------------
+
+
+def test_a_truncated_last_ckpt_is_refused_in_one_line_before_pre_training(make_cfg, tmp_path):
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.parent.mkdir()
+    save_checkpoint(last, {"pytorch-lightning_version": "2.6.6", "state_dict": {}, "epoch": 0})
+    last.write_bytes(last.read_bytes()[:100])  # a copy cut short
+    args = [*SUBSET, "selector=el2n", "pretrain=jigsaw", "pretrain.num_learners=2"]
+    with pytest.raises(UserError, match=r"^ckpt_path=last: .*last.ckpt is not a readable") as e:
+        train_stage.run(validate(make_cfg([*args, "ckpt_path=last"])))
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "learners").exists()  # nothing pre-trained
+
+
+def test_a_pretrain_or_learner_checkpoint_is_refused_as_ckpt_path(make_cfg, tmp_path):
+    foreign = tmp_path / "pretrain.ckpt"  # what pretrain.py and the jigsaw learners write
+    save_checkpoint(foreign, {"state_dict": {"w": torch.zeros(2)}, "pretrain": "jigsaw"})
+    args = [*SUBSET, "selector=el2n", "pretrain=jigsaw", "pretrain.num_learners=2"]
+    with pytest.raises(UserError, match=r"not a Lightning checkpoint .*pytorch-lightning_version"):
+        train_stage.run(validate(make_cfg([*args, f"ckpt_path={foreign}"])))
+    assert not (tmp_path / "learners").exists() and not (tmp_path / "subset.npz").exists()
+    with pytest.raises(UserError, match=f"^{re.escape(f'ckpt_path={foreign} is not a ')}"):
+        check_lightning_checkpoint(foreign, f"ckpt_path={foreign}")
+
+
+# --- a run stopped before it saved anything -------------------------------------------------
+
+
+def _logging_to(log_file: Path) -> logging.FileHandler:
+    handler = logging.FileHandler(log_file)  # as Hydra's job log: appended to by each attempt
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
+def test_ckpt_path_last_starts_over_after_an_attempt_that_saved_nothing(make_cfg, tmp_path, caplog):
+    log_file = tmp_path / "train.log"
+    log_file.write_text("[2020-01-01 00:00:00,000][lipt.stages.train][INFO] - training: ...\n")
+    handler = _logging_to(log_file)
+    try:
+        with caplog.at_level(logging.INFO, logger="lipt.stages.train"):
+            summary = train_stage.run(validate(make_cfg([*FAST, "ckpt_path=last"])))
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    assert "nothing saved yet: starting over" in caplog.text
+    assert summary["stages"]["train"]["samples"] > 0
+
+
+def test_ckpt_path_last_in_a_folder_made_for_this_run_is_still_refused(make_cfg, tmp_path):
+    handler = _logging_to(tmp_path / "train.log")
+    try:
+        logging.getLogger("lipt").warning("a record of this process")
+        with pytest.raises(UserError, match=r"pass hydra\.run\.dir=<the run to resume>"):
+            train_stage.run(validate(make_cfg([*FAST, "ckpt_path=last"])))
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_checkpoint_resumes_by_starting_over(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [
+        *[o for o in FAST if not o.startswith(("trainer.max_epochs", "budget="))],
+        "budget=full",
+        "dataset.num_train=3000",
+        "trainer.max_epochs=3",
+        f"hydra.run.dir={run_dir}",
+    ]
+    proc = start_entry("train.py", args)
+    log_file = run_dir / "train.log"
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if log_file.is_file() and "training: " in log_file.read_text():
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before main training started"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+
+    time.sleep(0.1)  # a resume starts later than the kill: the log's time stamps tell them apart
+    out = run_entry("train.py", [*args, "ckpt_path=last"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "nothing saved yet: starting over" in out.stdout + out.stderr
+    assert (run_dir / "summary.json").is_file()
+
+    fresh = run_entry(
+        "train.py", [*args[:-1], f"hydra.run.dir={tmp_path / 'new'}", "ckpt_path=last"]
+    )
+    assert fresh.returncode == 2 and "pass hydra.run.dir=<the run to resume>" in fresh.stderr
+
+
+# --- what a resumed run trains on and reports -----------------------------------------------
+
+
+def test_a_resume_with_other_selection_settings_is_refused(make_cfg, monkeypatch, tmp_path):
+    _killed(make_cfg, monkeypatch, SUBSET, epoch=0)  # after subset.npz, before last.ckpt
+    changed = [*SUBSET, "fraction=0.3", "seed=5", "ckpt_path=last"]
+    with pytest.raises(
+        UserError, match=r"fraction=0\.5, seed=0, this run has fraction=0\.3, seed=5"
+    ):
+        train_stage.run(validate(make_cfg(changed)))
+    summary = train_stage.run(validate(make_cfg([*SUBSET, "ckpt_path=last"])))  # the same: runs
+    assert summary["subset_size"] == 250
+
+
+def test_a_lipt_resume_keeps_the_stages_the_first_attempt_recorded(make_cfg, monkeypatch, tmp_path):
+    jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
+    args = [*FAST, *jigsaw, "merge.ratios=3", "budget=lipt", "trainer.max_epochs=2"]
+    _killed(make_cfg, monkeypatch, args, epoch=0)  # scored, no epoch saved: re-merged on resume
+    stages = tmp_path / "stages.json"
+    first_attempt, before = (
+        json.loads(stages.read_text()),
+        (stages.stat().st_ino, stages.stat().st_mtime_ns),
+    )
+    resumed = train_stage.run(validate(make_cfg([*args, "ckpt_path=last"])))
+    assert (stages.stat().st_ino, stages.stat().st_mtime_ns) == before  # not rewritten
+    assert resumed["stages"]["pretrain"] == first_attempt["pretrain"]
+    assert resumed["stages"]["score"] == first_attempt["score"]
+
+
+def test_a_resume_with_nothing_left_to_train_reports_the_validation_accuracy(make_cfg, tmp_path):
+    finished = train_stage.run(validate(make_cfg(FAST)))
+    weights = _weights(tmp_path)
+    (tmp_path / "summary.json").unlink()  # killed between the fit's end and summary.json
+    resumed = train_stage.run(validate(make_cfg([*FAST, "ckpt_path=last"])))
+    assert finished["val_accuracy"] is not None
+    assert resumed["val_accuracy"] == finished["val_accuracy"]
+    assert resumed["test_accuracy"] == finished["test_accuracy"]
+    again = _weights(tmp_path)
+    assert all(torch.equal(weights[k], again[k]) for k in weights)
+
+
+def test_a_resumed_reselecting_run_counts_the_classes_of_its_first_subset(
+    make_cfg, monkeypatch, tmp_path
+):
+    args = [*SUBSET, "reselect_every=1", "trainer.max_epochs=3"]
+    _killed(make_cfg, monkeypatch, args, epoch=2)  # epochs 0-1 saved, re-selected after each
+    resumed = train_stage.run(validate(make_cfg([*args, "ckpt_path=last"])))
+    labels = build_datamodule(run_of(make_cfg(args))).train_source.labels
+
+    def counts(path: Path) -> list[int]:
+        with np.load(path) as subset:
+            return torch.bincount(labels[subset["indices"]], minlength=4).tolist()
+
+    later = counts(sorted((tmp_path / "subsets").glob("*.npz"))[-1])  # what the resume trained on
+    assert later != counts(tmp_path / "subset.npz")  # else the test could not tell them apart
+    assert resumed["subset_class_counts"] == counts(tmp_path / "subset.npz")
+
+
+def test_unique_samples_never_exceed_the_samples_trained(make_cfg):
+    # A step budget under one epoch of the whole pool: 10% of 3 epochs' steps.
+    args = [o for o in FAST if not o.startswith(("trainer.max_epochs", "budget="))]
+    summary = train_stage.run(
+        validate(make_cfg([*args, "budget=full_steps", "fraction=0.1", "trainer.max_epochs=3"]))
+    )
+    train = summary["stages"]["train"]
+    assert 0 < train["samples"] < summary["train_size"]
+    assert train["unique_samples"] == train["samples"]
