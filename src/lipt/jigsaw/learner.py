@@ -15,7 +15,7 @@ import hashlib
 import logging
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +114,12 @@ class Learner:
             for key, t in self.state_dict.items()
             if key.endswith("weight") and t.ndim >= 2
         )
+
+
+def reused_seconds(learners: Iterable[Learner]) -> float:
+    """The training seconds of the learners read from an earlier attempt's checkpoints: part of
+    a stage's cost though not of this process's wall time."""
+    return sum(le.seconds for le in learners if le.reused)
 
 
 def state_digest(state_dict: StateDict) -> str:

@@ -23,7 +23,7 @@ from lipt.core.errors import UserError
 from lipt.core.seeding import generator
 from lipt.data import LearnerData
 from lipt.jigsaw.context import PretrainContext, Pretrained
-from lipt.jigsaw.learner import Learner, learner_shards, state_digest
+from lipt.jigsaw.learner import Learner, learner_shards, reused_seconds, state_digest
 from lipt.jigsaw.parts import JigsawSettings, Merge
 from lipt.jigsaw.soup import SoupResult
 from lipt.jigsaw.weights import StateDict, recompute_batchnorm_stats
@@ -359,7 +359,7 @@ def soup_result(
         model=soup,
         learner_seconds=report["learner_seconds"] if trained_here else None,
         merge_seconds=report["merge_seconds"],
-        reused_seconds=sum(le.seconds for le in present if le.reused),
+        reused_seconds=reused_seconds(present),
         samples=sum(le.samples for le in present),
         unique_samples=sum(len(le.shard) for le in present),
         report=report,

@@ -105,15 +105,17 @@ def check_loggers(cfg: DictConfig) -> None:
     """Build each logger in a scratch folder, and TensorBoard's writer, which takes the keys its
     class does not (made at the first metric otherwise: after pre-training). wandb's extra keys
     are wandb.init's: bound to its signature, not called (that would start a run)."""
-    from hydra.utils import instantiate
     from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+
+    from lipt.stages.build import build_part
 
     for name, node in (cfg.get("logger") or {}).items():
         if node is None or "_target_" not in node:
             continue
         where = f"logger.{name}"
         with tempfile.TemporaryDirectory() as scratch, refused_as(where, where):
-            logger = instantiate(node, **{key: scratch for key in LOGGER_DIRS if key in node})
+            folders = {key: scratch for key in LOGGER_DIRS if key in node}
+            logger = build_part({**resolved(node), **folders})
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.close()
             if isinstance(logger, WandbLogger):

@@ -13,6 +13,7 @@ from typing import Any
 
 from lipt.core.artifacts import write_json
 from lipt.core.job import run_dir
+from lipt.jigsaw.learner import reused_seconds
 from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.strategy import merge_saved, train_learner_group
 from lipt.stages.build import Parts, build_parts
@@ -36,9 +37,8 @@ def run_learner_job(run: Run) -> dict[str, Any]:
     model = parts.initial_model(seed)
     learners, folder = train_learner_group(parts.context, settings, dm, model, seed, ids)
     # As pretrain.py counts them: learners an earlier attempt of the job saved count their seconds.
-    reused_seconds = sum(le.seconds for le in learners if le.reused)
     stats = {
-        "seconds": round(time.perf_counter() - start + reused_seconds, 3),
+        "seconds": round(time.perf_counter() - start + reused_seconds(learners), 3),
         "samples": sum(le.samples for le in learners),
         "unique_samples": sum(len(le.shard) for le in learners),
         "learners": [le.summary() for le in learners],
