@@ -138,6 +138,11 @@ REFUSED = [
         ["optimized_metric=val_accuracy", "+trainer.limit_val_batches=0"],
         ["optimized_metric", "trainer.limit_val_batches=0"],
     ),
+    # a step budget's processes: refused before pre-training, not when main training is planned
+    (
+        ["budget=full_steps", "trainer.accelerator=tpu", "trainer.devices=auto"],
+        ["budget=full_steps", "give trainer.devices as a number"],
+    ),
     (
         ["optimized_metric=val_accuracy", "dataset=synthetic", "dataset.val_size=0.0001"],
         ["optimized_metric", "dataset.val_size=0.0001"],  # 0 of synthetic's 600 rows

@@ -89,6 +89,10 @@ class BudgetOption(Checked):
     prunes: ClassVar[bool] = False
     needs_ensemble: ClassVar[bool] = False
 
+    @property
+    def counts_steps(self) -> bool:
+        return False
+
     def pruning(self, fraction: float) -> PruningMethod | None:
         return None
 
@@ -120,6 +124,10 @@ class WholePool(BudgetOption):
 
     name: str = "full"
     steps: Literal["all", "subset", "schedule"] = "all"
+
+    @property
+    def counts_steps(self) -> bool:
+        return self.steps != "all"
 
     def schedule(self, sizes: PoolSizes) -> Schedule:
         if self.steps == "all":

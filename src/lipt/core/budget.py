@@ -41,6 +41,11 @@ class Budget(Protocol):
     prunes: ClassVar[bool]  # the whole pool, pruned anew every epoch (`pruning`)
     needs_ensemble: ClassVar[bool]  # its pruning scores epoch 0 with the jigsaw ensemble
 
+    @property
+    def counts_steps(self) -> bool:
+        """Whether its schedule stops at a number of optimiser steps (a step budget)."""
+        ...
+
     def schedule(self, sizes: PoolSizes) -> Schedule: ...
 
     def pruning(self, fraction: float) -> Any:

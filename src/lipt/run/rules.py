@@ -26,9 +26,9 @@ def check_settings(run: Run) -> None:
 
 
 def check_groups_together(run: Run) -> None:
-    """The rules across group keys: pre-training's, label cleaning's, the schedule's and the
-    model's shapes."""
-    for rule in (_jigsaw, _clean, _schedule, _model):
+    """The rules across group keys: pre-training's, label cleaning's, the schedule's, a step
+    budget's trainer and the model's shapes."""
+    for rule in (_jigsaw, _clean, _schedule, _steps, _model):
         rule(run)
 
 
@@ -242,6 +242,13 @@ def _schedule(run: Run) -> None:
             f"{max_time} ends it by the clock; drop trainer.max_time or use "
             "scheduler=cosine|constant"
         )
+
+
+def _steps(run: Run) -> None:
+    """A step budget counts the trainer's processes: the node must tell how many."""
+    from lipt.stages.training_plan import check_countable_steps  # Lightning
+
+    check_countable_steps(run)
 
 
 def _model(run: Run) -> None:

@@ -89,6 +89,7 @@ def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedu
         UserError: for a step budget on a trainer whose number of processes the node does not
             tell.
     """
+    check_countable_steps(run)
     budget = Subset() if run.gives_way_to_saved_subset else run.budget
     settings, trainer = run.settings, run.node("trainer")
     world_size = trainer_world_size(trainer)
@@ -101,14 +102,20 @@ def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedu
         world_size=world_size or 1,
         accumulate=int(trainer.get("accumulate_grad_batches", 1)),
     )
-    schedule = budget.schedule(sizes)
-    if schedule.steps is not None and world_size is None:
+    return budget.schedule(sizes)
+
+
+def check_countable_steps(run: Run) -> None:
+    """Refuse a step budget on a trainer whose number of processes its node does not tell:
+    the budget counts each process's optimiser steps (lipt.run.rules asks it before any work)."""
+    budget, trainer = run.budget, run.node("trainer")
+    steps = budget.counts_steps and not run.gives_way_to_saved_subset
+    if steps and trainer_world_size(trainer) is None:
         raise UserError(
             f"budget={budget.name} counts optimiser steps, and trainer.devices="
             f"{trainer.get('devices')} on accelerator {trainer.get('accelerator', 'auto')} does "
             "not say how many processes take them: give trainer.devices as a number"
         )
-    return schedule
 
 
 def training_plan(
