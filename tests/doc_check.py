@@ -4,8 +4,8 @@ The ```bash / ```sh / ```shell and ```python blocks of README.md and docs/*.md a
 shell line (backslash continuations joined, `# comments` dropped) is checked by what it is:
 
 - `python train.py|select.py|pretrain.py [-m] OVERRIDES`: composed and validated in-process by
-  `lipt.run.cli.precheck`, exactly as the entry script does before Hydra starts (every job of a
-  `-m` sweep; the Trainer, loggers, selector and data files included); with
+  `lipt.run.precheck.precheck`, exactly as the entry script does before Hydra starts (every job
+  of a `-m` sweep; the Trainer, loggers, selector and data files included); with
   `hydra/launcher=slurm`, its `hydra.launcher.*` keys are checked against the launcher's config
   and the rest as on any launcher. A path a command reads
   (`ckpt_path`, `subset_path`, `pretrain.merge_from`) must lie in the run or sweep folder of an
@@ -163,7 +163,7 @@ def script_main(path: Path) -> Callable[[], object]:
 def check_stage(stage: str, args: list[str], session: Session) -> str | None:
     """`python <stage>.py ARGS` as lipt.run.cli.launch checks it, in the session's scratch
     folder."""
-    from lipt.run.cli import precheck
+    from lipt.run.precheck import precheck
 
     flags = [a for a in args if a.startswith("-")]
     overrides = [a for a in args if not a.startswith("-")]

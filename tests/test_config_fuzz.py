@@ -254,10 +254,23 @@ def test_values_cover_the_types_of_defaults() -> None:
 def test_every_lipt_target_declares_the_type_of_every_setting() -> None:
     """The schema is the annotations: a lipt function or class a config names must annotate
     every parameter a config can set (a Lightning class's are Lightning's)."""
+    import inspect
+
     from hydra.utils import get_object
 
-    from lipt.core.schema import unannotated
     from lipt.run.groups import CALL_ARGUMENTS
+
+    def unannotated(target: Any, skip: tuple[str, ...]) -> list[str]:
+        """The parameters of `target` a config may set that declare no type."""
+        call = target.__init__ if isinstance(target, type) else target
+        return [
+            p.name
+            for p in inspect.signature(call).parameters.values()
+            if p.name != "self"
+            and p.name not in skip
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            and p.annotation is inspect.Parameter.empty
+        ]
 
     def targets(node: Any, group: str) -> Iterator[tuple[str, str]]:
         if isinstance(node, dict):

@@ -130,7 +130,7 @@ def test_jobs_that_share_their_group_choices_compose_as_each_alone() -> None:
     (+), forced (++), deleted (~), given as a dict, and set inside a group's node, in order."""
     from omegaconf import OmegaConf
 
-    from lipt.run.cli import compose_jobs
+    from lipt.run.precheck import compose_jobs
 
     jobs = [
         ["+experiment=frontier_cpu", "+approach=infobatch", "fraction=0.1", "seed=0"],
@@ -155,7 +155,7 @@ def test_a_single_runs_check_reuses_the_sweepers_composition_as_composing_it_alo
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from lipt.run.cli import _declared_sweep
+    from lipt.run.sweep_overrides import declared_sweep
 
     runs = [
         ["selector=glister", "fraction=0.2", "hydra.run.dir=/tmp/somewhere"],
@@ -165,21 +165,21 @@ def test_a_single_runs_check_reuses_the_sweepers_composition_as_composing_it_alo
     for args in runs:
         GlobalHydra.instance().clear()
         with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-            single = _declared_sweep("train", args, multirun=False).single
+            single = declared_sweep("train", args, multirun=False).single
         assert single is not None and "hydra" not in single
         own = [a for a in args if not a.startswith(("hydra.", "hydra/"))]
         assert OmegaConf.to_yaml(single) == composed_alone(own)
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(ROOT / "configs"), version_base="1.3"):
-        assert _declared_sweep("train", ["seed=1,2"], multirun=False).single is None
-        assert _declared_sweep("train", ["seed=1"], multirun=True).single is None
+        assert declared_sweep("train", ["seed=1,2"], multirun=False).single is None
+        assert declared_sweep("train", ["seed=1"], multirun=True).single is None
     GlobalHydra.instance().clear()
 
 
 def test_a_value_a_shared_composition_cannot_set_fails_as_composing_it_alone() -> None:
     from hydra.errors import ConfigCompositionException
 
-    from lipt.run.cli import compose_jobs
+    from lipt.run.precheck import compose_jobs
 
     job = ["selector=coverage", "selector.no_such_key=1"]
     with pytest.raises(ConfigCompositionException) as alone:

@@ -26,8 +26,8 @@ from lipt.dynamic import (
 )
 from lipt.dynamic.callback import audit_path
 from lipt.models.classifier import Classifier
-from lipt.run.cli import precheck
 from lipt.run.config import validate
+from lipt.run.precheck import precheck
 from lipt.selection import LearnerHeads
 from lipt.stages import train as train_stage
 from tests.helpers import CONFIGS, FAST, run_entry

@@ -13,8 +13,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from lipt.run.cli import precheck
 from lipt.run.config import run_of, validate
+from lipt.run.precheck import precheck
 from lipt.stages.build import build_part
 from tests.helpers import CONFIGS, ROOT
 

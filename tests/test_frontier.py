@@ -82,7 +82,7 @@ def test_the_reference_is_one_more_job_per_seed_and_comes_first() -> None:
 
 
 def test_every_frontier_job_passes_the_precheck_and_a_bad_budget_fails_it(capsys: Any) -> None:
-    from lipt.run.cli import precheck
+    from lipt.run.precheck import precheck
 
     assert precheck("train", ["+experiment=frontier_small", "dry_run=true"], multirun=True) == 11
     with pytest.raises(SystemExit) as exit_:
@@ -452,8 +452,8 @@ def test_frontier_small_on_joblib_with_a_users_method_resumes_and_reports(tmp_pa
 def test_the_noisy_frontier_composes_its_cleaning_jobs_as_the_sweeper_does(
     make_cfg: Any, capsys: Any
 ) -> None:
-    from lipt.run.cli import precheck
     from lipt.run.config import validate
+    from lipt.run.precheck import precheck
 
     # 2 noise kinds x 7 methods x 2 budgets, and a reference per kind (for one seed: the seeds
     # are leaves that no job's composition reads)

@@ -194,10 +194,10 @@ def test_jigsaw_learners_use_the_optimizer_group_at_their_own_lr(make_cfg, monke
     ],
 )
 def test_a_key_no_option_has_is_refused_in_one_line(override, words, capsys):
-    from lipt.run import cli
+    from lipt.run.precheck import precheck
 
     with pytest.raises(SystemExit) as exit_:
-        cli.precheck("train", [override], multirun=False)
+        precheck("train", [override], multirun=False)
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(lines) == 1 and words in lines[0], lines
 
@@ -328,13 +328,13 @@ def test_a_task_returns_the_optimized_metric_as_a_float(make_cfg):
 
 
 def test_the_precheck_tries_both_ends_of_each_search_interval(tmp_path, monkeypatch, capsys):
-    from lipt.run import cli
+    from lipt.run.precheck import precheck
 
     monkeypatch.chdir(tmp_path)
     fixed = [*FAST, "hparams_search=lr_wd"]
-    cli.precheck("train", fixed)  # the search as configured: every end passes
+    precheck("train", fixed)  # the search as configured: every end passes
     with pytest.raises(SystemExit) as stop:
-        cli.precheck("train", [*fixed, "optimizer.lr=interval(0.0, 0.1)"])
+        precheck("train", [*fixed, "optimizer.lr=interval(0.0, 0.1)"])
     assert stop.value.code == 2
     assert "optimizer.lr" in capsys.readouterr().err
 

@@ -201,6 +201,8 @@ ENTRY_LAYER = {
     f"lipt.run.{m}"
     for m in (
         "cli",
+        "precheck",
+        "sweep_overrides",
         "config",
         "preflight",
         "groups",

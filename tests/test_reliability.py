@@ -123,6 +123,27 @@ CASES = [
     ("train.py", ["clean=nope"], ["clean"]),
     ("train.py", ["clean=cleanlab", "subset_path={other_data}"], ["subset_path", "clean=none"]),
     ("select.py", ["clean=lipt", "ckpt_path={foreign_ckpt}"], ["clean=lipt", "ckpt_path"]),
+    # Settings nothing would read: refused, not silently ignored.
+    ("train.py", ["reselect_every=2"], ["budget=lipt", "reselect_every=2", "selector"]),
+    (
+        "train.py",
+        ["budget=infobatch", "pretrain=none", "reselect_every=2"],
+        ["budget=infobatch", "whole pool", "reselect_every=0"],
+    ),
+    (
+        "train.py",
+        ["budget=full", "selector=none", "pretrain=none", "reselect_every=2"],
+        ["budget=full", "reselect_every=2"],
+    ),
+    (
+        "train.py",
+        ["selector=random", "pretrain=none", "subset_path={other_data}", "reselect_every=2"],
+        ["reselect_every=2", "subset_path", "saved subset"],  # refused before it is read
+    ),
+    ("select.py", ["reselect_every=2"], ["reselect_every=2", "select.py does not run"]),
+    ("pretrain.py", ["reselect_every=2"], ["reselect_every=2", "pretrain.py does not run"]),
+    ("train.py", ["+clean.action=drop"], ["clean.action=drop", "clean=none", "takes no"]),
+    ("train.py", ["+selector.balance=true"], ["selector.balance=true", "selector=none"]),
     # train.py opens its checkpoint before any stage: one line, not a traceback after selection
     ("train.py", ["ckpt_path={corrupt_ckpt}"], ["ckpt_path=", "not a readable checkpoint"]),
     ("train.py", ["ckpt_path={truncated_ckpt}"], ["ckpt_path=", "not a readable checkpoint"]),

@@ -97,7 +97,7 @@ def test_ckpt_path_last_starts_over_after_an_attempt_that_saved_nothing(make_cfg
     log_file.write_text("[2020-01-01 00:00:00,000][lipt.stages.train][INFO] - training: ...\n")
     handler = _logging_to(log_file)
     try:
-        with caplog.at_level(logging.INFO, logger="lipt.stages.train"):
+        with caplog.at_level(logging.INFO, logger="lipt.stages.resume"):
             summary = train_stage.run(validate(make_cfg([*FAST, "ckpt_path=last"])))
     finally:
         logging.getLogger().removeHandler(handler)
@@ -115,6 +115,20 @@ def test_ckpt_path_last_in_a_folder_made_for_this_run_is_still_refused(make_cfg,
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
+
+
+def test_a_finished_run_stands_for_a_resume_only_with_its_own_settings(make_cfg, tmp_path):
+    first = train_stage.run(validate(make_cfg(FAST)))
+    # What may change between attempts (bars, loggers) leaves the finished run standing.
+    again = [*FAST, "ckpt_path=last", "trainer.enable_progress_bar=true"]
+    assert train_stage.run(validate(make_cfg(again))) == first
+    # Another seed or selector setting would report the old run as this one.
+    for changed, words in (
+        ("seed=1", "seed=0, this run has seed=1"),
+        ("budget.ratio=0.3", "budget.ratio=0.5, this run has budget.ratio=0.3"),
+    ):
+        with pytest.raises(UserError, match=re.escape(words)):
+            train_stage.run(validate(make_cfg([*FAST, "ckpt_path=last", changed])))
 
 
 @pytest.mark.slow

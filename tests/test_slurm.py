@@ -210,9 +210,17 @@ def test_bad_input_is_one_line_before_anything_is_submitted(
 ):
     before = job_ids(slurm_env)
     sweep = tmp_path / "sweep"
+    flags = [a for a in args if a.startswith("-")]  # before the overrides, as Hydra reads them
+    overrides = [a for a in args if not a.startswith("-")]
     out = run_entry(
         "train.py",
-        [*FAST, *args, f"hydra.sweep.dir={sweep}", f"hydra.run.dir={tmp_path / 'run'}"],
+        [
+            *flags,
+            *FAST,
+            *overrides,
+            f"hydra.sweep.dir={sweep}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
         env={**slurm_env, **env_extra},
         timeout=120,
     )

@@ -172,17 +172,3 @@ def _hints(target: Any, call: Callable[..., Any]) -> dict[str, Any]:
         except Exception:
             continue
     return hints
-
-
-def unannotated(target: Callable[..., Any], skip: Sequence[str] = ()) -> list[str]:
-    """Parameters of `target` a config may set that declare no type (lipt's own must declare)."""
-    call = target.__init__ if isinstance(target, type) else target  # type: ignore[misc]
-    params = inspect.signature(call).parameters.values()
-    return [
-        p.name
-        for p in params
-        if p.name != "self"
-        and p.name not in skip
-        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-        and p.annotation is inspect.Parameter.empty
-    ]

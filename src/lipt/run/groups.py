@@ -20,6 +20,7 @@ from lipt.core.settings import (
     DatasetSettings,
     ModelOptions,
     OptimizerOptions,
+    RunSettings,
     SelectorSettings,
     TrainerOptions,
 )
@@ -103,11 +104,26 @@ def check_node_target(where: str, node: Mapping[str, Any]) -> None:
     check_mapping(where, node, declared, open_keys)
 
 
+def check_no_settings(group: str, node: Mapping[str, Any]) -> None:
+    """An option with no `_target_` (clean=none, selector=none) calls nothing, so nothing reads
+    a key beside its `name` label: one set there would be silently ignored."""
+    name = node.get("name")
+    option = f"{group}={name}" if isinstance(name, str) else f"this {group}"
+    for key, value in node.items():
+        if key != "name":
+            shown = str(value).lower() if isinstance(value, bool) else value
+            raise UserError(
+                f"{group}.{key}={shown} is ignored: {option} takes no settings; choose a "
+                f"{group} option that takes {group}.{key}, or drop it"
+            )
+
+
 def check_groups(cfg: DictConfig, values: Mapping[str, Any]) -> None:
     """Every group node of the resolved config `values` (`cfg`: the same, unresolved)."""
     # The groups other groups interpolate (pretrain.optim.lr is ${optimizer.lr}) come first, so a
     # bad value is named where the user set it.
     order = sorted(values, key=lambda g: SOURCES.index(g) if g in SOURCES else len(SOURCES))
+    settings = RunSettings.keys()  # top-level keys that hold a mapping: paths, protocol
     for group in order:
         node = values[group]
         if group in NOT_SETTINGS or not isinstance(node, Mapping) or group not in cfg:
@@ -122,6 +138,8 @@ def check_groups(cfg: DictConfig, values: Mapping[str, Any]) -> None:
                 if isinstance(entry, Mapping) and "_target_" in entry:
                     check_node_target(f"{group}.{name}", entry)
             continue
+        if "_target_" not in node and group not in settings:
+            check_no_settings(group, node)
         if "_target_" in node or group in OPTIONS or group in NARROWED:
             check_node(group, node)
     dataset = values.get("dataset")

@@ -21,7 +21,7 @@ LINEAR_SCHEDULE = "lipt.models.schedules.linear"
 
 def check_settings(run: Run) -> None:
     """The rules across the top level, `dataset.*`, the selector and the budget."""
-    for rule in (_dataset, _selector, _budget, _init_from, _optimized_metric):
+    for rule in (_dataset, _selector, _budget, _reselect, _init_from, _optimized_metric):
         rule(run)
 
 
@@ -90,6 +90,33 @@ def _budget(run: Run) -> None:
             f"budget={budget.name} scores epoch 0 with the jigsaw ensemble, but pretrain=none "
             "trains none; use pretrain=jigsaw (the default), or budget=infobatch or "
             "budget=full_schedule to train without pre-training"
+        )
+
+
+def _reselect(run: Run) -> None:
+    """Re-selection re-runs the selector during main training, on the subset this run selected
+    (lipt.stages.select.reselection): never in select.py or pretrain.py, on a saved subset or on
+    the whole pool."""
+    settings, budget = run.settings, run.budget
+    every, stage = settings.reselect_every, settings.stage
+    if every == 0:
+        return
+    if stage != "train":
+        raise UserError(
+            f"reselect_every={every} re-selects during main training, which {stage}.py does "
+            f"not run; drop reselect_every (train.py selector=... reselect_every={every} "
+            "re-selects)"
+        )
+    if settings.subset_path is not None:
+        raise UserError(
+            f"reselect_every={every} re-runs the selector during training, but subset_path "
+            "trains a saved subset, never re-selected; drop subset_path or use reselect_every=0"
+        )
+    if not budget.trains_subset:
+        raise UserError(
+            f"budget={budget.name} trains the whole pool, so reselect_every={every} has no "
+            f"subset to re-select; choose a selector, which trains its subset (e.g. "
+            f"selector=coverage in place of budget={budget.name}), or use reselect_every=0"
         )
 
 

@@ -20,6 +20,7 @@ from lipt.dynamic.plan import PruningMethod
 from lipt.jigsaw.context import Pretrained
 from lipt.stages.build import Parts
 from lipt.stages.pretrain import Ranking, ranking_models
+from lipt.stages.resume import Resume
 from lipt.stages.run import Run
 from lipt.stages.select import STAGES_FILE
 
@@ -63,7 +64,7 @@ def score_with_ensemble(
 
 
 def dynamic_pruning(
-    run: Run, parts: Parts, out: Path, resume: str | None, made: Pretrained | None = None
+    run: Run, parts: Parts, out: Path, resume: Resume, made: Pretrained | None = None
 ) -> DynamicSetup:
     """The budget's pruning method and its callback (where Run.prunes). lipt's scores
     epoch 0 with the ensemble, pre-trained here unless the run resumes (the checkpoint carries
@@ -72,7 +73,7 @@ def dynamic_pruning(
     method: PruningMethod = run.budget.pruning(run.settings.fraction)
     audit = out if run.settings.record_seen else None
     scores, ranking, score_stats = None, Ranking([]), None
-    if method.needs_ensemble and resume is None and not is_ddp_child():
+    if method.needs_ensemble and resume.checkpoint is None and not is_ddp_child():
         scores, ranking, score_stats = score_with_ensemble(run, parts, made)
         # stages.json, as a selecting run writes it: a resumed run reports these stages' costs.
         # An earlier attempt's stays: it scored before main training saved an epoch, and
@@ -80,16 +81,10 @@ def dynamic_pruning(
         stages = {"score": score_stats}
         if ranking.pretrain_stats is not None:
             stages = {"pretrain": ranking.pretrain_stats, **stages}
-        if not recorded_stages(run, out):
+        if resume.stages is None:
             write_json(out / STAGES_FILE, stages)
     callback = DynamicPruning(method, parts.dm, run.settings.seed, scores, audit_dir=audit)
     return DynamicSetup(callback, ranking.pretrained, ranking.pretrain_stats, score_stats)
-
-
-def recorded_stages(run: Run, out: Path) -> bool:
-    """Whether an earlier attempt of this run (resumed: ckpt_path=last) recorded its stages
-    before it was stopped, which summary.json then reports."""
-    return run.settings.ckpt_path == "last" and (out / STAGES_FILE).is_file()
 
 
 def describe(method: PruningMethod) -> str:

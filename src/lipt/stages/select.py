@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from lipt.budget import subset_rows
 from lipt.core import console
-from lipt.core.artifacts import save_subset, write_json
+from lipt.core.artifacts import check_subset, load_subset, save_subset, write_json
 from lipt.core.errors import UserError
 from lipt.core.job import run_dir
 from lipt.core.seeding import reselect_seed
@@ -203,6 +203,15 @@ def reselection(
 
     meta = subset_meta(run, parts.dm)
     return Reselection(settings.reselect_every, parts.dm, out_dir=out, meta=meta, choose=choose)
+
+
+def load_checked_subset(dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
+    """A subset file's indices and weights, refused (lipt.core.artifacts.check_subset) unless
+    it fits this run's data and split."""
+    indices, weights, meta = load_subset(path)
+    expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
+    check_subset(path, indices, weights, meta, expected, len(dm.train_source), dm.val_indices)
+    return indices, weights
 
 
 def write_selection(run: Run, dm: DataModule, out: Path, selected: Selected) -> None:

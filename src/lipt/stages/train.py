@@ -2,10 +2,11 @@
 
 `run` reads as a run goes, one named step each: a SLURM attempt, a finished run kept as it is, the
 run's parts (lipt.stages.build.build_parts: the data module, the models' factories, the strategy,
-the selector, the cleaning method, built once and handed down), where to resume from, label
-cleaning, the training set (lipt.stages.training_set: a subset selected or loaded, or the whole
-pool under dynamic pruning), the initial model, the training plan (lipt.stages.training_plan: what
-trains, for how long, on which Trainer with which callbacks), the fit and the test, and
+the selector, the cleaning method, built once and handed down), where to resume from
+(lipt.stages.resume: what an earlier attempt left, read and checked once), label cleaning, the
+training set (lipt.stages.training_set: a subset selected or kept, or the whole pool under
+dynamic pruning), the initial model, the training plan (lipt.stages.training_plan: what trains,
+for how long, on which Trainer with which callbacks), the fit and the test, and
 summary.json built from the stages' results.
 
 Under DDP, Lightning re-runs the entry script in every extra rank with the same run directory:
@@ -15,7 +16,6 @@ read it from there instead of recomputing it.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -25,59 +25,27 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from torch import Tensor, nn
 
-from lipt.core import console
-from lipt.core.artifacts import check_lightning_checkpoint, write_json
+from lipt.core.artifacts import write_json
 from lipt.core.errors import UserError
 from lipt.core.host import core_ticks, host, load_average, other_cores_busy
 from lipt.core.job import (
     is_ddp_child,
-    logged_before_this_process,
     run_dir,
-    sweep_dir_of_job,
 )
 from lipt.core.requeue import RequeueOnSignal, in_slurm_job, restarted_by_slurm
 from lipt.data import DataModule
-from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.pictures import log_to_wandb
 from lipt.stages.build import Parts, build_parts
 from lipt.stages.clean import clean_pool
 from lipt.stages.dynamic import describe
 from lipt.stages.results import Trained, with_cleaning
+from lipt.stages.resume import Resume, finished_summary, resume_of
 from lipt.stages.run import Run
-from lipt.stages.select import SUBSET_FILE
 from lipt.stages.summary import subset_class_counts, summary_payload
 from lipt.stages.training_plan import TrainingPlan, training_plan
-from lipt.stages.training_set import TrainingSet, check_kept_subset, training_set_of
+from lipt.stages.training_set import TrainingSet, training_set_of
 
 log = logging.getLogger(__name__)
-
-
-def resume_path(run: Run, out: Path) -> str | None:
-    """The checkpoint main training resumes from (ckpt_path), checked now, before anything of
-    the run starts; None where main training starts from its first epoch."""
-    ckpt = run.settings.ckpt_path
-    if not ckpt:
-        return None
-    if ckpt == "last":
-        last = out / "checkpoints" / "last.ckpt"
-        if last.is_file():
-            check_lightning_checkpoint(last, "ckpt_path=last")
-            return str(last)
-        if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
-            return None  # killed before main training: its saved learners and subset are reused
-        if sweep_dir_of_job() is not None:
-            log.info("resuming a sweep: this job never started, so it starts now")
-            return None
-        if logged_before_this_process(out):
-            log.info(f"resuming {console.shown(out)}: nothing saved yet: starting over")
-            return None
-        raise UserError(
-            f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
-        )
-    if not Path(str(ckpt)).is_file():
-        raise UserError(f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'")
-    check_lightning_checkpoint(Path(str(ckpt)), f"ckpt_path={ckpt}")
-    return str(ckpt)
 
 
 def slurm_attempt(run: Run) -> tuple[RequeueOnSignal | None, Run]:
@@ -89,26 +57,13 @@ def slurm_attempt(run: Run) -> tuple[RequeueOnSignal | None, Run]:
     return requeue, run
 
 
-def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
-    """Resuming a sweep re-runs its every job: one that finished keeps its results as they are
-    (a second test pass would overwrite its stage timings with a resume's)."""
-    finished = out / "summary.json"
-    if run.settings.ckpt_path != "last" or not finished.is_file() or is_ddp_child():
-        return None
-    log.info(f"{console.shown(out)} finished already: its summary.json stands")
-    summary: dict[str, Any] = json.loads(finished.read_text())
-    return summary
-
-
-def initial_model(
-    run: Run, parts: Parts, training_set: TrainingSet, resume: str | None
-) -> nn.Module:
+def initial_model(run: Run, parts: Parts, training_set: TrainingSet, resume: Resume) -> nn.Module:
     """The common initial model (paper, appendix A), or the one pre-trained in this run
     (init_from=pretrained). Extra DDP ranks keep the init: DDP copies rank 0's weights to them
     when fit starts."""
     settings = run.settings
     model = parts.initial_model(settings.seed)
-    if settings.init_from == "pretrained" and not is_ddp_child() and resume is None:
+    if settings.init_from == "pretrained" and not is_ddp_child() and resume.checkpoint is None:
         pretrained = training_set.pretrained
         if pretrained is None or not pretrained.trained:  # pretrain=none: the init
             raise UserError(
@@ -180,8 +135,7 @@ def run(run: Run) -> dict[str, Any]:
     machine_before = (core_ticks(), load_average())  # was the machine shared? (summary.json)
     parts = build_parts(run)  # each built once, handed down
     dm = parts.dm
-    resume = resume_path(run, out)
-    check_kept_subset(run, dm, out, resume)  # before cleaning re-merges a soup
+    resume = resume_of(run, dm, out)  # checked before cleaning re-merges a soup
     # Label cleaning (the `clean` group) changes the pool or its labels before selection.
     cleaned = clean_pool(run, parts, out, resume=run.settings.ckpt_path == "last")
     training_set = training_set_of(run, parts, out, resume, cleaned)
@@ -191,7 +145,7 @@ def run(run: Run) -> dict[str, Any]:
     model = initial_model(run, parts, training_set, resume)
     whole = len(dm.pool_indices) if cleaned is None else int(cleaned.stats["pool"])
     plan = training_plan(run, parts, out, model, subset, training_set.dynamic, whole, requeue)
-    trained = fit_and_test(run, dm, plan, resume)
+    trained = fit_and_test(run, dm, plan, resume.checkpoint)
     trainer = plan.trainer
     stages = with_cleaning(training_set.stages(trained), cleaned)
     summary = summary_payload(

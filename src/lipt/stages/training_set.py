@@ -4,74 +4,26 @@ pool, pruned anew every epoch by lipt.stages.dynamic (budget=infobatch, budget=l
 
 A resumed run trains on what its first attempt chose, re-selected subsets included, and reports
 the stages that attempt ran (stages.json) rather than running them again; it is refused when its
-selection settings are not those the subset was selected with (`check_kept_subset`).
+selection settings are not those the subset was selected with (lipt.stages.resume).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from lipt.core.artifacts import check_subset, load_subset
-from lipt.core.errors import UserError
 from lipt.core.job import is_ddp_child, wait_for_file
-from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained
-from lipt.selection.reselection import latest_subset
 from lipt.stages.build import Parts
-from lipt.stages.dynamic import DynamicSetup, dynamic_pruning, recorded_stages
+from lipt.stages.dynamic import DynamicSetup, dynamic_pruning
 from lipt.stages.pretrain import ranking_models
 from lipt.stages.results import Cleaned, Selected, Trained
+from lipt.stages.resume import Resume
 from lipt.stages.run import Run
-from lipt.stages.select import (
-    STAGES_FILE,
-    SUBSET_FILE,
-    select_subset,
-    subset_meta,
-    write_selection,
-)
-
-log = logging.getLogger(__name__)
-
-
-def load_checked_subset(dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
-    indices, weights, meta = load_subset(path)
-    expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
-    check_subset(path, indices, weights, meta, expected, len(dm.train_source), dm.val_indices)
-    return indices, weights
-
-
-def kept_subset(run: Run, out: Path, resume: str | None) -> Path | None:
-    """The subset.npz an earlier attempt of this run saved, which this attempt trains on
-    instead of selecting (None: it selects, takes subset_path, or trains the whole pool)."""
-    saved = out / SUBSET_FILE
-    resuming = resume is not None or run.settings.ckpt_path == "last"
-    if not resuming or run.settings.subset_path or not run.trains_subset or not saved.is_file():
-        return None
-    return saved
-
-
-def check_kept_subset(run: Run, dm: DataModule, out: Path, resume: str | None) -> None:
-    """Refuse, before any work, a resume whose selection settings differ from those the kept
-    subset was selected with: it would train on the old subset under the new settings' name."""
-    saved = kept_subset(run, out, resume)
-    if saved is None:
-        return
-    recorded, now = load_subset(saved)[2], subset_meta(run, dm)
-    changed = [key for key in now if key in recorded and recorded[key] != now[key]]
-    if changed:
-        was = ", ".join(f"{key}={recorded[key]}" for key in changed)
-        has = ", ".join(f"{key}={now[key]}" for key in changed)
-        raise UserError(
-            f"{saved} was selected with {was}, this run has {has}; resume with the original "
-            "settings, or pass a new hydra.run.dir to start a new run"
-        )
+from lipt.stages.select import SUBSET_FILE, load_checked_subset, select_subset, write_selection
 
 
 @dataclass
@@ -114,13 +66,8 @@ class TrainingSet:
         return {**stages, "train": trained.stats()}
 
 
-def earlier_stages(out: Path) -> dict[str, dict[str, Any]] | None:
-    path = out / STAGES_FILE
-    return json.loads(path.read_text()) if path.is_file() else None  # None: an older run
-
-
 def obtain_subset(
-    run: Run, parts: Parts, out: Path, resume: str | None, made: Pretrained | None = None
+    run: Run, parts: Parts, out: Path, resume: Resume, made: Pretrained | None = None
 ) -> TrainingSet:
     """The subset to train on: given (subset_path), none (a whole-pool budget), the one a resumed or
     restarted run already chose, or selected now exactly as select.py selects (`made`: the
@@ -131,24 +78,19 @@ def obtain_subset(
     if not run.trains_subset:
         return TrainingSet(None)
     saved = out / SUBSET_FILE
-    if resume is not None and saved.is_file():
+    if resume.subset is not None:
         # A resumed run trains on what the first attempt chose (re-selected ones included).
-        completed = int(torch.load(resume, map_location="cpu", weights_only=True)["epoch"]) + 1
-        reselected = latest_subset(out, completed, settings.reselect_every, saved)
-        subset = load_checked_subset(dm, reselected or saved)
-        initial = None if reselected is None else load_checked_subset(dm, saved)[0]
-        return TrainingSet(subset, initial=initial, earlier_stages=earlier_stages(out))
-    if settings.ckpt_path == "last" and saved.is_file():
-        # Killed after selection, before main training saved an epoch: keep the subset; the
-        # pre-trained model (init_from=pretrained) is merged again from the saved learners.
-        subset = load_checked_subset(dm, saved)
-        log.info("resuming: the subset in %s is kept (not selected again)", saved)
-        earlier = earlier_stages(out)
+        kept = TrainingSet(resume.subset, initial=resume.initial, earlier_stages=resume.stages)
         ranks = run.selector is not None and run.selector.needs_model  # pre-trains to select
-        if settings.init_from != "pretrained" or not ranks or is_ddp_child():
-            return TrainingSet(subset, earlier_stages=earlier)
+        if resume.checkpoint is not None or settings.init_from != "pretrained" or not ranks:
+            return kept
+        if is_ddp_child():  # keeps the init: DDP copies rank 0's weights when fit starts
+            return kept
+        # Killed after selection, before main training saved an epoch: the pre-trained model
+        # (init_from=pretrained) is merged again from the saved learners.
         ranking = ranking_models(run, parts, made)
-        return TrainingSet(subset, None, ranking.pretrained, ranking.pretrain_stats, earlier)
+        kept.pretrained, kept.pretrain_stats = ranking.pretrained, ranking.pretrain_stats
+        return kept
     if is_ddp_child():  # extra DDP ranks read what rank 0 chose (under srun: is choosing)
         wait_for_file(saved)
         return TrainingSet(load_checked_subset(dm, saved))
@@ -159,7 +101,7 @@ def obtain_subset(
 
 
 def training_set_of(
-    run: Run, parts: Parts, out: Path, resume: str | None, cleaned: Cleaned | None
+    run: Run, parts: Parts, out: Path, resume: Resume, cleaned: Cleaned | None
 ) -> TrainingSet:
     """What main training trains on, set on the data module: a subset (obtain_subset), or the
     whole pool, pruned anew every epoch (budget=infobatch, budget=lipt)."""
@@ -171,8 +113,8 @@ def training_set_of(
         training_set.pretrained = dynamic.pretrained
         training_set.pretrain_stats = dynamic.pretrain_stats
         training_set.score_stats = dynamic.score_stats
-        if resume is not None or recorded_stages(run, out):
-            training_set.earlier_stages = earlier_stages(out)
+        if resume.stages is not None:
+            training_set.earlier_stages = resume.stages
     if training_set.pretrained is None:
         training_set.pretrained = made
     if training_set.subset is None:

@@ -1,0 +1,259 @@
+"""What a command line sweeps, read as Hydra reads it: the config's declared sweep
+(`hydra.sweeper.params`, the frontier sweeper's reference job), every value of a swept key, and
+every job of the sweep (up to CHECKED_JOBS), for lipt.run.precheck to compose and check. A sweep
+Hydra would refuse or run as no job is refused in one line: a sweep outside a multirun, a
+sweep of Hydra's own settings, a glob() of a key that is no group or that matches no option, an
+empty range, an interval() for the basic sweeper, `hydra.sweeper.params` where the sweeper
+declares none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from lipt.core.errors import UserError
+from lipt.run.frontier_sweep import check_frontier_settings, with_reference
+from lipt.run.slurm import check_slurm_launcher, is_slurm_launcher
+
+
+def candidate_overrides(args: list[str], declared: list[str]) -> list[list[str]]:
+    """Override lists to compose: sweeps (`a=1,2`) are expanded value by value, so a bad choice
+    anywhere in a multirun is caught before any job starts. `declared`: the config's own
+    `hydra.sweeper.params` (an experiment's approaches, fractions and seeds). As in Hydra's
+    BasicSweeper they come first, then `args`; a repeated key keeps its first place and takes
+    its last value (so `+approach=...` precedes `+experiment=...`, as in the jobs)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    by_key: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides([*declared, *args]):
+        key = o.get_key_element()
+        if o.is_interval_sweep():  # an Optuna search's interval(a, b): both of its ends
+            interval = o.value()
+            by_key[key] = [f"{key}={interval.start}", f"{key}={interval.end}"]  # type: ignore[union-attr]
+        elif o.is_sweep_override():
+            by_key[key] = [f"{key}={value}" for value in o.sweep_string_iterator()]
+        else:
+            by_key[key] = [str(o.input_line)]
+    by_key = {key: values for key, values in by_key.items() if values}
+    firsts = {key: values[0] for key, values in by_key.items()}
+    candidates = [list(firsts.values())]
+    for key, values in by_key.items():
+        candidates += [[*{**firsts, key: value}.values()] for value in values[1:]]
+    return candidates
+
+
+@dataclass(frozen=True)
+class DeclaredSweep:
+    """What the config's sweeper declares: `params` as overrides, and the frontier sweeper's
+    reference job (`hydra/sweeper=frontier`; empty for Hydra's basic sweeper)."""
+
+    params: list[str]
+    reference: list[str]
+    point_keys: list[str]
+    # A run that is not a multirun: its config, composed once here (Hydra's node dropped).
+    single: DictConfig | None = None
+    # Whether Hydra will run a multirun: -m, or `hydra.mode: MULTIRUN` in the config.
+    multirun: bool = False
+    # The composition with Hydra's node (the command line's single values): what ${hydra:...}
+    # reads (set_hydra_config).
+    composed: DictConfig | None = None
+    # Whether the sweeper is Hydra's basic one (or lipt's frontier sweeper, built on it).
+    basic: bool = True
+
+    def with_reference(self, jobs: list[list[str]]) -> list[list[str]]:
+        """`jobs` and the reference jobs the frontier sweeper adds to them."""
+        if not self.reference:
+            return jobs
+        return with_reference(jobs, self.reference, self.point_keys)
+
+
+def declared_sweep(config_name: str, args: list[str], multirun: bool) -> DeclaredSweep:
+    """The config's `hydra.sweeper.params` as overrides, composed from the command line's
+    single-valued overrides (`hydra.sweeper.params.*` ones included); empty when the config
+    declares none or the run is not a multirun (`-m`, or `hydra.mode: MULTIRUN` in the config)."""
+    import copy
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict
+
+    parsed = OverridesParser.create().parse_overrides(args)
+    fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
+    cfg = composed_with_hydra(config_name, fixed)
+    sweeper = cfg.hydra.sweeper
+    check_frontier_settings(sweeper, cfg.hydra.get("callbacks"))
+    launcher = cfg.hydra.get("launcher")
+    multirun = multirun or cfg.hydra.mode == RunMode.MULTIRUN  # as Hydra picks the mode
+    if is_slurm_launcher(launcher):  # before anything is submitted
+        check_slurm_launcher(launcher, multirun)
+    target = str(sweeper.get("_target_", ""))
+    basic = target.endswith((".BasicSweeper", ".FrontierSweeper"))
+    with_hydra = copy.deepcopy(cfg)
+    if not multirun:
+        if len(fixed) < len(args):  # refused by check_sweeps
+            return DeclaredSweep([], [], [], composed=with_hydra, basic=basic)
+        with open_dict(cfg):
+            del cfg["hydra"]  # what compose(..., return_hydra_config=False) drops
+        return DeclaredSweep([], [], [], single=cfg, composed=with_hydra, basic=basic)
+    declared = sweeper.get("params")
+    params = OmegaConf.to_container(declared) if declared else {}
+    assert isinstance(params, dict)
+    return DeclaredSweep(
+        [f"{key!s}={value}" for key, value in params.items()],
+        [str(o) for o in sweeper.get("reference") or []],
+        [str(k) for k in sweeper.get("point_keys") or []],
+        multirun=True,
+        composed=with_hydra,
+        basic=basic,
+    )
+
+
+SWEEPER_PARAMS = "hydra.sweeper.params"
+
+
+def composed_with_hydra(config_name: str, fixed: list[str]) -> DictConfig:
+    """`fixed` composed with Hydra's node. An override of `hydra.sweeper.params` where the
+    sweeper declares none (Hydra's basic sweeper without an experiment: params is null) ends
+    Hydra's own composition in a traceback: refused in a line."""
+    from hydra import compose
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    def under_params(key: str) -> bool:
+        return key == SWEEPER_PARAMS or key.startswith(SWEEPER_PARAMS + ".")
+
+    setting = [
+        o
+        for o in OverridesParser.create().parse_overrides(fixed)
+        if under_params(o.key_or_group) and not o.is_delete()
+    ]
+    if setting:
+        lines = {str(o.input_line) for o in setting}
+        base = compose(config_name, [f for f in fixed if f not in lines], return_hydra_config=True)
+        if base.hydra.sweeper.get("params") is None:
+            o = setting[0]
+            key = o.key_or_group.removeprefix(SWEEPER_PARAMS).removeprefix(".")
+            value = o.value()  # a quoted sweep ('0,1') is one string here, a sweep there
+            shown = value if isinstance(value, str) else o.get_value_element_as_str()
+            instead = f"{key}={shown}" if key else "key=a,b"
+            raise UserError(
+                f"{o.input_line}: this run's sweeper declares no {SWEEPER_PARAMS} (an "
+                f"experiment's sweep does), so Hydra cannot set one; give the sweep as an "
+                f"override instead: -m {instead}"
+            )
+    return compose(config_name, fixed, return_hydra_config=True)
+
+
+def check_sweeps(args: list[str], declared: DeclaredSweep) -> tuple[list[str], list[str]]:
+    """`args` and the declared params with each glob() of a group's options spelled out as
+    Hydra's sweeper will run it (the options it matches, listed); a sweep Hydra would refuse,
+    or run as no job, refused in a line: a sweep outside a multirun, a sweep of Hydra's own
+    settings, a glob() of a key that is no group or that matches no option, an empty range, an
+    interval() for Hydra's basic sweeper. Inside Hydra's context (its config loader)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+
+    hydra = GlobalHydra.instance().hydra
+    assert hydra is not None
+    loader = hydra.config_loader
+    parser = OverridesParser.create(config_loader=loader)
+
+    def explicit(lines: list[str]) -> list[str]:
+        out = []
+        for line, o in zip(lines, parser.parse_overrides(lines), strict=True):
+            if not o.is_sweep_override():
+                out.append(line)
+                continue
+            key = o.get_key_element()
+            if o.is_hydra_override():
+                raise UserError(
+                    f"{line}: Hydra does not sweep its own settings (hydra.*); give one value"
+                    + sweeper_param_fix(o, declared)
+                )
+            if o.value_type == ValueType.GLOB_CHOICE_SWEEP:
+                group = o.key_or_group
+                options = loader.get_group_options(group)
+                if not options:
+                    raise UserError(
+                        f"{line}: glob() sweeps the options of a config group, and {group} is "
+                        f"not a group; list the values instead ({group}=a,b)"
+                    )
+                values = list(o.sweep_string_iterator())
+                if not values:
+                    raise UserError(
+                        f"{line} matches none of {group}'s options ({', '.join(options)})"
+                    )
+                line = f"{key}={','.join(values)}"  # the jobs Hydra's sweeper makes of it
+            elif o.is_interval_sweep():
+                if not declared.multirun:
+                    raise UserError(
+                        f"{line} is a search interval: add -m with a sweeper that samples it "
+                        "(e.g. hparams_search=lr_wd), or give one value"
+                    )
+                if declared.basic:
+                    raise UserError(
+                        f"{line}: Hydra's basic sweeper runs listed values, not an interval; "
+                        f"give {key}=a,b or range(), or search with hparams_search=lr_wd"
+                    )
+                out.append(line)
+                continue
+            else:
+                values = list(o.sweep_string_iterator())
+                if not values:
+                    raise UserError(f"{line} sweeps no values, so Hydra would run no job")
+            if not declared.multirun:
+                n = f"{len(values)} value{'s' if len(values) != 1 else ''}"
+                as_list = f" (a list is {key}=[{line.split('=', 1)[1]}])"
+                raise UserError(
+                    f"{o.input_line} sweeps {n}: add -m to run a job for each, or give one value"
+                    + (as_list if o.value_type == ValueType.SIMPLE_CHOICE_SWEEP else "")
+                )
+            out.append(line)
+        return out
+
+    return explicit(args), explicit(declared.params)
+
+
+def sweeper_param_fix(o: Any, declared: DeclaredSweep) -> str:
+    """For a sweep of `hydra.sweeper.params.<key>` (Hydra refuses any sweep of its settings):
+    quoted, it is the one string the sweeper reads, where the config declares params (and the
+    key has no dots: Hydra nests a dotted one); without params, the override it meant."""
+    param = o.key_or_group.removeprefix(SWEEPER_PARAMS + ".")
+    if param == o.key_or_group:
+        return ""
+    values = str(o.input_line).split("=", 1)[1]
+    assert declared.composed is not None
+    if declared.composed.hydra.sweeper.get("params") is None:
+        return f"; sweep it as an override instead: -m {param}={values}"
+    if "." in param:
+        return ""
+    return f"; to declare a sweep there, quote it: {o.get_key_element()}='{values}'"
+
+
+# precheck composes every job of a sweep up to this many; past it, every value of each swept
+# key. A job costs about 10 ms (each choice of groups is composed once, ~0.1 s): a tenth of
+# Hydra's own composition of the job when it runs.
+CHECKED_JOBS = 10_000
+
+
+def every_job(args: list[str], declared: list[str]) -> list[list[str]]:
+    """Every combination of a sweep's values (as Hydra's BasicSweeper makes the jobs)."""
+    import itertools
+
+    candidates = candidate_overrides(args, declared)
+    by_key: dict[str, list[str]] = {}
+    for candidate in candidates:
+        for override in candidate:
+            key = override.split("=", 1)[0]
+            by_key.setdefault(key, [])
+            if override not in by_key[key]:
+                by_key[key].append(override)
+    size = 1
+    for values in by_key.values():
+        size *= len(values)
+    if size > CHECKED_JOBS:
+        return candidates
+    return [list(job) for job in itertools.product(*by_key.values())]

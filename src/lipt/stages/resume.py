@@ -1,0 +1,200 @@
+"""Where a run resumes from, read once from its folder before any stage and handed down.
+
+A run resumes (`ckpt_path=last`, or a checkpoint) from what an earlier attempt left in its
+folder: summary.json, where it finished (it stands: `finished_summary`); checkpoints/last.ckpt,
+main training's last epoch; subset.npz and the subsets re-selected after it (subsets/), what main
+training trains on; stages.json, what the stages before main training cost then. Each is checked
+here, before any work: a checkpoint main training cannot resume from, or a subset selected with
+other settings than this run's, is refused in one line. Label cleaning's files are read back by
+lipt.stages.clean, where the cleaning method says whether they may be.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lipt.core import console
+from lipt.core.artifacts import check_lightning_checkpoint, load_subset
+from lipt.core.errors import UserError
+from lipt.core.job import is_ddp_child, logged_before_this_process, sweep_dir_of_job
+from lipt.core.schema import HYDRA_KEYS
+from lipt.data import DataModule
+from lipt.jigsaw.checkpoints import LEARNERS_DIR
+from lipt.selection.reselection import latest_subset
+from lipt.stages.run import Run
+from lipt.stages.select import STAGES_FILE, SUBSET_FILE, load_checked_subset, subset_meta
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What this attempt takes from an earlier one (all None: it starts from scratch)."""
+
+    checkpoint: str | None = None  # main training resumes from it; None: from its first epoch
+    # The subset main training was on at the checkpoint (subset.npz, or the latest subset
+    # re-selected after it), which this attempt trains on instead of selecting again.
+    subset: tuple[Tensor, Tensor] | None = None
+    initial: Tensor | None = None  # subset.npz's indices, where a re-selected subset replaced it
+    stages: dict[str, dict[str, Any]] | None = None  # stages.json: what the earlier stages cost
+
+
+# The settings a run's results depend on, as summary.json's `config` records them: a finished
+# run's summary stands for a resume only where they are this run's. Others (loggers, folders,
+# workers, progress bars) may change between attempts.
+RESULT_SETTINGS = (
+    "seed",
+    "fraction",
+    "reselect_every",
+    "init_from",
+    "subset_path",
+    "batch_size",
+    "selector",
+    "budget",
+    "pretrain",
+    "augment",
+    "prune",
+    "merge",
+    "clean",
+    "model",
+    "optimizer",
+    "scheduler",
+    "trainer.max_epochs",
+    "dataset.name",
+    "dataset.val_size",
+    "dataset.split_seed",
+    "dataset.pool_size",
+    "dataset.label_noise",
+    "dataset.train_labels",
+)
+
+
+def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
+    """Resuming a sweep re-runs its every job: one that finished keeps its results as they are
+    (a second test pass would overwrite its stage timings with a resume's).
+
+    Raises:
+        UserError: summary.json is of a run with other settings (`RESULT_SETTINGS`): it
+            would stand for this one.
+    """
+    finished = out / "summary.json"
+    if run.settings.ckpt_path != "last" or not finished.is_file() or is_ddp_child():
+        return None
+    summary: dict[str, Any] = json.loads(finished.read_text())
+    recorded, now = settled(summary.get("config", {})), settled(run.config)
+    # Keys one side lacks are passed over, as a subset's are: another lipt version's config.
+    changed = [key for key in recorded if key in now and recorded[key] != now[key]]
+    if changed:
+        was = ", ".join(f"{key}={recorded[key]}" for key in changed[:3])
+        has = ", ".join(f"{key}={now[key]}" for key in changed[:3])
+        raise UserError(
+            f"{finished} is of a run with {was}, this run has {has}; resume with the original "
+            "settings, or pass a new hydra.run.dir to start a new run"
+        )
+    log.info(f"{console.shown(out)} finished already: its summary.json stands")
+    return summary
+
+
+def settled(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `RESULT_SETTINGS` of a resolved config, by dotted key (a node's every leaf), less
+    Hydra's instantiation keys: a `_target_` moved by a new lipt version is no other setting."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if key in HYDRA_KEYS:
+                continue
+            if isinstance(value, Mapping):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk(config, "")
+    return {
+        key: value
+        for key, value in flat.items()
+        if key.split(".")[0] in RESULT_SETTINGS or ".".join(key.split(".")[:2]) in RESULT_SETTINGS
+    }
+
+
+def resume_of(run: Run, dm: DataModule, out: Path) -> Resume:
+    """Where this attempt resumes from, each file checked now (`resume_checkpoint`,
+    `kept_subset`)."""
+    checkpoint = resume_checkpoint(run, out)
+    subset, initial = kept_subset(run, dm, out, checkpoint)
+    stages_file = out / STAGES_FILE
+    resuming = run.settings.ckpt_path is not None
+    stages = json.loads(stages_file.read_text()) if resuming and stages_file.is_file() else None
+    return Resume(checkpoint, subset, initial, stages)
+
+
+def resume_checkpoint(run: Run, out: Path) -> str | None:
+    """The checkpoint main training resumes from (ckpt_path), checked now, before anything of
+    the run starts; None where main training starts from its first epoch."""
+    ckpt = run.settings.ckpt_path
+    if not ckpt:
+        return None
+    if ckpt == "last":
+        last = out / "checkpoints" / "last.ckpt"
+        if last.is_file():
+            check_lightning_checkpoint(last, "ckpt_path=last")
+            return str(last)
+        if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
+            return None  # killed before main training: its saved learners and subset are reused
+        if sweep_dir_of_job() is not None:
+            log.info("resuming a sweep: this job never started, so it starts now")
+            return None
+        if logged_before_this_process(out):
+            log.info(f"resuming {console.shown(out)}: nothing saved yet: starting over")
+            return None
+        raise UserError(
+            f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
+        )
+    if not Path(str(ckpt)).is_file():
+        raise UserError(f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'")
+    check_lightning_checkpoint(Path(str(ckpt)), f"ckpt_path={ckpt}")
+    return str(ckpt)
+
+
+def kept_subset(
+    run: Run, dm: DataModule, out: Path, checkpoint: str | None
+) -> tuple[tuple[Tensor, Tensor] | None, Tensor | None]:
+    """The subset an earlier attempt of this run selected, which this attempt trains on, and
+    subset.npz's indices where a later re-selection replaced it. None where there is none, or
+    where this run takes subset_path or trains the whole pool.
+
+    Raises:
+        UserError: the subset was selected with other settings than this run's (it would train
+            on the old subset under the new settings' name), or does not fit the data.
+    """
+    saved = out / SUBSET_FILE
+    resuming = checkpoint is not None or run.settings.ckpt_path == "last"
+    if not resuming or run.settings.subset_path or not run.trains_subset or not saved.is_file():
+        return None, None
+    recorded, now = load_subset(saved)[2], subset_meta(run, dm)
+    changed = [key for key in now if key in recorded and recorded[key] != now[key]]
+    if changed:
+        was = ", ".join(f"{key}={recorded[key]}" for key in changed)
+        has = ", ".join(f"{key}={now[key]}" for key in changed)
+        raise UserError(
+            f"{saved} was selected with {was}, this run has {has}; resume with the original "
+            "settings, or pass a new hydra.run.dir to start a new run"
+        )
+    if checkpoint is None:
+        # Killed after selection, before main training saved an epoch: the subset is kept.
+        log.info("resuming: the subset in %s is kept (not selected again)", saved)
+        return load_checked_subset(dm, saved), None
+    # The subset in force at the checkpoint: re-selected ones included.
+    completed = int(torch.load(checkpoint, map_location="cpu", weights_only=True)["epoch"]) + 1
+    reselected = latest_subset(out, completed, run.settings.reselect_every, saved)
+    subset = load_checked_subset(dm, reselected or saved)
+    initial = None if reselected is None else load_checked_subset(dm, saved)[0]
+    return subset, initial
