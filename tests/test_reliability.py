@@ -140,10 +140,31 @@ CASES = [
         ["selector=random", "pretrain=none", "subset_path={other_data}", "reselect_every=2"],
         ["reselect_every=2", "subset_path", "saved subset"],  # refused before it is read
     ),
-    ("select.py", ["reselect_every=2"], ["reselect_every=2", "select.py does not run"]),
-    ("pretrain.py", ["reselect_every=2"], ["reselect_every=2", "pretrain.py does not run"]),
     ("train.py", ["+clean.action=drop"], ["clean.action=drop", "clean=none", "takes no"]),
     ("train.py", ["+selector.balance=true"], ["selector.balance=true", "selector=none"]),
+    ("train.py", ["+dataset.num_train=100"], ["dataset.num_train=100", "takes no num_train"]),
+    ("train.py", ["selector=random", "+selector.repeats=3"], ["selector.repeats=3", "random"]),
+    (
+        "select.py",
+        ["selector=grand", "selector.repeats=3", "ckpt_path={foreign_ckpt}"],
+        ["selector.repeats=3", "ckpt_path gives one"],
+    ),
+    ("select.py", ["subset_path={other_data}"], ["subset_path=", "select.py does not run"]),
+    ("pretrain.py", ["ckpt_path={foreign_ckpt}"], ["ckpt_path=", "resumes from no checkpoint"]),
+    # refused as ignored, not as a missing file: pretrain.py would read none
+    ("pretrain.py", ["ckpt_path=/no/such.ckpt"], ["ckpt_path=/no/such.ckpt is ignored"]),
+    ("train.py", ["pretrain.learners=[0,1]"], ["pretrain.learners=[0, 1]", "pretrain.py -m"]),
+    (
+        "train.py",
+        ["+trainer.default_root_dir={empty_dir}"],
+        ["trainer.default_root_dir=", "hydra.run.dir"],
+    ),
+    ("train.py", ["+trainer.logger=false"], ["trainer.logger=false", "logger=none"]),
+    (
+        "train.py",
+        ["+trainer.enable_checkpointing=false"],
+        ["trainer.enable_checkpointing=false", "last.ckpt"],
+    ),
     # train.py opens its checkpoint before any stage: one line, not a traceback after selection
     ("train.py", ["ckpt_path={corrupt_ckpt}"], ["ckpt_path=", "not a readable checkpoint"]),
     ("train.py", ["ckpt_path={truncated_ckpt}"], ["ckpt_path=", "not a readable checkpoint"]),

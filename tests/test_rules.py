@@ -58,10 +58,9 @@ def test_reselect_every_on_a_saved_subset_is_refused(make_cfg, tmp_path, overrid
 
 
 @pytest.mark.parametrize("stage", ["select", "pretrain"])
-def test_reselect_every_outside_main_training_is_refused(make_cfg, stage):
-    validate(make_cfg([], config_name=stage), deep=False)
-    message = refusal(make_cfg, ["reselect_every=2"], config_name=stage)
-    assert f"which {stage}.py does not run" in message and "reselect_every" in message, message
+def test_reselect_every_in_another_stage_passes(make_cfg, stage):
+    """train.py's key, in one list of overrides given to every stage of a pipeline."""
+    validate(make_cfg(["reselect_every=2"], config_name=stage), deep=False)
 
 
 @pytest.mark.parametrize(
@@ -129,3 +128,175 @@ def test_check_no_settings_names_the_option_or_the_group():
         check_no_settings("clean", {"name": "none", "x": 1})
     with pytest.raises(UserError, match=r"^clean\.x=\[1, 2\] is ignored: this clean takes"):
         check_no_settings("clean", {"x": [1, 2]})
+
+
+# --- keys only some readers, stages or runs read ----------------------------------------------
+
+NO_DEFAULT_DIR = ("dataset=cifar10", "dataset=imagenet")  # their data_dir is ??? (mandatory)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["+dataset.num_train=100"], "num_train=100"),
+        (["+dataset.num_test=10"], "num_test=10"),
+        (["+dataset.resize=64"], "resize=64"),
+        (["dataset=cifar10", "+dataset.num_train=100"], "num_train=100"),
+        (["dataset=cifar10", "+dataset.download=true"], "download=true"),
+        (["dataset=synthetic", "+dataset.resize=16"], "resize=16"),
+        (["dataset=imagenet", "+dataset.num_test=10"], "num_test=10"),
+    ],
+    ids=lambda o: o if isinstance(o, str) else " ".join(o),
+)
+def test_a_reader_key_the_reader_does_not_take_is_refused(make_cfg, tmp_path, overrides, key):
+    data = [f"dataset.data_dir={tmp_path}"] if overrides[0] in NO_DEFAULT_DIR else []
+    message = refusal(make_cfg, [*overrides, *data])
+    name = key.partition("=")[0]
+    assert message.startswith(f"dataset.{key} is ignored: dataset=") and f"no {name}" in message
+
+
+def test_a_data_dir_beside_a_reader_without_files_is_refused(make_cfg, tmp_path):
+    message = refusal(make_cfg, ["dataset=synthetic", f"dataset.data_dir={tmp_path}"])
+    assert "dataset.data_dir=" in message and "make_synthetic) takes no data_dir" in message
+
+
+@pytest.mark.parametrize("dataset", sorted(p.stem for p in (CONFIGS / "dataset").glob("*.yaml")))
+def test_every_shipped_data_set_passes_with_its_reader_keys(make_cfg, tmp_path, dataset):
+    node = yaml.safe_load((CONFIGS / "dataset" / f"{dataset}.yaml").read_text())
+    data = [f"dataset.data_dir={tmp_path}"] if node["data_dir"] == "???" else []
+    readers = {"imagenet": ["dataset.resize=300"], "synthetic": ["dataset.num_train=50"]}
+    validate(make_cfg([f"dataset={dataset}", *data, *readers.get(dataset, [])]), deep=False)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],  # the shipped symmetric, seed 0 and pairs list
+        ["dataset=cifar10", "dataset.data_dir={tmp}"],
+        ["dataset.label_noise.rate=0.4", "dataset.label_noise.kind=pairs"],
+        ["dataset.label_noise.rate=0.2", "dataset.label_noise.seed=5"],
+        ["dataset.label_noise.pairs=[1,0,3,2,5,4,7,6,9,8]"],
+        # at rate 0 the kind changes nothing, but a sweep of rates and kinds holds such a job
+        ["dataset.label_noise.rate=0", "dataset.label_noise.kind=pairs"],
+        ["+experiment=frontier_noisy", "+approach=infobatch", "dataset.label_noise.kind=pairs"],
+    ],
+    ids=lambda o: " ".join(o) or "default",
+)
+def test_label_noise_that_changes_labels_passes(make_cfg, tmp_path, overrides):
+    validate(make_cfg([o.format(tmp=tmp_path) for o in overrides]), deep=False)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A subset file and a checkpoint file: only their existence is checked before the rules."""
+    subset, ckpt = tmp_path / "subset.npz", tmp_path / "pretrain.ckpt"
+    subset.write_bytes(b"")
+    ckpt.write_bytes(b"")
+    return {"subset": subset, "ckpt": ckpt}
+
+
+@pytest.mark.parametrize(
+    ("stage", "overrides", "words"),
+    [
+        ("train", ["selector=random", "+selector.repeats=3"], ["selector=random ranks with none"]),
+        ("select", ["selector=random", "+selector.repeats=2"], ["selector=random ranks with none"]),
+        ("select", ["selector=grand", "selector.repeats=3", "ckpt_path={ckpt}"], ["ckpt_path"]),
+    ],
+)
+def test_selector_repeats_where_one_model_or_none_ranks_is_refused(
+    make_cfg, saved, stage, overrides, words
+):
+    message = refusal(make_cfg, [o.format(**saved) for o in overrides], config_name=stage)
+    assert message.startswith("selector.repeats="), message
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize(
+    ("stage", "overrides"),
+    [
+        ("train", ["selector=grand", "selector.repeats=3"]),
+        ("train", ["+approach=grand_full"]),
+        ("select", ["selector=grand", "selector.repeats=3"]),
+        ("select", ["selector=grand", "ckpt_path={ckpt}"]),
+        ("train", ["selector=grand", "subset_path={subset}"]),  # the selector labels the run
+        ("train", ["+approach=grand_full", "subset_path={subset}"]),  # select.py's overrides
+        ("pretrain", ["selector=grand", "selector.repeats=3"]),  # shared with select.py's
+        ("train", ["selector=random_balanced"]),
+    ],
+)
+def test_selector_repeats_where_models_rank_passes(make_cfg, saved, stage, overrides):
+    validate(make_cfg([o.format(**saved) for o in overrides], config_name=stage), deep=False)
+
+
+@pytest.mark.parametrize("stage", ["select", "pretrain"])
+def test_a_saved_subset_outside_train_py_is_refused(make_cfg, saved, stage):
+    override = f"subset_path={saved['subset']}"
+    message = refusal(make_cfg, [override], config_name=stage)
+    assert message.startswith(f"{override} is main training's, which {stage}.py does not run")
+    assert "drop subset_path" in message, message
+
+
+def test_ckpt_path_in_pretrain_py_is_refused(make_cfg, saved):
+    message = refusal(make_cfg, [f"ckpt_path={saved['ckpt']}"], config_name="pretrain")
+    assert message.startswith(f"ckpt_path={saved['ckpt']} is ignored: pretrain.py resumes")
+
+
+@pytest.mark.parametrize(
+    ("stage", "overrides"),
+    [
+        ("train", ["subset_path={subset}", "selector=random"]),
+        ("train", ["init_from=pretrained", "record_seen=true"]),
+        ("select", ["ckpt_path={ckpt}"]),
+        ("select", ["init_from=pretrained", "record_seen=true"]),  # train.py's, shared
+        ("pretrain", ["init_from=pretrained", "record_seen=true"]),
+    ],
+)
+def test_main_training_keys_where_they_are_read_pass(make_cfg, saved, stage, overrides):
+    validate(make_cfg([o.format(**saved) for o in overrides], config_name=stage), deep=False)
+
+
+@pytest.mark.parametrize("stage", ["train", "select"])
+def test_pretrain_learners_outside_pretrain_py_is_refused(make_cfg, stage):
+    message = refusal(make_cfg, ["pretrain.learners=[0,1]"], config_name=stage, deep=True)
+    assert message.startswith("pretrain.learners=[0, 1] trains some learners in the jobs of")
+    assert f"drop it for {stage}.py" in message, message
+
+
+@pytest.mark.parametrize(
+    ("stage", "overrides"),
+    [
+        ("train", ["pretrain.merge_from={tmp}", "pretrain.min_learners=2"]),  # budget=lipt
+        ("train", ["selector=glister", "pretrain.num_threads=1"]),
+        ("train", ["+approach=gradmatch_full"]),  # pretrain=full's kappa
+        ("select", ["pretrain.num_threads=1", "pretrain.min_learners=2"]),
+        ("pretrain", ["pretrain.learners=[0,1]", "pretrain.num_threads=1"]),
+        ("train", ["budget=infobatch", "pretrain.learner_dir={tmp}"]),
+        # pre-training's keys in one list of overrides with pretrain.py's: they pass
+        ("select", ["ckpt_path={ckpt}", "pretrain.num_threads=1"]),
+        ("train", ["budget=full", "pretrain.num_threads=1", "pretrain.min_learners=2"]),
+    ],
+)
+def test_pretraining_keys_of_a_pipeline_pass(make_cfg, tmp_path, saved, stage, overrides):
+    args = [o.format(tmp=tmp_path, **saved) for o in overrides]
+    validate(make_cfg(args, config_name=stage), build=False)
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("+trainer.default_root_dir=/x", ["trainer.default_root_dir=/x", "hydra.run.dir"]),
+        ("+trainer.logger=false", ["trainer.logger=false", "logger=none"]),
+        ("+trainer.plugins=[]", ["trainer.plugins=[]", "atomic checkpoint"]),
+        ("+trainer.enable_checkpointing=false", ["rolling last.ckpt", "ckpt_path=last"]),
+    ],
+)
+def test_trainer_keys_lipt_sets_itself_are_refused(make_cfg, override, words):
+    message = refusal(make_cfg, [override], deep=True)
+    for word in words:
+        assert word in message, message
+
+
+@pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp"])
+def test_the_shipped_trainers_pass(make_cfg, trainer):
+    validate(make_cfg([f"trainer={trainer}"]), build=False)

@@ -142,7 +142,8 @@ def validate(cfg: DictConfig, deep: bool = True, build: bool = True) -> Run:
         path = Path(top.subset_path).expanduser()
         _readable_path("subset_path", path, "give a subset.npz path", want_dir=False)
     resume_last = top.stage == "train" and top.ckpt_path == "last"
-    if top.ckpt_path is not None and not resume_last:
+    # pretrain.py reads no checkpoint: lipt.run.rules refuses one, whether or not it exists
+    if top.ckpt_path is not None and not resume_last and top.stage != "pretrain":
         what = "a pretrain.ckpt" if top.stage == "select" else "a checkpoint or last"
         path = Path(top.ckpt_path).expanduser()
         _readable_path("ckpt_path", path, f"give {what}", want_dir=False)

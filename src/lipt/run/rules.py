@@ -4,7 +4,11 @@ on its declaration (lipt.core.schema); what a library refuses is found by buildi
 
 `check_settings` needs only the run's typed settings (no torch); `check_groups_together` reads
 group keys whose own types lipt.run.groups has checked. A sweep's every job meets both before its
-first job starts (lipt.run.cli.precheck).
+first job starts (lipt.run.precheck).
+
+A setting this run would not read is refused, not ignored, where a user must have set it. A key
+of another stage (train.py's reselect_every in select.py, pre-training's keys beside a saved
+subset) passes: one list of overrides is often given to pretrain.py, select.py and train.py.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lipt.core.errors import UserError
+from lipt.core.settings import DatasetSettings
 from lipt.stages.run import Run
 
 NO_PRETRAINING = "lipt.warmup.NoPretraining"
@@ -21,15 +26,29 @@ LINEAR_SCHEDULE = "lipt.models.schedules.linear"
 
 def check_settings(run: Run) -> None:
     """The rules across the top level, `dataset.*`, the selector and the budget."""
-    for rule in (_dataset, _selector, _budget, _reselect, _init_from, _optimized_metric):
+    for rule in (
+        _dataset,
+        _reader,
+        _selector,
+        _budget,
+        _reselect,
+        _main_training,
+        _init_from,
+        _optimized_metric,
+    ):
         rule(run)
 
 
 def check_groups_together(run: Run) -> None:
     """The rules across group keys: pre-training's, label cleaning's, the schedule's, a step
     budget's trainer and the model's shapes."""
-    for rule in (_jigsaw, _clean, _schedule, _steps, _model):
+    for rule in (_learner_jobs, _jigsaw, _clean, _schedule, _steps, _model, _trainer):
         rule(run)
+
+
+def _shown(value: object) -> str:
+    """A value as a command line gives it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _dataset(run: Run) -> None:
@@ -56,15 +75,41 @@ def _dataset(run: Run) -> None:
             )
 
 
+def _reader(run: Run) -> None:
+    """A reader's key (`dataset.resize`, `num_train`, ...) reaches the reader only where
+    `dataset.load` takes it (the configs interpolate it there): set beside a reader that takes
+    no such key, nothing reads it. `name` is the data set's label."""
+    node, load = run.node("dataset"), run.dataset.load
+    for key in DatasetSettings.READER_KEYS:
+        if key != "name" and node.get(key) is not None and key not in load:
+            raise UserError(
+                f"dataset.{key}={_shown(node[key])} is ignored: dataset={run.dataset.name}'s "
+                f"reader ({load.get('_target_')}) takes no {key}; drop it"
+            )
+
+
 def _selector(run: Run) -> None:
-    selector = run.selector
+    selector, settings = run.selector, run.settings
     if selector is not None and selector.needs_held_out and run.dataset.val_size == 0:
         raise UserError(
             f"selector={selector.name} matches the validation split, but dataset.val_size=0; "
             "set dataset.val_size > 0 (or use gradmatch's selector.target=train)"
         )
-    if run.settings.stage == "select" and selector is None:
+    if settings.stage == "select" and selector is None:
         raise UserError("selector=none selects nothing; choose a selector, e.g. selector=glister")
+    repeats = 1 if selector is None else selector.repeats
+    if selector is None or repeats == 1 or settings.stage == "pretrain":
+        return  # pretrain.py selects nothing: a selector there only labels the run
+    if not selector.needs_model:
+        raise UserError(
+            f"selector.repeats={repeats} averages the ranks of several models, but "
+            f"selector={selector.name} ranks with none; drop selector.repeats"
+        )
+    if settings.stage == "select" and settings.ckpt_path is not None:
+        raise UserError(
+            f"selector.repeats={repeats} needs {repeats} pre-trained models, but ckpt_path gives "
+            "one; drop ckpt_path to pre-train them here, or drop selector.repeats"
+        )
 
 
 def _budget(run: Run) -> None:
@@ -95,18 +140,11 @@ def _budget(run: Run) -> None:
 
 def _reselect(run: Run) -> None:
     """Re-selection re-runs the selector during main training, on the subset this run selected
-    (lipt.stages.select.reselection): never in select.py or pretrain.py, on a saved subset or on
-    the whole pool."""
+    (lipt.stages.select.reselection): never on a saved subset or on the whole pool."""
     settings, budget = run.settings, run.budget
     every, stage = settings.reselect_every, settings.stage
-    if every == 0:
+    if every == 0 or stage != "train":  # train.py's key, in a pipeline's shared overrides
         return
-    if stage != "train":
-        raise UserError(
-            f"reselect_every={every} re-selects during main training, which {stage}.py does "
-            f"not run; drop reselect_every (train.py selector=... reselect_every={every} "
-            "re-selects)"
-        )
     if settings.subset_path is not None:
         raise UserError(
             f"reselect_every={every} re-runs the selector during training, but subset_path "
@@ -117,6 +155,23 @@ def _reselect(run: Run) -> None:
             f"budget={budget.name} trains the whole pool, so reselect_every={every} has no "
             f"subset to re-select; choose a selector, which trains its subset (e.g. "
             f"selector=coverage in place of budget={budget.name}), or use reselect_every=0"
+        )
+
+
+def _main_training(run: Run) -> None:
+    """A saved subset is what select.py makes, and pretrain.py resumes from no checkpoint (it
+    reuses the jigsaw learners its run folder holds)."""
+    settings, stage = run.settings, run.settings.stage
+    if stage != "train" and settings.subset_path is not None:
+        raise UserError(
+            f"subset_path={settings.subset_path} is main training's, which {stage}.py does not "
+            "run; drop subset_path (train.py subset_path=... trains it)"
+        )
+    if stage == "pretrain" and settings.ckpt_path is not None:
+        raise UserError(
+            f"ckpt_path={settings.ckpt_path} is ignored: pretrain.py resumes from no checkpoint "
+            "(run again in the same folder, it reuses the jigsaw learners saved there); drop "
+            "ckpt_path"
         )
 
 
@@ -171,6 +226,16 @@ def no_validation_rows(run: Run) -> bool:
     a data set whose size the config gives (synthetic data's num_train)."""
     share, rows = run.dataset.val_size, run.dataset.num_train
     return share == 0 or (0 < share < 1 and rows is not None and round(share * rows) == 0)
+
+
+def _learner_jobs(run: Run) -> None:
+    """`pretrain.learners` picks the learners of one job of a pretrain.py learner sweep."""
+    learners, stage = run.node("pretrain").get("learners"), run.settings.stage
+    if learners is not None and stage != "pretrain":
+        raise UserError(
+            f"pretrain.learners={learners} trains some learners in the jobs of a pretrain.py -m "
+            f"sweep; drop it for {stage}.py (null: the run trains and merges them all)"
+        )
 
 
 def _jigsaw(run: Run) -> None:
@@ -287,3 +352,24 @@ def _model(run: Run) -> None:
                 f"model.{key}={model[key]} does not fit dataset.{data_key}="
                 f"{getattr(dataset, data_key)}; drop model.{key} (it follows the data set)"
             )
+
+
+# Trainer arguments lipt passes every Trainer it builds itself (lipt.stages.build.build_trainer:
+# main training's, the learners' and the warm-up's), each with where to set it instead.
+SET_BY_LIPT = {
+    "default_root_dir": "every trainer writes into the run folder; set hydra.run.dir instead",
+    "logger": "the logger group chooses the loggers; use logger=none|csv|tensorboard|wandb",
+    "plugins": "lipt sets the plugins (atomic checkpoint writes); drop it",
+}
+
+
+def _trainer(run: Run) -> None:
+    trainer = run.node("trainer")
+    for key, fix in SET_BY_LIPT.items():
+        if key in trainer:
+            raise UserError(f"trainer.{key}={_shown(trainer[key])} is ignored: {fix}")
+    if trainer.get("enable_checkpointing") is False:  # Lightning refuses it beside a checkpoint
+        raise UserError(
+            "trainer.enable_checkpointing=false: main training keeps a rolling last.ckpt, which "
+            "ckpt_path=last resumes from; drop trainer.enable_checkpointing"
+        )
