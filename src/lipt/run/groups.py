@@ -104,6 +104,11 @@ def check_node_target(where: str, node: Mapping[str, Any]) -> None:
     check_mapping(where, node, declared, open_keys)
 
 
+def as_typed(value: Any) -> str:
+    """A value as a command line gives it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def check_no_settings(group: str, node: Mapping[str, Any]) -> None:
     """An option with no `_target_` (clean=none, selector=none) calls nothing, so nothing reads
     a key beside its `name` label: one set there would be silently ignored."""
@@ -111,9 +116,8 @@ def check_no_settings(group: str, node: Mapping[str, Any]) -> None:
     option = f"{group}={name}" if isinstance(name, str) else f"this {group}"
     for key, value in node.items():
         if key != "name":
-            shown = str(value).lower() if isinstance(value, bool) else value
             raise UserError(
-                f"{group}.{key}={shown} is ignored: {option} takes no settings; choose a "
+                f"{group}.{key}={as_typed(value)} is ignored: {option} takes no settings; choose a "
                 f"{group} option that takes {group}.{key}, or drop it"
             )
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from lipt.core.errors import UserError
 from lipt.core.settings import DatasetSettings
+from lipt.run.groups import as_typed
 from lipt.stages.run import Run
 
 NO_PRETRAINING = "lipt.warmup.NoPretraining"
@@ -44,11 +45,6 @@ def check_groups_together(run: Run) -> None:
     budget's trainer and the model's shapes."""
     for rule in (_learner_jobs, _jigsaw, _clean, _schedule, _steps, _model, _trainer):
         rule(run)
-
-
-def _shown(value: object) -> str:
-    """A value as a command line gives it (true, not True)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _dataset(run: Run) -> None:
@@ -83,7 +79,7 @@ def _reader(run: Run) -> None:
     for key in DatasetSettings.READER_KEYS:
         if key != "name" and node.get(key) is not None and key not in load:
             raise UserError(
-                f"dataset.{key}={_shown(node[key])} is ignored: dataset={run.dataset.name}'s "
+                f"dataset.{key}={as_typed(node[key])} is ignored: dataset={run.dataset.name}'s "
                 f"reader ({load.get('_target_')}) takes no {key}; drop it"
             )
 
@@ -367,7 +363,7 @@ def _trainer(run: Run) -> None:
     trainer = run.node("trainer")
     for key, fix in SET_BY_LIPT.items():
         if key in trainer:
-            raise UserError(f"trainer.{key}={_shown(trainer[key])} is ignored: {fix}")
+            raise UserError(f"trainer.{key}={as_typed(trainer[key])} is ignored: {fix}")
     if trainer.get("enable_checkpointing") is False:  # Lightning refuses it beside a checkpoint
         raise UserError(
             "trainer.enable_checkpointing=false: main training keeps a rolling last.ckpt, which "

@@ -28,9 +28,16 @@ from lipt.core.job import is_ddp_child, logged_before_this_process, sweep_dir_of
 from lipt.core.schema import HYDRA_KEYS
 from lipt.data import DataModule
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
+from lipt.report.sweep import flatten
 from lipt.selection.reselection import latest_subset
 from lipt.stages.run import Run
-from lipt.stages.select import STAGES_FILE, SUBSET_FILE, load_checked_subset, subset_meta
+from lipt.stages.select import (
+    STAGES_FILE,
+    SUBSET_FILE,
+    check_subset_fits,
+    load_checked_subset,
+    subset_meta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,24 +111,13 @@ def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
 
 
 def settled(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The `RESULT_SETTINGS` of a resolved config, by dotted key (a node's every leaf), less
-    Hydra's instantiation keys: a `_target_` moved by a new lipt version is no other setting."""
-    flat: dict[str, Any] = {}
-
-    def walk(node: Mapping[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if key in HYDRA_KEYS:
-                continue
-            if isinstance(value, Mapping):
-                walk(value, f"{prefix}{key}.")
-            else:
-                flat[f"{prefix}{key}"] = value
-
-    walk(config, "")
+    """The `RESULT_SETTINGS` of a resolved config, by dotted key, less Hydra's instantiation
+    keys: a `_target_` moved by a new lipt version is no other setting."""
     return {
         key: value
-        for key, value in flat.items()
-        if key.split(".")[0] in RESULT_SETTINGS or ".".join(key.split(".")[:2]) in RESULT_SETTINGS
+        for key, value in flatten(config).items()
+        if any(key == s or key.startswith(f"{s}.") for s in RESULT_SETTINGS)
+        and key.rpartition(".")[2] not in HYDRA_KEYS
     }
 
 
@@ -179,7 +175,8 @@ def kept_subset(
     resuming = checkpoint is not None or run.settings.ckpt_path == "last"
     if not resuming or run.settings.subset_path or not run.trains_subset or not saved.is_file():
         return None, None
-    recorded, now = load_subset(saved)[2], subset_meta(run, dm)
+    indices, weights, recorded = load_subset(saved)
+    now = subset_meta(run, dm)
     changed = [key for key in now if key in recorded and recorded[key] != now[key]]
     if changed:
         was = ", ".join(f"{key}={recorded[key]}" for key in changed)
@@ -188,13 +185,14 @@ def kept_subset(
             f"{saved} was selected with {was}, this run has {has}; resume with the original "
             "settings, or pass a new hydra.run.dir to start a new run"
         )
+    check_subset_fits(dm, saved, indices, weights, recorded)
     if checkpoint is None:
         # Killed after selection, before main training saved an epoch: the subset is kept.
         log.info("resuming: the subset in %s is kept (not selected again)", saved)
-        return load_checked_subset(dm, saved), None
+        return (indices, weights), None
     # The subset in force at the checkpoint: re-selected ones included.
     completed = int(torch.load(checkpoint, map_location="cpu", weights_only=True)["epoch"]) + 1
     reselected = latest_subset(out, completed, run.settings.reselect_every, saved)
-    subset = load_checked_subset(dm, reselected or saved)
-    initial = None if reselected is None else load_checked_subset(dm, saved)[0]
-    return subset, initial
+    if reselected is None:
+        return (indices, weights), None
+    return load_checked_subset(dm, reselected), indices

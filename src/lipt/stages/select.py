@@ -206,12 +206,18 @@ def reselection(
 
 
 def load_checked_subset(dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
-    """A subset file's indices and weights, refused (lipt.core.artifacts.check_subset) unless
-    it fits this run's data and split."""
+    """A subset file's indices and weights, refused unless it fits this run's data and split."""
     indices, weights, meta = load_subset(path)
+    check_subset_fits(dm, path, indices, weights, meta)
+    return indices, weights
+
+
+def check_subset_fits(
+    dm: DataModule, path: Path, indices: Tensor, weights: Tensor, meta: dict[str, Any]
+) -> None:
+    """lipt.core.artifacts.check_subset against this run's data module."""
     expected = {"dataset": dm.data_name, "dataset_train_size": len(dm.train_source)}
     check_subset(path, indices, weights, meta, expected, len(dm.train_source), dm.val_indices)
-    return indices, weights
 
 
 def write_selection(run: Run, dm: DataModule, out: Path, selected: Selected) -> None:
