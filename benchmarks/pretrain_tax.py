@@ -131,7 +131,7 @@ def run_strategy(
     run = validated(overrides, run_dir)
     log(f"{tag} seed {seed}: pre-training")
     parts = build_parts(run, dm)
-    result = pretrain_model(run, parts, seed)
+    result = pretrain_model(parts, seed)
     row: dict[str, Any] = {"strategy": name, "variant": label, "seed": seed, **result.stats()}
     if result.report:  # the merge's (jigsaw): row field <- report field
         row.update({field: result.report.get(key) for field, key in MERGE_FIELDS.items()})

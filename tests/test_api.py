@@ -15,9 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler, TensorDataset
 
 import lipt
+from lipt.selection.api import labels_of_pool
 from tests.helpers import run_entry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,6 +157,45 @@ def test_both_data_paths_give_the_same_selection():
     ]
     assert torch.equal(chosen[0].indices, chosen[1].indices)
     assert torch.equal(chosen[0].weights, chosen[1].weights)
+
+
+def indexed_pool(n: int = 5000) -> TensorDataset:
+    """(x, y, idx) items, idx the row's own position, as a user's pool loader yields them."""
+    x, y = blobs(n)
+    return TensorDataset(x, y, torch.arange(n))
+
+
+def test_a_pool_loader_that_yields_each_index_once_gives_every_row_once():
+    pool = indexed_pool()
+    shuffled = DataLoader(pool, batch_size=256, shuffle=True)
+    outputs = labels_of_pool(shuffled)
+    assert torch.equal(outputs.indices, torch.arange(len(pool)))
+    assert torch.equal(outputs.targets, pool.tensors[1])
+    subset = lipt.select(None, shuffled, 0.5, "random")
+    assert len(subset) == len(torch.unique(subset.indices)) == 2500
+
+
+def test_a_pool_loader_that_repeats_an_index_is_refused_naming_it():
+    pool = indexed_pool()
+    # Every index once, but 1234 twice (the second time in another batch).
+    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(0)).tolist()
+    repeating = DataLoader(pool, batch_size=256, sampler=[*order, 1234])
+    with pytest.raises(ValueError, match=r"dataset index 1234 twice; .*each pool index exactly"):
+        labels_of_pool(repeating)
+    # as `select` reads it for a labels-only selector, with a budget it would pass
+    with pytest.raises(ValueError, match=r"dataset index 1234 twice; .*sampler that repeats"):
+        lipt.select(None, repeating, len(pool), "random")
+    # a sampler drawing with replacement repeats many indices
+    drawing = DataLoader(
+        pool,
+        batch_size=256,
+        sampler=RandomSampler(pool, replacement=True, generator=torch.Generator().manual_seed(0)),
+    )
+    with pytest.raises(ValueError, match=r"index \d+ (twice|\d+ times) \(\d+ indices repeat\)"):
+        lipt.select(None, drawing, 0.1, "random")
+    # The model's path refuses it too (lipt.selection.gradients.model_outputs).
+    with pytest.raises(ValueError, match="twice"):
+        lipt.select(Model(), repeating, 0.1, "el2n")
 
 
 def test_the_embeddings_are_the_head_input_read_by_a_forward_hook():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -324,3 +325,68 @@ def test_a_user_error_in_a_dataloader_worker_prints_its_own_message(tmp_path):
     assert "DataLoader worker" in str(caught.value)  # torch's wrapper around it
     assert one_line(caught.value).startswith(f"cannot decode {broken} (")
     assert one_line(caught.value).endswith("; remove or replace the file")
+
+
+# --- the identity of an ImageFolder tree ------------------------------------------------------
+
+
+def image_tree(root: Path, noisy: bool = False) -> Path:
+    """ImageNet's layout, 2 classes of 4 training and 2 validation PNGs: flat images, or
+    `noisy` ones (the same names and count, other bytes)."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 4), ("val", 2)):
+        for c, name in enumerate(("n01440764", "n01443537")):
+            for i in range(count):
+                pixels = np.full((40, 48, 3), 60 * c + 40, np.uint8)
+                if noisy:
+                    pixels = rng.integers(0, 256, pixels.shape, dtype=np.uint8)
+                save(pixels, root / split / name / f"{name}_{i}.png")
+    return root
+
+
+def identity(root: Path, channels: int = 3) -> str:
+    return load_image_folder(str(root), 36, 32, channels).name
+
+
+def test_two_image_folder_trees_of_one_name_and_class_count_are_told_apart(tmp_path):
+    """/data/a/imagenet and /data/b/imagenet: the same folder name, the same classes, the same
+    file names and count, other images. And one tree, read again, after its files changed."""
+    a = image_tree(tmp_path / "a" / "imagenet")
+    b = image_tree(tmp_path / "b" / "imagenet", noisy=True)
+    first = identity(a)
+    assert first.startswith("imagefolder:imagenet:2:")
+    assert identity(a) == first  # the same tree read twice
+    assert identity(b) != first
+    assert identity(a, channels=1) == f"{first}:grey"
+    copy = tmp_path / "copy" / "imagenet"
+    shutil.copytree(a, copy)  # the same files elsewhere: one data set (its subsets stay valid)
+    assert identity(copy) == first
+    moved = copy / "train" / "n01443537" / "n01440764_0.png"
+    (copy / "train" / "n01440764" / "n01440764_0.png").rename(moved)  # another label
+    assert identity(copy) != first
+    moved.unlink()
+    (a / "train" / "n01440764" / "n01440764_0.png").write_bytes(b"")
+    save(np.zeros((40, 48, 3), np.uint8), a / "train" / "n01440764" / "n01440764_0.png")
+    assert identity(a) != first  # rewritten with other pixels
+
+
+def test_a_subset_made_on_another_tree_of_the_same_name_is_refused_in_one_line(tmp_path):
+    from lipt.core.artifacts import save_subset
+    from lipt.stages.select import load_checked_subset
+
+    here = folder_module(image_tree(tmp_path / "a" / "imagenet"), 3)
+    there = folder_module(image_tree(tmp_path / "b" / "imagenet", noisy=True), 3)
+    assert len(here.train_source) == len(there.train_source)
+    path = tmp_path / "subset.npz"
+    for made_for in (there.data_name, "imagefolder:imagenet:2"):  # an older lipt's: no digest
+        meta = {"dataset": made_for, "dataset_train_size": len(there.train_source)}
+        save_subset(path, torch.arange(3), torch.ones(3), meta)
+        with pytest.raises(UserError) as caught:
+            load_checked_subset(here, path)
+        message = one_line(caught.value)
+        assert message.startswith(f"{path} was made for dataset={made_for!r}, this run has ")
+        assert "another ImageFolder tree, or this one before its files changed" in message
+    meta = {"dataset": here.data_name, "dataset_train_size": len(here.train_source)}
+    save_subset(path, torch.arange(3), torch.ones(3), meta)
+    indices, _ = load_checked_subset(here, path)  # its own tree's: reused
+    assert indices.tolist() == [0, 1, 2]

@@ -9,8 +9,10 @@ run gives, bit for bit; too few learners is a clear error (`pretrain.min_learner
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -155,16 +157,16 @@ def test_too_few_learners_is_a_clear_error_and_min_learners_lowers_the_bar(jigsa
     _diverge({1, 2, 3}, monkeypatch)
     cfg = jigsaw_cfg("a")
     with pytest.raises(UserError, match=r"only 1 of 4 .*diverged \[1, 2, 3\].*min_learners=2"):
-        pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
+        pretrain_model(build_parts(run_of(cfg)), seed=0)
     cfg = jigsaw_cfg("a", "pretrain.min_learners=1")  # the same learners, reused: a soup of one
-    result = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
+    result = pretrain_model(build_parts(run_of(cfg)), seed=0)
     assert result.stats()["learners_merged"] == 1 and result.report["kept"] == [0]
 
 
 def test_every_learner_diverging_is_a_clear_error(jigsaw_cfg):
     cfg = jigsaw_cfg("a", "pretrain.optim.lr=1e30")
     with pytest.raises(UserError, match="no jigsaw learner is left to merge: all 4 diverged"):
-        pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
+        pretrain_model(build_parts(run_of(cfg)), seed=0)
 
 
 def _job(cfg: DictConfig, learner: int, folder: Path) -> None:
@@ -240,3 +242,27 @@ def test_soup_callback_names_the_missing_ids_and_refuses_too_few(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert _stamp(sweep / "learners" / "learner_0.ckpt") == stamp  # reused, not retrained
     assert json.loads((sweep / "merge_report.json").read_text())["missing"] == []
+
+
+def test_a_learner_job_clears_its_killed_writes_but_not_a_write_under_way(jigsaw_cfg, tmp_path):
+    """A job of a learner sweep takes its own run folder's lock, and with it the temporary files
+    its killed attempt left there. In the learner folder all the sweep's jobs share, a killed
+    job's temporary file goes too, while one that another job is writing now (its writer holds
+    an flock on it) stays."""
+    cfg = jigsaw_cfg("sweep")
+    folder = tmp_path / "sweep" / "learners"
+    own = tmp_path / "sweep" / "job3" / ".summary.json.k2x9q0ab.tmp"  # as mkstemp names them
+    killed = folder / ".learner_2.ckpt.p4m8z1cd.tmp"
+    writing = folder / ".learner_1.ckpt.w7v6u5ts.tmp"
+    for path in (own, killed, writing):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"\x80half a file")
+    fd = os.open(writing, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a live writer holds it (lipt.core.artifacts)
+        _job(cfg, 3, folder)
+    finally:
+        os.close(fd)
+    assert (folder / "learner_3.ckpt").is_file()
+    assert not own.exists() and not killed.exists()
+    assert writing.read_bytes() == b"\x80half a file"

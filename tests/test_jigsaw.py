@@ -27,7 +27,7 @@ from lipt.run.config import run_of, validate
 from lipt.run.hydra_callbacks import learner_sweep
 from lipt.stages import jigsaw as jigsaw_stage
 from lipt.stages.build import build_datamodule, build_model, build_part, build_parts
-from lipt.stages.pretrain import describe_pretrain, load_pretrained, pretrain_model
+from lipt.stages.pretrain import load_pretrained, pretrain_model
 from lipt.stages.pretrain import run as pretrain_run
 from tests.helpers import run_entry
 
@@ -152,7 +152,7 @@ def test_learners_start_from_one_init_and_end_with_different_masks(
         return original(cfg, model, **optim)
 
     monkeypatch.setattr(lipt.stages.build, "build_classifier", spy)
-    pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
+    pretrain_model(build_parts(run_of(cfg), dm), seed=0)
 
     init = build_model(run_of(cfg), 0).state_dict()
     assert len(starts) == N
@@ -180,7 +180,7 @@ def test_greedy_soup_never_scores_below_its_best_learner(jigsaw_cfg, merge, sear
     interp = merge == "greedy_interp"
     cfg = jigsaw_cfg(f"merge={merge}", *([FEW_RATIOS, f"merge.search={search}"] if interp else []))
     dm = build_datamodule(run_of(cfg))
-    result = pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
+    result = pretrain_model(build_parts(run_of(cfg), dm), seed=0)
     report = result.report
     scores = [le["accuracy"] for le in report["learners"]]
     assert report["soup_accuracy"] >= max(scores)
@@ -255,7 +255,7 @@ def test_held_out_scores_in_channels_last_as_the_model_does_and_the_soup_keeps_i
 def test_uniform_soup_without_bn_recompute_averages_all_learners(jigsaw_cfg, tmp_path):
     cfg = jigsaw_cfg("merge=uniform", "merge.recompute_bn=false", "prune=none", "augment=none")
     dm = build_datamodule(run_of(cfg))
-    result = pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
+    result = pretrain_model(build_parts(run_of(cfg), dm), seed=0)
     assert result.report["kept"] == list(range(N))
     learners = [p["state_dict"] for p in _learner_files(tmp_path)]
     for key, value in result.model.state_dict().items():
@@ -319,7 +319,7 @@ def test_diverged_and_failed_learners_are_left_out_with_a_warning(
     monkeypatch.setattr(jigsaw_learner, "state_dict_cpu", nan_for_learner_1)
     monkeypatch.setattr(jigsaw_learner, "prune_learner", raise_for_learner_3)
     with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
-        result = pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
+        result = pretrain_model(build_parts(run_of(cfg), dm), seed=0)
     report = result.report
     status = {le["id"]: le["status"] for le in report["learners"]}
     assert status == {0: "ok", 1: "diverged", 2: "ok", 3: "failed"}
@@ -339,14 +339,14 @@ def test_no_learner_left_is_a_clear_error(jigsaw_cfg, monkeypatch):
     dm = build_datamodule(run_of(cfg))
     monkeypatch.setattr(jigsaw_learner, "state_dict_cpu", lambda model: _poison(model.state_dict()))
     with pytest.raises(UserError, match=r"no jigsaw learner is left to merge: all 4 diverged"):
-        pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
+        pretrain_model(build_parts(run_of(cfg), dm), seed=0)
 
 
 def test_shards_larger_than_the_pool_are_a_clear_error(jigsaw_cfg):
     cfg = jigsaw_cfg("pretrain.num_learners=20")  # 20 * 1 * 32 > the pool of 500
     dm = build_datamodule(run_of(cfg))
     with pytest.raises(UserError, match=r"pretrain\.num_learners"):
-        pretrain_model(run_of(cfg), build_parts(run_of(cfg), dm), seed=0)
+        pretrain_model(build_parts(run_of(cfg), dm), seed=0)
 
 
 @pytest.mark.parametrize(
@@ -401,13 +401,13 @@ def test_a_bad_learner_sweep_fails_before_any_job(tmp_path):
 def test_learner_ids_are_for_multirun_jobs_only(jigsaw_cfg):
     cfg = jigsaw_cfg("pretrain.learners=1")
     with pytest.raises(UserError, match=r"pretrain\.learners selects learners"):
-        pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
+        pretrain_model(build_parts(run_of(cfg)), seed=0)
 
 
 def test_snip_and_random_pruning_run(jigsaw_cfg, tmp_path):
     for method in ("snip", "random"):
         cfg = jigsaw_cfg(f"prune={method}", "pretrain.num_learners=2", "merge=uniform")
-        result = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
+        result = pretrain_model(build_parts(run_of(cfg)), seed=0)
         extra = B if method == "snip" else 0  # SNIP's one forward+backward batch per learner
         assert result.samples == 2 * (K * M * B + extra)
         assert all(0.85 <= p["density"] <= 0.95 for p in _learner_files(tmp_path))
@@ -455,11 +455,11 @@ def test_learners_of_other_trainer_settings_are_trained_again_not_reused(
     jigsaw_cfg, tmp_path, caplog
 ):
     one_step = jigsaw_cfg("+trainer.max_steps=1")
-    pretrain_model(run_of(one_step), build_parts(run_of(one_step)), seed=0)
+    pretrain_model(build_parts(run_of(one_step)), seed=0)
     assert [p["samples"] for p in _learner_files(tmp_path)] == [B] * N
     cfg = jigsaw_cfg()  # the same run folder, every learner's step limit lifted
     with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
-        result = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
+        result = pretrain_model(build_parts(run_of(cfg)), seed=0)
     assert caplog.text.count("is trained again") == N and "trainer.max_steps" in caplog.text
     assert result.samples == N * K * M * B
     assert [p["samples"] for p in _learner_files(tmp_path)] == [K * M * B] * N
@@ -474,10 +474,10 @@ def _took(path: Path, seconds: float) -> None:
 
 def test_a_resumed_stage_counts_the_seconds_of_the_learners_it_reuses(jigsaw_cfg, tmp_path):
     cfg = jigsaw_cfg()
-    pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0)
+    pretrain_model(build_parts(run_of(cfg)), seed=0)
     for path in (tmp_path / "learners").glob("learner_*.ckpt"):
         _took(path, 100.0)
-    stats = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed=0).stats()
+    stats = pretrain_model(build_parts(run_of(cfg)), seed=0).stats()
     assert stats["learner_seconds"] == N * 100.0  # every learner reused
     assert stats["learner_seconds"] + stats["merge_seconds"] <= stats["seconds"]
 
@@ -552,7 +552,7 @@ def test_the_full_warm_up_logs_the_epochs_kappa_gives(make_cfg, caplog):
         ]
     )
     parts = build_parts(run_of(cfg))
-    assert describe_pretrain(run_of(cfg), parts, 500).startswith(
+    assert parts.pretrain.describe(parts.context, 500).startswith(
         "pre-training: full, 3 epochs (kappa 0.5 x 12 x 0.5) on the whole pool of 500"
     )  # ceil(0.5 x 12 x 0.5), not pretrain.epochs' 10
 
@@ -607,7 +607,7 @@ def test_merge_from_saved_learners_equals_the_sweep_merge(jigsaw_cfg, tmp_path):
     summary = jigsaw_stage.merge_learner_dir(run_of(cfg), folder, tmp_path / "sweep")
     again = jigsaw_cfg(f"pretrain.merge_from={folder}")
     validate(again)
-    result = pretrain_model(run_of(again), build_parts(run_of(again)), seed=0)
+    result = pretrain_model(build_parts(run_of(again)), seed=0)
     merged = _load(tmp_path / "sweep" / "pretrain.ckpt")["state_dict"]
     assert all(torch.equal(merged[k], v) for k, v in result.model.state_dict().items())
     assert result.samples == summary["stages"]["pretrain"]["samples"] == N * K * M * B

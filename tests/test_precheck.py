@@ -1,7 +1,8 @@
 """The command line as Hydra reads it, checked before Hydra starts (lipt.run.precheck): a sweep
 where Hydra runs one job, a glob() of a group's options, sweeper params on the command line,
-`${hydra:...}` in an override. What Hydra runs, the precheck checks as those jobs; what Hydra
-refuses (or would run as no job, or crash on) ends in one line and exit code 2, writing nothing."""
+`${hydra:...}` in an override, --cfg, the run folder. What Hydra runs, the precheck checks as
+those jobs; what Hydra refuses (or would run as no job, or crash on) ends in one line and exit
+code 2, writing nothing."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from tests.helpers import CONFIGS, FAST, ROOT, run_entry
 SELECTORS = sorted(p.stem for p in (CONFIGS / "selector").glob("*.yaml"))
 
 
-def refusal(args: list[str], multirun: bool, capsys: Any) -> str:
+def refusal(args: list[str], multirun: bool, capsys: Any, show_config: bool = False) -> str:
     """precheck's one line for `args` (it must exit 2)."""
     from lipt.run.precheck import precheck
 
     with pytest.raises(SystemExit) as exit_:
-        precheck("train", args, multirun=multirun)
+        precheck("train", args, multirun=multirun, show_config=show_config)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1, err
     return err.removeprefix("error: ").rstrip("\n")
@@ -207,9 +208,178 @@ def test_adding_what_is_there_says_how_to_set_it(override: str, line: str, capsy
             "dry_run=true would not be read: give Hydra's flags (-m) first",
         ),
         (["--resolve"], "--resolve only goes with --cfg job|hydra|all (or --help)"),
+        # Hydra: "ValueError: Only one of --run, --multirun, --cfg, ..." in a traceback
+        (
+            ["-m", "-c", "job", "seed=0,1"],
+            "--multirun and --cfg do not go together: --cfg prints one job's config; check a "
+            "sweep's jobs with -m ... dry_run=true",
+        ),
     ],
 )
 def test_what_hydras_parser_refuses_is_one_line(tmp_path: Path, args: list[str], line: str) -> None:
     out = run_entry(str(ROOT / "train.py"), args, cwd=tmp_path)
     assert (out.returncode, out.stderr) == (2, f"error: {line}\n"), out.stdout + out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+PARAM_IN_DICT = "Hydra reads a sweeper param with dots, quotes or a + as one key only in a dict"
+NO_PARAMS = (
+    "this run's sweeper declares no hydra.sweeper.params (an experiment's sweep does), so Hydra "
+    "cannot set one; give the sweep as an override instead"
+)
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        # Hydra's grammar refuses quotes in a key: "LexerNoViableAltException: ..."
+        (
+            ["+experiment=frontier_small", "hydra.sweeper.params.'dataset.val_size'=100,200"],
+            "hydra.sweeper.params.'dataset.val_size'=100,200: "
+            f"{PARAM_IN_DICT}: '++hydra.sweeper.params={{dataset.val_size: \"100,200\"}}'",
+        ),
+        # and in a dict's keys: "no viable alternative at input '{'dataset.val_size''"
+        (
+            ["+experiment=frontier_small", "++hydra.sweeper.params={'dataset.val_size': '1,2'}"],
+            "++hydra.sweeper.params={'dataset.val_size': '1,2'}: "
+            f"{PARAM_IN_DICT}: '++hydra.sweeper.params={{dataset.val_size: \"1,2\"}}'",
+        ),
+        # Hydra nests a dotted key: the sweeper then reads dataset={'val_size': '1,2'}
+        (
+            ["+experiment=frontier_small", "+hydra.sweeper.params.dataset.val_size='1,2'"],
+            "+hydra.sweeper.params.dataset.val_size='1,2': "
+            f"{PARAM_IN_DICT}: '++hydra.sweeper.params={{dataset.val_size: \"1,2\"}}'",
+        ),
+        # a sweep of a dotted param an experiment declares (Hydra sweeps none of its settings)
+        (
+            ["+experiment=figure3_cpu", "hydra.sweeper.params.pretrain.batches_per_learner=1,2"],
+            "hydra.sweeper.params.pretrain.batches_per_learner=1,2: "
+            f"{PARAM_IN_DICT}: '++hydra.sweeper.params={{pretrain.batches_per_learner: \"1,2\"}}'",
+        ),
+        (
+            ["+experiment=frontier_small", "hydra.sweeper.params.+approach=random"],
+            "hydra.sweeper.params.+approach=random: "
+            f"{PARAM_IN_DICT}: '++hydra.sweeper.params={{+approach: \"random\"}}'",
+        ),
+        # where the sweeper declares no params: the override it meant
+        (
+            ["hydra.sweeper.params.'dataset.val_size'=100,200"],
+            f"hydra.sweeper.params.'dataset.val_size'=100,200: {NO_PARAMS}: "
+            "-m dataset.val_size=100,200",
+        ),
+    ],
+)
+def test_a_sweeper_param_hydra_cannot_read_as_one_key_is_refused_saying_how_to_write_it(
+    args: list[str], line: str, capsys: Any
+) -> None:
+    assert refusal([*args, "dry_run=true"], True, capsys) == line
+
+
+def test_the_dict_a_dotted_sweeper_param_is_refused_for_is_read_as_one_key(capsys: Any) -> None:
+    """What the refusal offers (as the shell passes it on): Hydra keeps the param as one key
+    beside the experiment's own, and the precheck takes the sweep."""
+    import shlex
+
+    from hydra import compose, initialize_config_dir
+
+    from lipt.run.precheck import precheck
+
+    experiment = "+experiment=frontier_small"
+    line = refusal([experiment, "hydra.sweeper.params.dataset.val_size=100,200"], True, capsys)
+    args = [experiment, *shlex.split(line.split(" dict: ", 1)[1])]
+    assert args[1] == '++hydra.sweeper.params={dataset.val_size: "100,200"}', line
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        params = compose("train", args, return_hydra_config=True).hydra.sweeper.params
+    assert params["dataset.val_size"] == "100,200" and params["fraction"] == "0.25,0.5"
+    assert precheck("train", args, multirun=True) is None
+
+
+CFG_ONE = "--cfg prints one job's config: give one value"
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["seed=0,1"], f"seed=0,1 sweeps 2 values: {CFG_ONE} (a list is seed=[0,1])"),
+        (["seed=range(2)"], f"seed=range(2) sweeps 2 values: {CFG_ONE}"),
+        # an experiment's hydra.mode: MULTIRUN does not make --cfg a multirun
+        (
+            ["+experiment=frontier_small", "seed=0,1"],
+            f"seed=0,1 sweeps 2 values: {CFG_ONE} (a list is seed=[0,1])",
+        ),
+        (
+            ["fraction=interval(0.1,0.2)"],
+            f"fraction=interval(0.1,0.2) is a search interval: {CFG_ONE}",
+        ),
+        (["fraction=2"], "fraction=2 is invalid: input should be less than or equal to 1"),
+        (
+            ["no_such_key=1"],
+            "Could not override 'no_such_key'. (see `--help` for the groups and options, "
+            "`+key=value` adds a new key)",
+        ),
+    ],
+)
+def test_cfg_refuses_what_a_run_refuses_in_its_config_in_one_line(
+    args: list[str], line: str, capsys: Any
+) -> None:
+    """--cfg prints the config a run would get (Hydra: five lines of "Ambiguous value" for a
+    sweep, a traceback for a key, and a value out of range printed as if fine)."""
+    assert refusal(args, False, capsys, show_config=True) == line
+
+
+def test_cfg_prints_a_config_it_does_not_look_at_the_machine_for(tmp_path: Path) -> None:
+    """--cfg looks at the config, not at the machine (a config is often printed to be run
+    elsewhere): a data folder that is not here, a run folder that cannot be written, a key an
+    experiment leaves at ??? or one its sweep sets are printed as Hydra prints them."""
+    from lipt.run.precheck import precheck
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    for args in (
+        ["dataset.data_dir=/no/such/dir"],
+        [f"paths.output_dir={blocker}/run", f"hydra.run.dir={blocker}/run"],
+        ["+experiment=table1"],  # dataset.data_dir: ???, and ${approach} its sweep sets
+    ):
+        assert precheck("train", args, show_config=True) is None, args
+    out = run_entry(str(ROOT / "train.py"), ["-c", "job", "seed=0,1"], cwd=tmp_path)
+    assert (out.returncode, out.stderr) == (
+        2,
+        f"error: seed=0,1 sweeps 2 values: {CFG_ONE} (a list is seed=[0,1])\n",
+    )
+    out = run_entry(str(ROOT / "train.py"), ["-c", "job", "+experiment=table1"], cwd=tmp_path)
+    assert out.returncode == 0 and "data_dir: ???" in out.stdout, out.stderr
+    assert list(tmp_path.iterdir()) == [blocker]
+
+
+def test_a_run_folder_that_cannot_be_written_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """paths.output_dir is made by the stage once Hydra has started the job: checked before,
+    read with Hydra's node as the job reads it (a multirun's first job for ${hydra:job.num})."""
+    from lipt.run.precheck import precheck
+
+    monkeypatch.chdir(tmp_path)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    quick = [*FAST, "dry_run=true"]
+    assert refusal([*quick, f"paths.output_dir={blocker}/run"], False, capsys) == (
+        f"paths.output_dir={blocker}/run cannot be written ({blocker} is not a folder); "
+        "choose a writable folder"
+    )
+    job_folder = f"paths.output_dir={blocker}/${{hydra:job.num}}"
+    assert refusal([*quick, "seed=0,1", job_folder], True, capsys) == (
+        f"paths.output_dir={blocker}/0 cannot be written ({blocker} is not a folder); "
+        "choose a writable folder"
+    )
+    # Hydra's own folder (outputs/<stage>/<date>/<time> below the working folder, by default)
+    (tmp_path / "outputs").write_text("")
+    line = refusal(quick, False, capsys)
+    assert line.startswith(f"the run folder {tmp_path}/outputs/train/"), line
+    assert line.endswith(
+        f"({tmp_path}/outputs is not a folder); choose a writable one with hydra.run.dir=..."
+    )
+    (tmp_path / "outputs").unlink()
+    # a folder of each job's number, below the working folder: as the jobs will make it
+    runs = "paths.output_dir=${hydra:runtime.cwd}/runs/${hydra:job.num}"
+    assert precheck("train", [*FAST, "seed=0,1", runs], multirun=True) is None
+    assert list(tmp_path.iterdir()) == [blocker]

@@ -179,6 +179,42 @@ CASES = [
     ),
     ("pretrain.py", ["pretrain.optim.lr=0"], ["pretrain.optim.lr", "greater than 0"]),
     ("pretrain.py", ["pretrain.min_learners=11"], ["pretrain.min_learners"]),
+    # --cfg prints the config a run would get: what a run refuses in it, refused the same way
+    # (-m with it: Hydra's traceback); --run is a run.
+    ("train.py", ["-c", "job", "seed=0,1"], ["seed=0,1 sweeps 2 values", "--cfg", "one value"]),
+    ("train.py", ["--cfg", "all", "seed=range(2)"], ["seed=range(2) sweeps 2 values", "--cfg"]),
+    ("train.py", ["-c", "hydra", "seed=0,1"], ["seed=0,1 sweeps 2 values", "--cfg"]),
+    ("train.py", ["-c", "job", "fraction=2"], ["fraction=2", "less than or equal to 1"]),
+    ("train.py", ["-c", "job", "no_such_key=1"], ["no_such_key", "+key=value"]),
+    ("train.py", ["-m", "-c", "job", "seed=0,1"], ["--multirun and --cfg", "dry_run=true"]),
+    ("train.py", ["--run", "seed=0,1"], ["seed=0,1 sweeps 2 values", "add -m"]),
+    # The run folder: made by the stage once the run has started, checked before.
+    (
+        "train.py",
+        ["paths.output_dir={corrupt_ckpt}/run", "dry_run=true"],
+        ["paths.output_dir=", "is not a folder", "choose a writable folder"],
+    ),
+    (
+        "train.py",
+        ["-m", "seed=0,1", "paths.output_dir={corrupt_ckpt}/${{hydra:job.num}}"],
+        ["paths.output_dir=", "corrupt.ckpt/0", "is not a folder"],
+    ),
+    # A sweeper param of a dotted key: one key, which Hydra reads as one only in a dict (the
+    # overrides are format()ted: {{ is a brace).
+    (
+        "train.py",
+        ["-m", "+experiment=frontier_small", "hydra.sweeper.params.'dataset.val_size'=100,200"],
+        ["'++hydra.sweeper.params={dataset.val_size: \"100,200\"}'"],
+    ),
+    (
+        "train.py",
+        [
+            "-m",
+            "+experiment=frontier_small",
+            "++hydra.sweeper.params={{'dataset.val_size': '1,2'}}",
+        ],
+        ["'++hydra.sweeper.params={dataset.val_size: \"1,2\"}'"],
+    ),
     # These build the Trainer, import the logger or run the selector: torch loads first.
     slow_case("trainer-precision", "train.py", ["trainer.precision=banana"], ["trainer", "banana"]),
     slow_case("trainer-unknown-key", "train.py", ["+trainer.bogus=1"], ["trainer", "bogus"]),
@@ -414,7 +450,7 @@ def test_same_config_and_seed_give_the_same_soup_bit_for_bit(make_cfg, tmp_path)
                 f"paths.output_dir={tmp_path / attempt}",
             ]
         )
-        result = pretrain_model(run_of(cfg), build_parts(run_of(cfg)), seed)
+        result = pretrain_model(build_parts(run_of(cfg)), seed)
         return result.model.state_dict()
 
     first, second, other = soup(0, "a"), soup(0, "b"), soup(1, "c")

@@ -89,7 +89,9 @@ def fit(
     if not resume:
         save_subset(saved, initial, torch.ones(len(initial)), {})
     completed = torch.load(ckpt, weights_only=True)["epoch"] + 1 if resume else 0
-    indices, weights, _ = load_subset(latest_subset(out, completed, every, saved) or saved)
+    indices, weights, _ = load_subset(
+        latest_subset(out, completed, every, load_subset(saved)[0]) or saved
+    )
     data.set_subset(indices, weights)
     torch.manual_seed(0)  # the same initial weights in every fit
     module = Recorder(crash_at)
@@ -130,7 +132,10 @@ def test_a_resumed_fit_trains_each_epoch_on_the_subset_in_force(tmp_path, crash_
     # every epoch after a re-selection must train on it all the same.
     assert resumed.seen == {e: in_force(e, 2) for e in range(crash_at, 7)}
     assert reselect.reselections == 3  # the checkpoint carried those of the killed attempt
-    assert latest_subset(out, 7, 2, out / "subset.npz") == out / "subsets" / "epoch_6.npz"
+    assert (
+        latest_subset(out, 7, 2, load_subset(out / "subset.npz")[0])
+        == out / "subsets" / "epoch_6.npz"
+    )
     # bit for bit where the uninterrupted fit ends
     weights = torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     clean_weights = torch.load(tmp_path / "clean" / "checkpoints" / "last.ckpt", weights_only=True)[
@@ -155,18 +160,18 @@ def test_a_resumed_run_takes_up_only_its_own_reselections(tmp_path):
     assert sorted(p.name for p in subsets.glob("*.npz")) == [f"epoch_{e}.npz" for e in (1, 2, 3)]
     saved = tmp_path / "subset.npz"
     # B never re-selects: none of A's subsets is its own
-    assert latest_subset(tmp_path, 3, 0, saved) is None
+    assert latest_subset(tmp_path, 3, 0, load_subset(saved)[0]) is None
     # B re-selects every epoch too, from another first subset, killed before its first
     # re-selection: A's do not replace B's first subset
     fit(tmp_path, 1, 4, initial=torch.arange(20, 40), crash_at=0)
-    assert latest_subset(tmp_path, 3, 1, saved) is None
+    assert latest_subset(tmp_path, 3, 1, load_subset(saved)[0]) is None
     # B from the same first subset, re-selecting every 2: its epoch_2 replaced A's, epoch_3 is
     # A's; after 3 epochs B's own epoch_2 is in force
     fit(tmp_path, 2, 4, crash_at=3)
-    assert latest_subset(tmp_path, 3, 2, saved) == subsets / "epoch_2.npz"
+    assert latest_subset(tmp_path, 3, 2, load_subset(saved)[0]) == subsets / "epoch_2.npz"
     assert set(load_subset(subsets / "epoch_2.npz")[0].tolist()) == in_force(2, 2)
     # the same files read as A's: A's chain is broken at B's epoch_2
-    assert latest_subset(tmp_path, 3, 1, saved) == subsets / "epoch_1.npz"
+    assert latest_subset(tmp_path, 3, 1, load_subset(saved)[0]) == subsets / "epoch_1.npz"
 
 
 def test_reselections_written_before_files_named_their_run_are_taken_up(tmp_path):
@@ -176,9 +181,13 @@ def test_reselections_written_before_files_named_their_run_are_taken_up(tmp_path
     for epoch in (1, 2):
         rows = torch.arange(ROWS * epoch, ROWS * epoch + ROWS)
         save_subset(tmp_path / "subsets" / f"epoch_{epoch}.npz", rows, torch.ones(ROWS), {})
-    assert latest_subset(tmp_path, 3, 2, saved) == tmp_path / "subsets" / "epoch_2.npz"
-    assert latest_subset(tmp_path, 1, 2, saved) is None  # epoch_1 is no multiple of 2
-    assert latest_subset(tmp_path, 3, 0, saved) is None
+    assert (
+        latest_subset(tmp_path, 3, 2, load_subset(saved)[0]) == tmp_path / "subsets" / "epoch_2.npz"
+    )
+    assert (
+        latest_subset(tmp_path, 1, 2, load_subset(saved)[0]) is None
+    )  # epoch_1 is no multiple of 2
+    assert latest_subset(tmp_path, 3, 0, load_subset(saved)[0]) is None
 
 
 def test_a_fit_bounded_by_max_steps_alone_reselects(tmp_path):

@@ -4,6 +4,7 @@ full disk leaves the previous artifacts intact, and a legal but degenerate subse
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -16,9 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from lipt.core.artifacts import AtomicCheckpointIO, save_checkpoint, save_subset
+from lipt.core.artifacts import (
+    LEARNERS_DIR,
+    RUN_SUBFOLDERS,
+    TEMPORARY_NAME,
+    AtomicCheckpointIO,
+    save_checkpoint,
+    save_subset,
+)
 from lipt.core.errors import UserError
-from lipt.core.lock import RunDirLockedError, lock_run_dir
+from lipt.core.lock import RunDirLockedError, lock_run_dir, released_after
 from lipt.run.config import run_of, validate
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
@@ -164,6 +172,144 @@ def test_sigterm_ends_a_run_with_one_line_on_how_to_resume_and_exit_code_143(tmp
     )
     assert "Traceback" not in stderr and not (folder / "summary.json").exists()
     assert last.is_file()
+
+
+# ------------------------------------------------------- temporaries of killed atomic writes
+
+WRITER = """
+import os, sys, threading
+from pathlib import Path
+import torch
+from lipt.core import artifacts
+
+said = threading.Lock()
+
+def fsync(fd):  # each write stops on its way to the disk, its temporary file written and open
+    with said:
+        sys.stdout.write(os.readlink(f"/proc/self/fd/{fd}") + "\\n")
+        sys.stdout.flush()
+    threading.Event().wait()
+
+artifacts.os.fsync = fsync
+folder = Path(sys.argv[1])
+writes = {
+    "checkpoints/last.ckpt": lambda p: artifacts.AtomicCheckpointIO().save_checkpoint(
+        {"state_dict": {"w": torch.zeros(1 << 18)}}, p
+    ),
+    "subsets/epoch_2.npz": lambda p: artifacts.save_subset(p, torch.arange(9), torch.ones(9), {}),
+    "learners/learner_1.ckpt": lambda p: artifacts.save_checkpoint(p, {"state_dict": {}}),
+    "summary.json": lambda p: artifacts.write_json(p, {"stage": "train"}),
+}
+for name in sys.argv[2:]:
+    threading.Thread(target=writes[name], args=(folder / name,), daemon=True).start()
+sys.stdin.read()  # writing until killed
+"""
+
+
+def _writing(folder: Path, *names: str) -> tuple[subprocess.Popen, list[Path]]:
+    """Another process in the middle of lipt's atomic writes of `names` in `folder` (a run, or
+    a learner job, that the test kills there); its temporary files, as it made them."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(folder), *names],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    temporaries = [Path(proc.stdout.readline().strip()) for _ in names]
+    assert all(p.is_file() for p in temporaries), temporaries
+    return proc, temporaries
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    os.kill(proc.pid, signal.SIGKILL)  # no clean-up runs in it
+    proc.wait()
+
+
+def test_a_run_removes_the_temporaries_its_killed_attempt_left_and_nothing_else(tmp_path):
+    sweep = tmp_path / "sweep"
+    folder = sweep / "0"  # one job's run folder in a sweep
+    last = folder / "checkpoints" / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"epoch": 0}, last)
+    names = ["checkpoints/last.ckpt", "subsets/epoch_2.npz", "learners/learner_1.ckpt"]
+    proc, temporaries = _writing(folder, *names, "summary.json")
+    assert sorted(p.relative_to(folder).parent.name for p in temporaries) == [
+        "",
+        "checkpoints",
+        "learners",
+        "subsets",
+    ]
+    assert all(TEMPORARY_NAME.fullmatch(p.name) for p in temporaries)
+    checkpoint = next(p for p in temporaries if p.parent.name == "checkpoints")
+    assert checkpoint.stat().st_size > 1_000_000  # a checkpoint's worth of disk
+    _kill(proc)
+    # Files of names lipt's writes never make, and folders that are not this run's to clean:
+    # the parent folder other jobs of the sweep share, the sweep's learner folder, a folder of
+    # the run that lipt does not write (a user's, or another run's inside it).
+    kept = [
+        folder / ".notes.tmp",
+        folder / "checkpoints" / ".keep.tmp",
+        folder / ".last.ckpt.abc.tmp",
+        folder / "summary.json.abcdefgh.tmp",
+        folder / ".summary.json.ABCDEFGH.tmp",
+        folder / "mine" / ".model.ckpt.abcdefgh.tmp",
+        sweep / ".pretrain.ckpt.abcdefgh.tmp",
+        sweep / "learners" / ".learner_3.ckpt.abcdefgh.tmp",
+    ]
+    for path in kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"not a leftover of this run")
+    assert all(p.is_file() for p in temporaries)  # nothing else removes them
+    with released_after(folder):
+        lock_run_dir(folder)  # the next attempt takes the folder
+    assert not any(p.exists() for p in temporaries)
+    assert all(p.read_bytes() == b"not a leftover of this run" for p in kept)
+    assert torch.load(last, weights_only=True) == {"epoch": 0}  # the last good one, intact
+
+
+def test_a_temporary_being_written_now_is_left_to_its_writer(tmp_path):
+    """An extra DDP rank, or a SLURM learner task writing into the run's learners/: still alive
+    (its flock on the file held), it keeps its file; dead, the next attempt removes it."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    proc, temporaries = _writing(folder, "learners/learner_1.ckpt", "summary.json")
+    try:
+        with released_after(folder):
+            lock_run_dir(folder)
+        assert all(p.is_file() for p in temporaries)
+        proc.stdin.write("\n")  # still writing
+        proc.stdin.flush()
+    finally:
+        _kill(proc)
+    with released_after(folder):
+        lock_run_dir(folder)
+    assert not any(p.exists() for p in temporaries)
+
+
+def test_a_write_whose_new_temporary_was_taken_for_a_leftover_makes_another(tmp_path, monkeypatch):
+    """A clean-up that found the temporary file in the instant between its making and its lock
+    removed it: the write makes another and goes on."""
+    real = fcntl.flock
+    removed: list[str] = []
+
+    def flock(fd: int, operation: int) -> None:
+        if not removed:
+            removed.append(os.readlink(f"/proc/self/fd/{fd}"))
+            os.unlink(removed[0])  # what remove_stale_temporaries does with an unlocked one
+        real(fd, operation)
+
+    monkeypatch.setattr("lipt.core.artifacts.fcntl.flock", flock)
+    save_checkpoint(tmp_path / "a.ckpt", {"state_dict": {"w": torch.ones(3)}})
+    assert removed and TEMPORARY_NAME.fullmatch(Path(removed[0]).name)
+    assert torch.equal(torch.load(tmp_path / "a.ckpt")["state_dict"]["w"], torch.ones(3))
+    assert os.listdir(tmp_path) == ["a.ckpt"]
+
+
+def test_the_folders_cleaned_are_those_lipt_writes():
+    from lipt.data.seen import SEEN_DIR
+    from lipt.dynamic.callback import AUDIT_DIR
+
+    assert {SEEN_DIR, AUDIT_DIR, LEARNERS_DIR, "checkpoints", "subsets"} == set(RUN_SUBFOLDERS)
 
 
 # --------------------------------------------------------------------------- a full disk

@@ -1,7 +1,9 @@
 """lipt against a real SLURM scheduler (`make slurm-up`: slurmctld, slurmd, slurmdbd and munged on
-this machine, one node). No mock: every job here is submitted with sbatch by submitit and run by
-slurmd; preemption is `scontrol requeue`, the time-limit signal is the one `--signal` names,
-sent by SLURM (`scancel --signal`), and a cancelled job is `scancel`.
+this machine, one node). No mock: every job here is submitted with sbatch (by submitit, or as a
+user's batch script) and run by slurmd; preemption is `scontrol requeue`, the time-limit signal
+is the one `--signal` names, sent by SLURM (`scancel --signal`), and a cancelled job is
+`scancel`. One test drives the time-limit signal's handler in this process instead, on a real
+Trainer: the signal from os.kill, submitit's handler stood in for.
 
 Each run on the cluster is compared with the same run here, without SLURM: bit for bit."""
 
@@ -10,16 +12,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
+from hydra.experimental.callback import Callback as HydraCallback
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
 
+from lipt.core.requeue import RequeueOnSignal
 from lipt.run.slurm import slurm_problem
 from tests.helpers import FAST, ROOT, finished, run_entry, start_entry
 
@@ -124,20 +133,22 @@ def job_pythons(env: dict[str, str], job: str) -> list[int]:
     """The PIDs of the Python processes that run SLURM job `job` (<array>_<task> or an id), once
     it has some."""
     raw = slurm(env, "squeue", "-h", "-j", job, "-o", "%A").split()[0]
+    return until(f"job {job}'s Python", lambda: job_processes(raw, b"submitit"))  # type: ignore[return-value]
 
-    def pids() -> list[int]:
-        found = []
-        for proc in Path("/proc").iterdir():
-            try:
-                environ = (proc / "environ").read_bytes().split(b"\0")
-                cmdline = (proc / "cmdline").read_bytes()
-            except (OSError, ValueError):
-                continue
-            if f"SLURM_JOB_ID={raw}".encode() in environ and b"submitit" in cmdline:
-                found.append(int(proc.name))
-        return found
 
-    return until(f"job {job}'s Python", pids)  # type: ignore[return-value]
+def job_processes(raw: str, command: bytes) -> list[int]:
+    """The PIDs of the processes of SLURM job `raw` (its own id, not <array>_<task>) whose command
+    line has `command` (submitit's runner, or the entry script a batch script starts)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if f"SLURM_JOB_ID={raw}".encode() in environ and command in cmdline:
+            found.append(int(proc.name))
+    return found
 
 
 def kill_tasks_python(env: dict[str, str], job: str) -> None:
@@ -350,6 +361,266 @@ def test_time_limit_signal_and_requeue_resume_in_the_same_folder_bit_for_bit(slu
     assert summary(run)["test_accuracy"] == summary(tmp_path / "here")["test_accuracy"]
     script = next((sweep / ".submitit").glob("*/*_submission.sh")).read_text()
     assert "#SBATCH --signal=USR2@120" in script
+
+
+# Main training as a batch script runs it without submitit (`srun python train.py`), with two
+# breakpoints: its test pass's start (main training over), and the job's end (summary.json
+# written). Each stops the process (SIGSTOP) until the test, which signals it there, continues it.
+AFTER_TRAINING = [
+    *FAST,
+    "budget=full",
+    "trainer.max_epochs=2",
+]
+BREAKPOINTS = [
+    "+callbacks.stop_at_test._target_=tests.test_slurm.StopAtTestStart",
+    "+hydra.callbacks.stop_at_end._target_=tests.test_slurm.StopAtJobEnd",
+]
+
+
+class StopAtTestStart(L.Callback):
+    """A breakpoint: the process stops itself as its test pass starts."""
+
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+class StopAtJobEnd(HydraCallback):
+    """A breakpoint: the process stops itself once the run returned (summary.json written)."""
+
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def sbatch(env: dict[str, str], folder: Path, command: list[str]) -> str:
+    """Submit `command` as a user's batch script would run it (`srun`, a job step: what
+    `--signal` and `scancel --signal` reach), with its script and output in `folder`; its id."""
+    script = folder / "job.sh"
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH --time=10\n#SBATCH --signal=USR2@120\n"
+        f"export PYTHONUNBUFFERED=1\nsrun {shlex.join(command)}\n"
+    )
+    out = slurm(
+        env, "sbatch", "--parsable", "-J", "train", "-o", str(folder / "slurm-%j.out"),
+        f"--chdir={ROOT}", str(script),
+    )  # fmt: skip
+    return out.strip().split(";")[0]
+
+
+def job_state(env: dict[str, str], job: str) -> tuple[str, int]:
+    """The job's state as the controller has it (RUNNING, PENDING, COMPLETED, FAILED...) and its
+    restarts."""
+    shown = slurm(env, "scontrol", "show", "job", job)
+    return shown.split("JobState=")[1].split()[0], int(shown.split("Restarts=")[1].split()[0])
+
+
+def ended(env: dict[str, str], job: str) -> tuple[str, int] | None:
+    """The job's last state and restarts once it ended for good; None while it may still run."""
+    state, restarts = job_state(env, job)
+    waiting = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED")
+    return None if state in waiting else (state, restarts)
+
+
+def stopped_python(env: dict[str, str], job: str, script: str, timeout: float = 120) -> int:
+    """The PID of the Python that runs `script` in a batch script's job step (not srun, which
+    started it and has the same command line after its own name), once it stopped itself at a
+    breakpoint."""
+
+    def found() -> list[int]:
+        state = ended(env, job)
+        assert state is None, f"job {job} ended ({state[0]}, {state[1]} restarts)"
+        return [pid for pid in job_processes(job, script.encode()) if stopped_at(pid)]
+
+    def stopped_at(pid: int) -> bool:
+        try:  # the Python itself, stopped (T); a process listed may have ended since
+            python = Path(f"/proc/{pid}/cmdline").read_bytes().startswith(sys.executable.encode())
+            return python and Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2][:3] == " T "
+        except OSError:
+            return False
+
+    return until(f"job {job}'s {script} at a breakpoint", found, timeout)[0]  # type: ignore[index]
+
+
+def pending(pid: int, signum: int) -> bool:
+    """Whether signal `signum` waits for process `pid` (a stopped one) to take it."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    masks = [int(line.split()[1], 16) for line in lines if line.startswith(("SigPnd", "ShdPnd"))]
+    return any(mask >> (signum - 1) & 1 for mask in masks)
+
+
+def time_limit_signal_at(env: dict[str, str], job: str, pid: int) -> None:
+    """SLURM's time-limit signal to the job, taken where its stopped Python goes on from."""
+    slurm(env, "scancel", "--signal=USR2", job)
+    until("the signal at the job's Python", lambda: pending(pid, signal.SIGUSR2))
+    os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.slow
+def test_a_time_limit_signal_after_main_training_requeues_once_never_after_the_run(
+    slurm_env, tmp_path
+):
+    """A batch script's `srun python train.py` (no submitit) gets the time-limit signal as its
+    test pass starts, main training over: the job requeues itself at once (the signal's default
+    action would end it, not requeued, without summary.json). The requeued attempt finds the
+    fit finished; the signal in its test pass requeues nothing (it trained no epoch: requeued,
+    it would start where it did), nor does one after summary.json. It validates and tests the
+    trained weights once: the numbers of an uninterrupted run here, bit for bit."""
+    run = tmp_path / "run"
+    args = [*AFTER_TRAINING, *BREAKPOINTS, f"hydra.run.dir={run}"]
+    job = sbatch(slurm_env, tmp_path, [sys.executable, "train.py", *args])
+    first = stopped_python(slurm_env, job, "train.py", timeout=180)  # its test pass starts
+    assert last_epoch(run) == 1 and not (run / "summary.json").exists()
+    time_limit_signal_at(slurm_env, job, first)
+    here = run_entry("train.py", [*AFTER_TRAINING, f"hydra.run.dir={tmp_path / 'here'}"])
+    assert here.returncode == 0, here.stderr[-3000:]
+    output = tmp_path / f"slurm-{job}.out"
+    second = stopped_python(slurm_env, job, "train.py", timeout=180)  # the requeued attempt's
+    assert second != first, output.read_text()[-3000:]
+    assert job_state(slurm_env, job) == ("RUNNING", 1) and not (run / "summary.json").exists()
+    time_limit_signal_at(slurm_env, job, second)
+    assert stopped_python(slurm_env, job, "train.py") == second  # at the job's end
+    assert (run / "summary.json").exists()
+    time_limit_signal_at(slurm_env, job, second)
+    state = until("the job's end", lambda: ended(slurm_env, job))
+    assert state == ("COMPLETED", 1), output.read_text()[-3000:]  # requeued once, then done
+
+    log = (run / "train.log").read_text()
+    assert "caught SIGUSR2 after main training: requeueing SLURM job" in log
+    assert "not requeued, this attempt trained no epoch" in log
+    assert "caught SIGUSR2 after the test pass: the run is ending, not requeued" in log
+    assert summary(run)["slurm"]["restarts"] == 1
+    same_weights(tmp_path / "here" / "checkpoints" / "last.ckpt", run / "checkpoints" / "last.ckpt")
+    for key in ("test_accuracy", "val_accuracy"):
+        assert summary(run)[key] == summary(tmp_path / "here")[key], key
+    ran, reference = summary(run)["stages"]["train"], summary(tmp_path / "here")["stages"]["train"]
+    assert ran["samples"] == reference["samples"]
+
+
+# RequeueOnSignal in a job that submitit runs, on a real Trainer, the signal sent to this process.
+
+
+class Tiny(L.LightningModule):
+    """A linear classifier of 64 fixed points: a fit of a blink."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch: Any, index: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+    def test_step(self, batch: Any, index: int) -> None:
+        x, y = batch
+        self.log("test/loss", torch.nn.functional.cross_entropy(self.layer(x), y))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self) -> DataLoader:
+        return self.points()
+
+    def test_dataloader(self) -> DataLoader:
+        return self.points()
+
+    @staticmethod
+    def points() -> DataLoader:
+        x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+        return DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=16)
+
+
+class SignalAt(L.Callback):
+    """Sends this process the time-limit signal once: at the last epoch's first batch
+    ("last epoch"), or the test pass's ("test")."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.where == "last epoch" and trainer.current_epoch == trainer.max_epochs - 1:
+            self.send()
+
+    def on_test_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        if self.where == "test":
+            self.send()
+
+    def send(self) -> None:
+        self.where = ""
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+
+class SubmititHandler:
+    """What RequeueOnSignal finds installed where submitit runs the job: a handler that
+    requeues the job and exits. It records the last epoch checkpointed in `run` each time."""
+
+    def __init__(self, run: Path) -> None:
+        self.run = run
+        self.requeued: list[int] = []
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.requeued.append(last_epoch(self.run))
+        sys.exit(-1)
+
+
+@pytest.fixture
+def submitit_handler(tmp_path, monkeypatch) -> Iterator[SubmititHandler]:
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # the job the log lines name
+    monkeypatch.delenv("SUBMITIT_PREEMPT_SIGNAL", raising=False)
+    handler = SubmititHandler(tmp_path / "run")
+    saved = signal.signal(signal.SIGUSR2, handler)
+    yield handler
+    signal.signal(signal.SIGUSR2, saved)
+
+
+def tiny_trainer(run: Path, *callbacks: L.Callback, epochs: int = 2) -> L.Trainer:
+    """A Trainer with main training's rolling checkpoint (lipt.stages.training_plan)."""
+    last = ModelCheckpoint(
+        dirpath=run / "checkpoints",
+        filename="last",
+        enable_version_counter=False,
+        save_on_train_epoch_end=True,
+    )
+    return L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=run,
+        callbacks=[last, *callbacks],
+    )
+
+
+@pytest.mark.filterwarnings("ignore:Checkpoint directory")  # the requeued attempt's, the same
+def test_a_signal_in_the_last_epoch_requeues_at_the_fits_end_then_none_without_training(
+    submitit_handler, tmp_path, caplog
+):
+    """The signal in the last epoch is noted, and the job requeues at the fit's end, the last
+    epoch checkpointed (left for later, the test pass would meet the time limit). The requeued
+    attempt, its fit finished, tests on through the signal (it trained no epoch: requeued, it
+    would start where it did), and one after its test pass is only logged (summary.json's
+    time: a finished job requeued). After an attempt's training, one requeues at once."""
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        tiny_trainer(run, RequeueOnSignal(), SignalAt("last epoch")).fit(Tiny())
+    assert submitit_handler.requeued == [1]  # at the fit's end, its last epoch (1) saved
+
+    module, trainer = Tiny(), tiny_trainer(run, RequeueOnSignal(), SignalAt("test"))
+    trainer.fit(module, ckpt_path=str(run / "checkpoints" / "last.ckpt"))  # nothing left
+    assert trainer.test(module, verbose=False)  # the signal in its test pass
+    os.kill(os.getpid(), signal.SIGUSR2)  # after it
+    time.sleep(0.1)  # the handler runs by then
+    assert submitit_handler.requeued == [1]
+    assert "not requeued, this attempt trained no epoch" in caplog.text
+    assert "after the test pass: the run is ending, not requeued" in caplog.text
+
+    submitit_handler.run = tmp_path / "other"
+    module = Tiny()
+    trainer = tiny_trainer(submitit_handler.run, RequeueOnSignal(), SignalAt("test"), epochs=1)
+    trainer.fit(module)
+    with pytest.raises(SystemExit):
+        trainer.test(module, verbose=False)
+    assert submitit_handler.requeued == [1, 0]  # in the test pass, at once
 
 
 # --------------------------------------------------------------------------- the frontier

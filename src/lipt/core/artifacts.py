@@ -1,15 +1,23 @@
 """Files other tools rely on: `summary.json`, `subset.npz` and model checkpoints.
 
 Every write goes to a temporary file in the same directory and is renamed into place, so a run
-killed mid-write never leaves a half-written file that a later run would read.
+killed mid-write never leaves a half-written file that a later run would read. The temporary
+file of a killed write is left behind, though (a checkpoint's is as large as the checkpoint): its
+writer holds an flock on it while it writes, which the kernel drops when the writer dies, so
+`remove_stale_temporaries` tells a dead writer's leftovers from a live writer's file, whoever
+wrote it (a run takes them out of its folder when it takes the folder's lock, lipt.core.lock).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import io
 import json
+import logging
 import os
+import re
+import stat
 import tempfile
 import zipfile
 from collections.abc import Mapping
@@ -23,10 +31,17 @@ from torch import Tensor
 
 from lipt.core.errors import UserError
 
+log = logging.getLogger(__name__)
+
 SUBSET_FORMAT_VERSION = 1
 # A run's jigsaw learner checkpoints, learner_<i>.ckpt (lipt.jigsaw.checkpoints), and the records
 # of the array tasks that trained them on SLURM: in this folder of the run.
 LEARNERS_DIR = "learners"
+# The folders of a run folder that lipt writes files into with `atomic_write_bytes`, besides the
+# run folder itself: Lightning's checkpoints (lipt.stages.training_plan), re-selected subsets
+# (lipt.selection.reselection), jigsaw learners, the subsets seen per epoch and rank
+# (lipt.data.seen.SEEN_DIR) and dynamic pruning's audits (lipt.dynamic.callback.AUDIT_DIR).
+RUN_SUBFOLDERS = ("checkpoints", "subsets", LEARNERS_DIR, "seen", "dynamic")
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -35,14 +50,21 @@ os.umask(_UMASK)
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
+# The name of a write's temporary file: `.<target's name>.<8 characters>.tmp` beside its target,
+# as tempfile.mkstemp makes it (its 8 random characters are of [a-z0-9_]). Only files of this
+# name are ever removed as a killed write's leftovers.
+TEMPORARY_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary file and a rename. When the disk fills up
     mid-write, the temporary file is removed, the previous `path` (if any) is left as it was,
-    and a UserError says so."""
+    and a UserError says so. The temporary file is flock'ed until it is renamed: a leftover of
+    a killed write is told from this live one by that lock (`remove_stale_temporaries`)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = _locked_temporary(path)
     except OSError as e:
         _raise_if_no_space(e, path)
         raise
@@ -52,12 +74,82 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)  # before the file (and its lock) is let go
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
             _raise_if_no_space(e, path)
         raise
+
+
+def _locked_temporary(path: Path) -> tuple[int, str]:
+    """A new temporary file for `path`, open and flock'ed by this process. A clean-up that
+    found it in the instant before it was locked took it for a leftover and removed it: then
+    another one is made."""
+    while True:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while a clean-up looks at it
+        except OSError as e:
+            if e.errno in (errno.ENOLCK, errno.EINVAL, errno.ENOTSUP, errno.ENOSYS):
+                return fd, tmp  # no locks on this file system: a clean-up keeps every file
+            os.close(fd)
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        if os.fstat(fd).st_nlink > 0:
+            return fd, tmp
+        os.close(fd)
+
+
+def remove_stale_temporaries(folder: Path) -> list[tuple[Path, int]]:
+    """Remove the temporary files in `folder` (not its subfolders) that a killed write left
+    behind: those of `TEMPORARY_NAME`'s exact name whose writer is gone (no flock on them).
+    A file being written now (by this process or any other), any other file, and any file this
+    process may not open for writing are kept. Returns the removed files and their sizes."""
+    try:
+        entries = [e for e in os.scandir(folder) if TEMPORARY_NAME.fullmatch(e.name)]
+    except OSError:  # no such folder (yet), or not ours to list
+        return []
+    removed = []
+    for entry in entries:
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            fd = os.open(entry.path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its writer lives
+            held, now = os.fstat(fd), os.lstat(entry.path)
+            same = (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)  # still the one locked
+            if stat.S_ISREG(held.st_mode) and same:
+                os.unlink(entry.path)
+                removed.append((Path(entry.path), held.st_size))
+        except OSError:  # being written (BlockingIOError), gone, or no locks here: kept
+            continue
+        finally:
+            os.close(fd)
+    return removed
+
+
+def remove_leftover_temporaries(run_folder: Path) -> list[tuple[Path, int]]:
+    """`remove_stale_temporaries` in a run folder and the folders of it lipt writes
+    (`RUN_SUBFOLDERS`), none deeper: what the killed attempts of the run left there. Logged
+    when there were any."""
+    folder = Path(run_folder)
+    removed = remove_stale_temporaries(folder)
+    for name in RUN_SUBFOLDERS:
+        removed += remove_stale_temporaries(folder / name)
+    if removed:
+        size = sum(n for _, n in removed)
+        log.info(
+            "removed %d temporary file%s (%.1f MB) that killed writes left in %s",
+            len(removed),
+            "" if len(removed) == 1 else "s",
+            size / 1e6,
+            folder,
+        )
+    return removed
 
 
 def _raise_if_no_space(e: OSError, path: Path) -> None:
@@ -124,6 +216,13 @@ def check_subset(
     indices, or non-positive weights."""
     for key, value in expected.items():
         if meta.get(key) != value:
+            if key == "dataset" and _both_image_folders(meta.get(key), value):
+                raise UserError(
+                    f"{path} was made for dataset={meta.get(key)!r}, this run has "
+                    f"dataset={value!r}: another ImageFolder tree, or this one before its files "
+                    "changed (the hex part digests its files; an older lipt's file has none); "
+                    "select a subset for this tree (select.py)"
+                )
             raise UserError(
                 f"{path} was made for {key}={meta.get(key)!r}, this run has {key}={value!r}; "
                 "select a subset for this data set (select.py) or fix the overrides"
@@ -143,6 +242,11 @@ def check_subset(
         )
     if not bool(torch.isfinite(weights).all()) or bool((weights <= 0).any()):
         raise UserError(f"{path} has non-positive or non-finite weights; re-run select.py")
+
+
+def _both_image_folders(recorded: Any, expected: Any) -> bool:
+    """Two data identities of ImageFolder trees (lipt.data.sources.load_image_folder)."""
+    return all(isinstance(v, str) and v.startswith("imagefolder:") for v in (recorded, expected))
 
 
 # --- checkpoints -----------------------------------------------------------------------------

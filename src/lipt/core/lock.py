@@ -1,7 +1,9 @@
 """One run per run folder: an exclusive `flock` on the folder itself.
 
 The kernel drops the lock when the process ends, however it ends (exit, exception, SIGKILL), so
-a crashed run never leaves a stale lock behind, and no lock file is left in the folder.
+a crashed run never leaves a stale lock behind, and no lock file is left in the folder. What a
+killed attempt did leave, the temporary files of the atomic writes it was making when it died, is
+removed when the next attempt takes the lock (lipt.core.artifacts.remove_leftover_temporaries).
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ def _refusal(path: Path) -> RunDirLockedError:
 
 def lock_run_dir(path: Path) -> None:
     """Hold `path` (an existing folder) for this process until it exits; a no-op when this
-    process holds it already.
+    process holds it already. Once held, the temporary files that killed writes left in it (and
+    in the folders of it lipt writes) are removed: a file being written now is not (its writer
+    holds an flock on it: an extra DDP rank's, or a SLURM learner task's in learners/).
 
     Raises:
         RunDirLockedError: another process holds it.
@@ -46,6 +50,9 @@ def lock_run_dir(path: Path) -> None:
         os.close(fd)
         raise _refusal(key) from None
     _held[key] = fd
+    from lipt.core.artifacts import remove_leftover_temporaries  # imports torch: not up top
+
+    remove_leftover_temporaries(key)
 
 
 def release_run_dir(path: Path) -> None:

@@ -95,6 +95,10 @@ class Strategy(Protocol):
         self, ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int
     ) -> Pretrained: ...
 
+    def describe(self, ctx: PretrainContext, pool_size: int) -> str:
+        """The line that opens pre-training: the strategy and its parts."""
+        ...
+
 
 def pretrain_payload(
     ctx: PretrainContext, dm: DataModule, model: nn.Module, heads: LearnerHeads | None = None

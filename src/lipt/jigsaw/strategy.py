@@ -30,6 +30,7 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
+from lipt.core.artifacts import remove_stale_temporaries
 from lipt.core.errors import UserError
 from lipt.core.seeding import torch_threads
 from lipt.data import DataModule
@@ -54,6 +55,27 @@ class JigsawPretraining(JigsawSettings):
     ) -> Pretrained:
         return pretrain_jigsaw(ctx, self, dm, model, seed)
 
+    def describe(self, ctx: PretrainContext, pool_size: int) -> str:
+        """n learners x M batches x K passes, augmentation, pruning and soup; or the folder a
+        soup is merged from."""
+        if self.merge_from:
+            return (
+                f"pre-training: merging the jigsaw learners saved in {self.merge_from} "
+                f"({ctx.merge.name})"
+            )
+        batches = int(self.batches_per_learner)
+        pieces = [
+            f"{self.num_learners} learners x {batches} batch{'es' if batches > 1 else ''} x "
+            f"{self.local_epochs} passes"
+        ]
+        if ctx.augment.name != "none":
+            pieces.append({"randaugment": "RandAugment"}.get(ctx.augment.name, ctx.augment.name))
+        prune = ctx.prune
+        if prune.name != "none":
+            pieces.append(f"{prune.name.upper()} {prune.density_low}-{prune.density_high}")
+        pieces.append(f"soup {ctx.merge.name}")
+        return "pre-training: jigsaw, " + ", ".join(pieces)
+
 
 def pretrain_jigsaw(
     ctx: PretrainContext, settings: JigsawSettings, dm: DataModule, model: nn.Module, seed: int
@@ -77,6 +99,7 @@ def pretrain_jigsaw(
     folder = learner_dir(ctx, settings, shared=False)
     if seed != ctx.run_seed:  # selector.repeats: the learners of each seed apart
         folder = folder / f"seed_{seed}"
+    remove_stale_temporaries(folder)  # a killed attempt's half-written learner files
 
     def train_one(i: int, shard: Tensor) -> Learner:
         return train_or_reuse(ctx, settings, dm, model, seed, i, shard, folder)
@@ -122,6 +145,8 @@ def train_learner_group(
     shard, their checkpoints written to the learner folder all jobs share (a re-run of the sweep
     trains only those it has no checkpoint of). Returns them and that folder."""
     folder = learner_dir(ctx, settings, shared=True)
+    # A killed job's half-written learner files; another job's, being written now, are locked.
+    remove_stale_temporaries(folder)
     learners = []
     with torch_threads(settings.num_threads):
         for i in ids:

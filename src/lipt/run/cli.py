@@ -7,6 +7,7 @@ written), and a `UserError` raised while running is reported the same way.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -33,13 +34,10 @@ def launch(config_name: str, stage_module: str) -> None:
     from hydra.errors import HydraException
 
     private_matplotlib_dir()  # before precheck's deep checks or the stage import Lightning
-    args = sys.argv[1:]
-    check_flags(args)
-    flags = [a for a in args if a.startswith("-")]
-    overrides = [a for a in args if not a.startswith("-")]
-    # Hydra's own flags (--help, --cfg, --info, ...) go straight through; -m still gets checked.
-    if all(f in ("-m", "--multirun") for f in flags):
-        jobs = precheck(config_name, overrides, multirun=bool(flags))
+    args = check_flags(sys.argv[1:])
+    if is_checked_first(args):
+        shown = args.cfg is not None
+        jobs = precheck(config_name, args.overrides, multirun=args.multirun, show_config=shown)
         if jobs is not None:  # dry_run=true
             print(
                 f"dry run: {jobs} job{'s' if jobs != 1 else ''} composed, checked and built; "
@@ -83,9 +81,10 @@ def launch(config_name: str, stage_module: str) -> None:
         fail(one_line(e) + override_hint(e))
 
 
-def check_flags(args: list[str]) -> None:
-    """What Hydra's own command-line parser refuses, in one line: overrides it would not read
-    (those after a flag that follows an override) and --resolve without --cfg or --help."""
+def check_flags(args: list[str]) -> argparse.Namespace:
+    """The command line as Hydra's own parser reads it. What Hydra refuses, in one line:
+    overrides it would not read (those after a flag that follows an override), --resolve without
+    --cfg or --help, and two of its commands at once (-m with --cfg: a traceback there)."""
     from hydra._internal.utils import get_args_parser
 
     known, unread = get_args_parser().parse_known_args(args)
@@ -94,6 +93,42 @@ def check_flags(args: list[str]) -> None:
         fail(f"{' '.join(unread)} would not be read: give Hydra's flags ({flags}) first")
     if known.resolve and not (known.cfg or known.help):
         fail("--resolve only goes with --cfg job|hydra|all (or --help)")
+    commands = [
+        flag
+        for flag, given in (
+            ("--run", known.run),
+            ("--multirun", known.multirun),
+            ("--cfg", known.cfg is not None),
+            ("--info", known.info is not None),
+            ("--shell-completion", known.shell_completion),
+        )
+        if given
+    ]
+    if len(commands) > 1 and not (known.help or known.hydra_help):  # help is answered first
+        fix = (
+            "--cfg prints one job's config; check a sweep's jobs with -m ... dry_run=true"
+            if {"--multirun", "--cfg"} <= set(commands)
+            else "Hydra takes one of them"
+        )
+        fail(f"{' and '.join(commands)} do not go together: {fix}")
+    return known
+
+
+def is_checked_first(args: argparse.Namespace) -> bool:
+    """Whether precheck reads the command line before Hydra: for a run, a multirun and --cfg,
+    which prints the config a run would get (a mistake is answered as the run would answer it).
+    Hydra's help and --info go straight through, and so does a command line that picks another
+    config (--config-name, --config-path, --config-dir) or reruns a job."""
+    return not (
+        args.help
+        or args.hydra_help
+        or args.info is not None
+        or args.shell_completion
+        or args.config_path
+        or args.config_name
+        or args.config_dir
+        or args.experimental_rerun
+    )
 
 
 def is_multirun() -> bool:

@@ -3,11 +3,13 @@
 The overrides are composed as Hydra will compose them, a sweep's every value and every job
 (what they sweep: lipt.run.sweep_overrides), and held to the run's checks, so a mistake anywhere
 in a multirun ends with one line on stderr and exit code 2 before any job starts or anything is
-written. `${hydra:...}` in an override reads Hydra's node as the job will (`set_hydra_config`).
+written. `${hydra:...}` in an override reads Hydra's node as the job will (`set_hydra_config`),
+and so does the run folder, checked here since the stage makes it only once the job has started.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Generator, Iterable
@@ -33,8 +35,6 @@ def set_hydra_config(composed: DictConfig, multirun: bool) -> None:
     """Hydra's node as a run's job sees it (hydra.core.utils.run_job: the mode, the job's
     folder; a multirun's first job), so that `${hydra:...}` in an override resolves here as it
     will in the run. Unset at the end of precheck."""
-    import copy
-
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf, open_dict, read_write
@@ -46,13 +46,15 @@ def set_hydra_config(composed: DictConfig, multirun: bool) -> None:
         if multirun:
             cfg.hydra.job.id = 0
             cfg.hydra.job.num = 0
-        try:
-            folder = str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))
-            if multirun:
-                folder = os.path.join(folder, str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
+    HydraConfig.instance().set_config(cfg)  # what ${hydra:...} in the folder reads, as in run_job
+    try:
+        folder = str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))
+        if multirun:
+            folder = os.path.join(folder, str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
+        with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
             cfg.hydra.runtime.output_dir = os.path.abspath(folder)
-        except (OmegaConfBaseException, ValueError):
-            pass  # a folder that does not resolve: Hydra's run reports it
+    except (OmegaConfBaseException, ValueError):
+        pass  # a folder that does not resolve: Hydra's run reports it
     HydraConfig.instance().set_config(cfg)
 
 
@@ -66,8 +68,6 @@ def compose_jobs(
     those values after composing the defaults, and so does this, with Hydra's own function
     (a sweep's seeds and fractions cost a copy, not a composition of ~30 files). `composed`:
     the compositions by their group choices, kept across calls (filled here)."""
-    import copy
-
     from hydra import compose, initialize_config_dir
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.global_hydra import GlobalHydra
@@ -105,12 +105,15 @@ def compose_jobs(
             yield cfg
 
 
-def precheck(config_name: str, args: list[str], multirun: bool = False) -> int | None:
+def precheck(
+    config_name: str, args: list[str], multirun: bool = False, show_config: bool = False
+) -> int | None:
     """Compose and validate the config from `args` as Hydra will; exit 2 on the first problem.
     A sweep's candidate jobs (each value once) get every check; every job (up to
     CHECKED_JOBS) gets those that build nothing, the rules across keys among them. With
     `dry_run=true`, also build what each run builds first; returns the number of jobs checked
-    then (None without dry_run)."""
+    then (None without dry_run). `show_config` (--cfg): Hydra prints one job's config, which
+    is composed and its values checked (check_values); returns None."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -135,14 +138,14 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         from lipt.core.lock import check_unlocked  # before Hydra writes .hydra/ into it
 
         ddp_child = os.environ.get("LOCAL_RANK", "0") != "0"  # shares its rank 0's folder
-        for arg in args:
+        for arg in [] if show_config else args:
             if arg.startswith("hydra.run.dir=") and not ddp_child:
                 check_unlocked(Path(arg.split("=", 1)[1]))
             if arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
                 check_writable(arg)
         GlobalHydra.instance().clear()
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
-            declared = declared_sweep(config_name, args, multirun)
+            declared = declared_sweep(config_name, args, multirun, show_config)
             args, params = check_sweeps(args, declared)
         assert declared.composed is not None
         set_hydra_config(declared.composed, declared.multirun)
@@ -153,6 +156,10 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
             if a.startswith("hydra.searchpath=") or not a.startswith(("hydra.", "hydra/"))
         ]
         jobs: list[list[str]] = []  # a single run's one job is its candidate
+        if show_config:
+            assert declared.single is not None
+            check_values(declared.single)
+            return None
         if declared.single is not None:
             composed: Iterable[DictConfig] = [declared.single]
         else:
@@ -161,13 +168,12 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
             jobs = declared.with_reference(every_job(overrides, params))
         configs = []
         for cfg in composed:
-            cfg.paths.output_dir = "."  # Hydra makes it (hydra.run.dir is checked above)
             validate(cfg, deep=False)
+            check_output_dir(cfg, declared.multirun)
             configs.append(cfg)
         # then what builds the Trainer, selector, ... (imports torch)
         runs = [validate(cfg) for cfg in configs]
         for cfg in opened(compose_jobs(config_name, jobs, kept)):  # the rules across keys
-            cfg.paths.output_dir = "."
             validate(cfg, build=False)
         if not any(run.settings.dry_run for run in runs):
             return None
@@ -190,6 +196,25 @@ def precheck(config_name: str, args: list[str], multirun: bool = False) -> int |
         HydraConfig.instance().cfg = hydra_config  # Hydra sets the run's own
 
 
+def check_values(cfg: DictConfig) -> None:
+    """--cfg: the printed config's values against their types and ranges and the rules across
+    them, as a run checks them first, and nothing of the machine (files, folders, devices: a
+    config is often printed to be run elsewhere). One with a key left at ??? or a value that
+    does not resolve yet (an experiment's `${approach}`, which its sweep sets) is printed as it
+    is, as Hydra prints it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError, MissingMandatoryValue
+
+    from lipt.run.config import run_of
+    from lipt.run.rules import check_settings
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except (InterpolationResolutionError, MissingMandatoryValue):
+        return
+    check_settings(run_of(cfg))
+
+
 def check_writable(arg: str) -> None:
     """A run or sweep folder named on the command line can be made and written."""
     from lipt.run.preflight import unwritable
@@ -198,6 +223,34 @@ def check_writable(arg: str) -> None:
     problem = unwritable(Path(value))
     if problem is not None:
         raise UserError(f"{key}={value} cannot be written ({problem}); choose a writable folder")
+
+
+# paths.output_dir as the configs set it: the folder Hydra makes for the job.
+HYDRA_JOB_FOLDER = "${hydra:runtime.output_dir}"
+
+
+def check_output_dir(cfg: DictConfig, multirun: bool) -> None:
+    """The folder the run writes (paths.output_dir) can be made and written: the stage makes it
+    only once Hydra has started the job. Read with Hydra's node as the job sees it
+    (set_hydra_config; a multirun's first job), so `${hydra:job.num}` in it reads as there."""
+    from omegaconf import OmegaConf
+
+    from lipt.run.preflight import unwritable
+
+    folder = str(cfg.paths.output_dir)
+    problem = unwritable(Path(folder))
+    if problem is None:
+        return
+    paths = OmegaConf.to_container(cfg.paths)  # as set: not resolved
+    if isinstance(paths, dict) and paths.get("output_dir") == HYDRA_JOB_FOLDER:
+        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+        raise UserError(
+            f"the run folder {folder} cannot be written ({problem}); choose a writable one "
+            f"with {key}=..."
+        )
+    raise UserError(
+        f"paths.output_dir={folder} cannot be written ({problem}); choose a writable folder"
+    )
 
 
 def override_hint(e: BaseException) -> str:

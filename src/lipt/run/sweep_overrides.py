@@ -4,11 +4,13 @@ every job of the sweep (up to CHECKED_JOBS), for lipt.run.precheck to compose an
 Hydra would refuse or run as no job is refused in one line: a sweep outside a multirun, a
 sweep of Hydra's own settings, a glob() of a key that is no group or that matches no option, an
 empty range, an interval() for the basic sweeper, `hydra.sweeper.params` where the sweeper
-declares none.
+declares none, a sweeper param Hydra cannot read as one key (with dots, quotes or a +). Under
+--cfg, which Hydra composes as a single run, a sweep is refused as outside a multirun.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,8 @@ class DeclaredSweep:
     composed: DictConfig | None = None
     # Whether the sweeper is Hydra's basic one (or lipt's frontier sweeper, built on it).
     basic: bool = True
+    # --cfg: Hydra prints one job's config, composed as a run's (never a multirun).
+    show_config: bool = False
 
     def with_reference(self, jobs: list[list[str]]) -> list[list[str]]:
         """`jobs` and the reference jobs the frontier sweeper adds to them."""
@@ -69,24 +73,36 @@ class DeclaredSweep:
             return jobs
         return with_reference(jobs, self.reference, self.point_keys)
 
+    def one_job_fix(self, multirun_fix: str) -> str:
+        """How to fix a sweep where Hydra runs one job: `multirun_fix` (add -m ...), or, where
+        --cfg prints that job's config, one value."""
+        return "--cfg prints one job's config: give one value" if self.show_config else multirun_fix
 
-def declared_sweep(config_name: str, args: list[str], multirun: bool) -> DeclaredSweep:
+
+def declared_sweep(
+    config_name: str, args: list[str], multirun: bool, show_config: bool = False
+) -> DeclaredSweep:
     """The config's `hydra.sweeper.params` as overrides, composed from the command line's
     single-valued overrides (`hydra.sweeper.params.*` ones included); empty when the config
-    declares none or the run is not a multirun (`-m`, or `hydra.mode: MULTIRUN` in the config)."""
+    declares none or the run is not a multirun (`-m`, or `hydra.mode: MULTIRUN` in the config;
+    never with `show_config`, --cfg, which Hydra composes as a run)."""
     import copy
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
     from omegaconf import OmegaConf, open_dict
 
-    parsed = OverridesParser.create().parse_overrides(args)
+    misread = {line: found for line in args if (found := misread_sweeper_params(line))}
+    parsed = OverridesParser.create().parse_overrides([a for a in args if a not in misread])
     fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
     cfg = composed_with_hydra(config_name, fixed)
     sweeper = cfg.hydra.sweeper
+    if misread:
+        line, found = next(iter(misread.items()))
+        raise misread_params_refusal(line, found, declared=sweeper.get("params") is not None)
     check_frontier_settings(sweeper, cfg.hydra.get("callbacks"))
     launcher = cfg.hydra.get("launcher")
-    multirun = multirun or cfg.hydra.mode == RunMode.MULTIRUN  # as Hydra picks the mode
+    multirun = not show_config and (multirun or cfg.hydra.mode == RunMode.MULTIRUN)
     if is_slurm_launcher(launcher):  # before anything is submitted
         check_slurm_launcher(launcher, multirun)
     target = str(sweeper.get("_target_", ""))
@@ -94,10 +110,14 @@ def declared_sweep(config_name: str, args: list[str], multirun: bool) -> Declare
     with_hydra = copy.deepcopy(cfg)
     if not multirun:
         if len(fixed) < len(args):  # refused by check_sweeps
-            return DeclaredSweep([], [], [], composed=with_hydra, basic=basic)
+            return DeclaredSweep(
+                [], [], [], composed=with_hydra, basic=basic, show_config=show_config
+            )
         with open_dict(cfg):
             del cfg["hydra"]  # what compose(..., return_hydra_config=False) drops
-        return DeclaredSweep([], [], [], single=cfg, composed=with_hydra, basic=basic)
+        return DeclaredSweep(
+            [], [], [], single=cfg, composed=with_hydra, basic=basic, show_config=show_config
+        )
     declared = sweeper.get("params")
     params = OmegaConf.to_container(declared) if declared else {}
     assert isinstance(params, dict)
@@ -137,13 +157,71 @@ def composed_with_hydra(config_name: str, fixed: list[str]) -> DictConfig:
             key = o.key_or_group.removeprefix(SWEEPER_PARAMS).removeprefix(".")
             value = o.value()  # a quoted sweep ('0,1') is one string here, a sweep there
             shown = value if isinstance(value, str) else o.get_value_element_as_str()
-            instead = f"{key}={shown}" if key else "key=a,b"
-            raise UserError(
-                f"{o.input_line}: this run's sweeper declares no {SWEEPER_PARAMS} (an "
-                f"experiment's sweep does), so Hydra cannot set one; give the sweep as an "
-                f"override instead: -m {instead}"
-            )
+            raise no_params_refusal(str(o.input_line), f"{key}={shown}" if key else "key=a,b")
     return compose(config_name, fixed, return_hydra_config=True)
+
+
+def no_params_refusal(line: str, instead: str) -> UserError:
+    """`line` sets a sweeper param where the sweeper declares none: `instead`, the sweep as
+    overrides, is what it meant."""
+    return UserError(
+        f"{line}: this run's sweeper declares no {SWEEPER_PARAMS} (an experiment's sweep does), "
+        f"so Hydra cannot set one; give the sweep as an override instead: -m {instead}"
+    )
+
+
+def misread_sweeper_params(line: str) -> dict[str, str]:
+    """The sweeper params `line` sets that Hydra cannot read as one key each (none where it
+    can). The sweeper makes each param `key=value`, a key with dots or a + included, but
+    Hydra nests a dotted key under hydra.sweeper.params (`hydra.sweeper.params.dataset.val_size`)
+    and its grammar refuses quotes or a + in a key (`hydra.sweeper.params.'dataset.val_size'`,
+    `hydra.sweeper.params.+approach`, a dict's `{'dataset.val_size': ...}`): only a dict's
+    plain keys are read as they are (misread_params_refusal)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    key, equals, value = line.partition("=")
+    param = key.lstrip("+").removeprefix(SWEEPER_PARAMS)
+    if not equals or param == key.lstrip("+"):
+        return {}
+    if param.startswith("."):  # one param
+        name = param[1:]
+        if re.fullmatch(r"[\w$-]+", name):  # as Hydra's grammar reads a key
+            return {}
+        return {re.sub("['\"]", "", name): unquoted(value)}
+    if param:  # another key
+        return {}
+    parser = OverridesParser.create()
+    try:  # a dict of params: refused only where Hydra's grammar refuses it
+        parser.parse_override(line)
+        return {}
+    except HydraException:
+        pass
+    without_quotes = re.sub(r"""(['"])([^'"]*)\1(\s*:)""", r"\2\3", value)
+    try:
+        params = parser.parse_override(f"{SWEEPER_PARAMS}={without_quotes}").value()
+    except HydraException:
+        return {}
+    return {str(k): str(v) for k, v in params.items()} if isinstance(params, dict) else {}
+
+
+def unquoted(value: str) -> str:
+    """`value` without the quotes around it, if any."""
+    if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def misread_params_refusal(line: str, params: dict[str, str], declared: bool) -> UserError:
+    """How to write the sweeper params `line` meant (misread_sweeper_params): as keys of a dict,
+    which Hydra reads as one key each; where the sweeper declares none, as overrides."""
+    if not declared:
+        return no_params_refusal(line, " ".join(f"{k}={v}" for k, v in params.items()))
+    entries = ", ".join(f'{k}: "{v}"' for k, v in params.items())
+    return UserError(
+        f"{line}: Hydra reads a sweeper param with dots, quotes or a + as one key only in a "
+        f"dict: '++{SWEEPER_PARAMS}={{{entries}}}'"
+    )
 
 
 def check_sweeps(args: list[str], declared: DeclaredSweep) -> tuple[list[str], list[str]]:
@@ -189,9 +267,10 @@ def check_sweeps(args: list[str], declared: DeclaredSweep) -> tuple[list[str], l
                 line = f"{key}={','.join(values)}"  # the jobs Hydra's sweeper makes of it
             elif o.is_interval_sweep():
                 if not declared.multirun:
+                    fix = "add -m with a sweeper that samples it (e.g. hparams_search=lr_wd), or "
                     raise UserError(
-                        f"{line} is a search interval: add -m with a sweeper that samples it "
-                        "(e.g. hparams_search=lr_wd), or give one value"
+                        f"{line} is a search interval: "
+                        + declared.one_job_fix(fix + "give one value")
                     )
                 if declared.basic:
                     raise UserError(
@@ -207,8 +286,9 @@ def check_sweeps(args: list[str], declared: DeclaredSweep) -> tuple[list[str], l
             if not declared.multirun:
                 n = f"{len(values)} value{'s' if len(values) != 1 else ''}"
                 as_list = f" (a list is {key}=[{line.split('=', 1)[1]}])"
+                fix = declared.one_job_fix("add -m to run a job for each, or give one value")
                 raise UserError(
-                    f"{o.input_line} sweeps {n}: add -m to run a job for each, or give one value"
+                    f"{o.input_line} sweeps {n}: {fix}"
                     + (as_list if o.value_type == ValueType.SIMPLE_CHOICE_SWEEP else "")
                 )
             out.append(line)
@@ -219,8 +299,8 @@ def check_sweeps(args: list[str], declared: DeclaredSweep) -> tuple[list[str], l
 
 def sweeper_param_fix(o: Any, declared: DeclaredSweep) -> str:
     """For a sweep of `hydra.sweeper.params.<key>` (Hydra refuses any sweep of its settings):
-    quoted, it is the one string the sweeper reads, where the config declares params (and the
-    key has no dots: Hydra nests a dotted one); without params, the override it meant."""
+    quoted, it is the one string the sweeper reads, where the config declares params (a dotted
+    key is refused before: misread_sweeper_params); without params, the override it meant."""
     param = o.key_or_group.removeprefix(SWEEPER_PARAMS + ".")
     if param == o.key_or_group:
         return ""
@@ -228,8 +308,6 @@ def sweeper_param_fix(o: Any, declared: DeclaredSweep) -> str:
     assert declared.composed is not None
     if declared.composed.hydra.sweeper.get("params") is None:
         return f"; sweep it as an override instead: -m {param}={values}"
-    if "." in param:
-        return ""
     return f"; to declare a sweep there, quote it: {o.get_key_element()}='{values}'"
 
 

@@ -133,7 +133,12 @@ def rank_pool(
 
 def labels_of_pool(pool: Iterable[Any]) -> PoolOutputs:
     """The pool as a labels-only selector (random) sees it: labels and positions, read from
-    (x, y, idx) batches without any model."""
+    (x, y, idx) batches without any model.
+
+    Raises:
+        ValueError: no batch, or a dataset index that comes twice (a row must not be selected
+            twice, nor the pool look larger than it is).
+    """
     targets, indices = [], []
     for batch in pool:
         targets.append(torch.as_tensor(batch[1]).long().cpu())
@@ -142,9 +147,23 @@ def labels_of_pool(pool: Iterable[Any]) -> PoolOutputs:
         raise ValueError("the pool is empty")
     idx = torch.cat(indices)
     order = torch.argsort(idx)
+    idx_sorted = idx[order]
+    repeated = idx_sorted[1:][idx_sorted[1:] == idx_sorted[:-1]]
+    if len(repeated) > 0:
+        first = int(repeated[0])
+        count = int((idx == first).sum())
+        kinds = len(torch.unique(repeated))
+        raise ValueError(
+            f"the pool loader yielded dataset index {first} "
+            + ("twice" if count == 2 else f"{count} times")
+            + ("" if kinds == 1 else f" ({kinds} indices repeat)")
+            + "; selection needs each pool index exactly once: use a loader without a sampler "
+            "that repeats (no RandomSampler(replacement=True), no DistributedSampler padding the "
+            "last batch), e.g. a plain DataLoader over the pool"
+        )
     labels = torch.cat(targets)[order]
     n, classes = len(idx), int(labels.max()) + 1
-    return PoolOutputs(torch.zeros(n, classes), torch.zeros(n, 0), labels, idx[order])
+    return PoolOutputs(torch.zeros(n, classes), torch.zeros(n, 0), labels, idx_sorted)
 
 
 def pick(

@@ -50,11 +50,26 @@ from lipt.selection.types import Selection, SelectionInputs
 
 
 def nnls_from(quad: Tensor, c: Tensor, x: Tensor) -> Tensor:
-    """argmin_{x >= 0} x^T quad x - 2 c^T x over the support of a feasible start `x` (quad positive
-    definite, [m, m]): the inner loop of Lawson-Hanson. Solve on the passive set; if some
-    coordinate would turn non-positive, move from x towards the solution until the first one
-    hits zero, drop it and solve again. Returns x [m] (zeros for dropped coordinates)."""
-    m = x.shape[0]
+    """argmin_{x >= 0} x^T quad x - 2 c^T x from a feasible start `x` >= 0 (quad positive
+    definite, [m, m]): the inner loop of Lawson-Hanson. The passive set starts as all m
+    coordinates, those at 0 in `x` included (OMP's new atom, which enters at weight 0). Solve on
+    the passive set; if some coordinate would turn non-positive, move from x towards the
+    solution until the first one hits zero, drop the coordinates that reached zero on their way
+    down and solve again. A coordinate already at 0 whose optimum is <= 0 blocks at once: a
+    step of 0 (not 0/0) that drops it, while one at 0 whose optimum is positive stays in.
+    Coordinates, once dropped, stay out. Returns x [m] (zeros for dropped coordinates).
+
+    Raises:
+        ValueError: shapes that disagree, or a start that is not finite and >= 0.
+    """
+    m = x.shape[0] if x.ndim == 1 else -1
+    if m < 0 or quad.shape != (m, m) or c.shape != (m,):
+        raise ValueError(
+            f"nnls_from needs quad [m, m], c [m] and x [m], got {tuple(quad.shape)}, "
+            f"{tuple(c.shape)} and {tuple(x.shape)}"
+        )
+    if not (bool((x >= 0).all()) and bool(x.isfinite().all())):
+        raise ValueError("nnls_from needs a feasible start: x finite and >= 0")
     passive = torch.ones(m, dtype=torch.bool, device=x.device)
     for _ in range(m):
         p = torch.nonzero(passive).flatten()
@@ -63,11 +78,18 @@ def nnls_from(quad: Tensor, c: Tensor, x: Tensor) -> Tensor:
         if bool((z[p] > 0).all()):
             return z
         neg = p[z[p] <= 0]
-        ratios = x[neg] / (x[neg] - z[neg])  # step fraction at which each reaches zero, in [0, 1)
+        x_neg = x[neg]
+        # Step fraction at which each reaches zero, in [0, 1]; 0 for one already at zero, where
+        # x / (x - z) would be 0 / 0 when its optimum is exactly 0 too.
+        ratios = torch.where(x_neg > 0, x_neg / (x_neg - z[neg]), 0.0)
+        assert not bool(ratios.isnan().any()), "NNLS step fraction is NaN"
         first = torch.argmin(ratios)
         x = (x + ratios[first] * (z - x)).clamp_min(0.0)
         x[neg[first]] = 0.0  # exactly, whatever the rounding
-        passive = x > 0  # coordinates outside the passive set stay 0 (x and z are 0 there)
+        # Out go those on their way down that are now at 0 (neg[first] at least, so the set
+        # shrinks); one at 0 on its way up stays (after a step of 0 it has not moved yet).
+        # Coordinates outside the passive set stay 0 (x and z are 0 there).
+        passive = passive & ((x > 0) | (z > 0))
         if not bool(passive.any()):
             return x
     return x

@@ -226,18 +226,18 @@ def latest_subset(
     out_dir: Path,
     completed_epochs: int,
     every: int | None = None,
-    initial: Path | None = None,
+    initial: Tensor | None = None,
 ) -> Path | None:
     """The subset in force after `completed_epochs` epochs of a run that re-selects every
-    `every` epochs, starting from the subset file `initial`: its last re-selection at or before
-    that point (None: the initial subset). Only that run's own re-selections count: a file must
-    record the period and replace the subset in force before it, back to `initial`, so the
-    files another run left in `out_dir` are passed over (a file written before they recorded
-    this is taken at a multiple of `every`). `every` 0: the run never re-selects; None: any
+    `every` epochs, starting from the subset of indices `initial`: its last re-selection at or
+    before that point (None: the initial subset). Only that run's own re-selections count: a
+    file must record the period and replace the subset in force before it, back to `initial`,
+    so the files another run left in `out_dir` are passed over (a file written before they
+    recorded this is taken at a multiple of `every`). `every` 0: the run never re-selects; None: any
     period. `initial` None: the first re-selection may replace any subset."""
     if every is not None and every <= 0:
         return None
-    in_force = None if initial is None else subset_digest(load_subset(initial)[0])
+    in_force = subset_digest(initial)
     found: Path | None = None
     paths = {
         int(path.stem.split("_")[1]): path for path in (out_dir / "subsets").glob("epoch_*.npz")

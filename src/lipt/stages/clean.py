@@ -118,7 +118,7 @@ class RunPoolWork:
         self.targets = self.dm.train_source.labels[self.dm.pool_indices]  # [N], as given
 
     def pretrain(self) -> Pretrained:
-        return pretrain_model(self.run, self.parts, self.seed)
+        return pretrain_model(self.parts, self.seed)
 
     def soup_outputs(self, soup: nn.Module) -> PoolOutputs:
         dm = self.dm

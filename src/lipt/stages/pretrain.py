@@ -31,50 +31,22 @@ from lipt.stages.build import Parts, build_parts
 from lipt.stages.jigsaw import run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.run import Run
-from lipt.warmup import FullWarmup
 
 log = logging.getLogger(__name__)
 
 
-def pretrain_model(run: Run, parts: Parts, seed: int) -> Pretrained:
+def pretrain_model(parts: Parts, seed: int) -> Pretrained:
     """Run the configured strategy from the common initial model of `seed`. Its `seconds`: this
     attempt's wall time, plus the training seconds of jigsaw learners an earlier attempt saved
     and this one reused (the stage's whole cost, as `learner_seconds` counts them too)."""
     start = time.perf_counter()
     dm = parts.dm
-    log.info(describe_pretrain(run, parts, len(dm.pool_indices)))
+    log.info(parts.pretrain.describe(parts.context, len(dm.pool_indices)))
     result = parts.pretrain(parts.context, dm, parts.initial_model(seed), seed)
     result.seconds = time.perf_counter() - start + result.reused_seconds
     if result.report:
         log.info(soup_line(result.report))
     return result
-
-
-def describe_pretrain(run: Run, parts: Parts, pool_size: int) -> str:
-    """The line that opens pre-training: the strategy and its parts."""
-    p, merge = run.node("pretrain"), run.node("merge").get("name")
-    if p["name"] == "none":
-        return "pre-training: none (selection ranks with the untrained initial model)"
-    if isinstance(parts.pretrain, FullWarmup):
-        ctx = parts.context
-        epochs = parts.pretrain.warmup_epochs(ctx.main_epochs, ctx.fraction)
-        kappa = parts.pretrain.kappa
-        how = "" if kappa is None else f" (kappa {kappa} x {ctx.main_epochs} x {ctx.fraction:g})"
-        return f"pre-training: full, {epochs} epochs{how} on the whole pool of {pool_size:,}"
-    if p.get("merge_from"):
-        return f"pre-training: merging the jigsaw learners saved in {p['merge_from']} ({merge})"
-    batches = int(p["batches_per_learner"])
-    pieces = [
-        f"{p['num_learners']} learners x {batches} batch{'es' if batches > 1 else ''} x "
-        f"{p['local_epochs']} passes"
-    ]
-    augment, prune = run.node("augment"), run.node("prune")
-    if augment and augment["name"] != "none":
-        pieces.append({"randaugment": "RandAugment"}.get(augment["name"], augment["name"]))
-    if prune and prune["name"] != "none":
-        pieces.append(f"{prune['name'].upper()} {prune['density_low']}-{prune['density_high']}")
-    pieces.append(f"soup {merge}")
-    return "pre-training: jigsaw, " + ", ".join(pieces)
 
 
 def soup_line(report: Mapping[str, Any]) -> str:
@@ -117,9 +89,7 @@ def ranking_models(run: Run, parts: Parts, made: Pretrained | None = None) -> Ra
     settings = run.settings
     ckpt_path = settings.ckpt_path if settings.stage == "select" else None
     if made is not None and not ckpt_path:
-        rest = [
-            pretrain_model(run, parts, repeat_seed(settings.seed, r)) for r in range(1, repeats)
-        ]
+        rest = [pretrain_model(parts, repeat_seed(settings.seed, r)) for r in range(1, repeats)]
         models = [made, *rest]
         return Ranking([r.model for r in models], made.learner_heads, made, pretrain_stats(models))
     if ckpt_path:
@@ -131,7 +101,7 @@ def ranking_models(run: Run, parts: Parts, made: Pretrained | None = None) -> Ra
         return Ranking(
             [load_pretrained(run, parts, path)], heads_from_payload(load_checkpoint(path))
         )
-    results = [pretrain_model(run, parts, repeat_seed(settings.seed, r)) for r in range(repeats)]
+    results = [pretrain_model(parts, repeat_seed(settings.seed, r)) for r in range(repeats)]
     first = results[0]
     return Ranking([r.model for r in results], first.learner_heads, first, pretrain_stats(results))
 
@@ -195,5 +165,5 @@ def run(run: Run) -> dict[str, Any]:
         return run_learner_job(run)
     out = run_dir(run.folder)
     parts = build_parts(run)
-    result = pretrain_model(run, parts, run.settings.seed)
+    result = pretrain_model(parts, run.settings.seed)
     return write_pretrain_outputs(run, parts.dm, parts.context, result, out)

@@ -181,9 +181,11 @@ def kept_subset(
     if changed:
         was = ", ".join(f"{key}={recorded[key]}" for key in changed)
         has = ", ".join(f"{key}={now[key]}" for key in changed)
+        # The data set's name digests an ImageFolder tree's files: it changes with the files.
+        again = "the data set as it was" if changed == ["dataset"] else "the original settings"
         raise UserError(
-            f"{saved} was selected with {was}, this run has {has}; resume with the original "
-            "settings, or pass a new hydra.run.dir to start a new run"
+            f"{saved} was selected with {was}, this run has {has}; resume with {again}, or "
+            "pass a new hydra.run.dir to start a new run"
         )
     check_subset_fits(dm, saved, indices, weights, recorded)
     if checkpoint is None:
@@ -192,7 +194,7 @@ def kept_subset(
         return (indices, weights), None
     # The subset in force at the checkpoint: re-selected ones included.
     completed = int(torch.load(checkpoint, map_location="cpu", weights_only=True)["epoch"]) + 1
-    reselected = latest_subset(out, completed, run.settings.reselect_every, saved)
+    reselected = latest_subset(out, completed, run.settings.reselect_every, indices)
     if reselected is None:
         return (indices, weights), None
     return load_checked_subset(dm, reselected), indices

@@ -33,6 +33,9 @@ class NoPretraining:
     ) -> Pretrained:
         return Pretrained(model, trained=False)
 
+    def describe(self, ctx: PretrainContext, pool_size: int) -> str:
+        return "pre-training: none (selection ranks with the untrained initial model)"
+
 
 @dataclass(frozen=True)
 class FullWarmup(Checked):
@@ -50,6 +53,11 @@ class FullWarmup(Checked):
         if self.kappa is None:
             return int(self.epochs)
         return max(1, math.ceil(float(self.kappa) * int(main_epochs) * float(fraction)))
+
+    def describe(self, ctx: PretrainContext, pool_size: int) -> str:
+        epochs, kappa = self.warmup_epochs(ctx.main_epochs, ctx.fraction), self.kappa
+        how = "" if kappa is None else f" (kappa {kappa} x {ctx.main_epochs} x {ctx.fraction:g})"
+        return f"pre-training: full, {epochs} epochs{how} on the whole pool of {pool_size:,}"
 
     def __call__(
         self, ctx: PretrainContext, dm: DataModule, model: nn.Module, seed: int
