@@ -22,7 +22,7 @@ from lipt.selection.common import Selector, select_balanced
 from lipt.selection.coverage import select_coverage
 from lipt.selection.craig import select_craig
 from lipt.selection.glister import select_glister
-from lipt.selection.gradients import model_outputs, resolve_head
+from lipt.selection.gradients import index_order, model_outputs, resolve_head
 from lipt.selection.gradmatch import select_gradmatch
 from lipt.selection.profile import subset_profile
 from lipt.selection.scores import (
@@ -145,24 +145,9 @@ def labels_of_pool(pool: Iterable[Any]) -> PoolOutputs:
         indices.append(torch.as_tensor(batch[2]).long().cpu())
     if not indices:
         raise ValueError("the pool is empty")
-    idx = torch.cat(indices)
-    order = torch.argsort(idx)
-    idx_sorted = idx[order]
-    repeated = idx_sorted[1:][idx_sorted[1:] == idx_sorted[:-1]]
-    if len(repeated) > 0:
-        first = int(repeated[0])
-        count = int((idx == first).sum())
-        kinds = len(torch.unique(repeated))
-        raise ValueError(
-            f"the pool loader yielded dataset index {first} "
-            + ("twice" if count == 2 else f"{count} times")
-            + ("" if kinds == 1 else f" ({kinds} indices repeat)")
-            + "; selection needs each pool index exactly once: use a loader without a sampler "
-            "that repeats (no RandomSampler(replacement=True), no DistributedSampler padding the "
-            "last batch), e.g. a plain DataLoader over the pool"
-        )
+    order, idx_sorted = index_order(torch.cat(indices))
     labels = torch.cat(targets)[order]
-    n, classes = len(idx), int(labels.max()) + 1
+    n, classes = len(idx_sorted), int(labels.max()) + 1
     return PoolOutputs(torch.zeros(n, classes), torch.zeros(n, 0), labels, idx_sorted)
 
 

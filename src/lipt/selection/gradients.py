@@ -251,6 +251,32 @@ def _evaluating(model: nn.Module, channels_last: bool) -> Iterator[None]:
         _restore_modes(model, modes)
 
 
+def index_order(idx: Tensor) -> tuple[Tensor, Tensor]:
+    """The order that sorts a pool loader's dataset indices `idx` [N] (loader order ->
+    ascending dataset position), and the sorted indices.
+
+    Raises:
+        ValueError: an index that comes twice (a row must not be selected twice, nor the pool
+            look larger than it is).
+    """
+    order = torch.argsort(idx)
+    idx_sorted = idx[order]
+    repeated = idx_sorted[1:][idx_sorted[1:] == idx_sorted[:-1]]
+    if len(repeated) > 0:
+        first = int(repeated[0])
+        count = int((idx == first).sum())
+        kinds = len(torch.unique(repeated))
+        raise ValueError(
+            f"the pool loader yielded dataset index {first} "
+            + ("twice" if count == 2 else f"{count} times")
+            + ("" if kinds == 1 else f" ({kinds} indices repeat)")
+            + "; selection needs each pool index exactly once: use a loader without a sampler "
+            "that repeats (no RandomSampler(replacement=True), no DistributedSampler padding the "
+            "last batch), e.g. a plain DataLoader over the pool"
+        )
+    return order, idx_sorted
+
+
 def _in_index_order(
     logits: list[Tensor], embeddings: list[Tensor], targets: list[Tensor], indices: list[Tensor]
 ) -> PoolOutputs:
@@ -261,14 +287,7 @@ def _in_index_order(
     """
     if not indices:
         raise ValueError("model_outputs got an empty loader")
-    idx_all = torch.cat(indices)  # [N] in loader order
-    order = torch.argsort(idx_all)  # loader order -> ascending dataset position
-    idx_sorted = idx_all[order]
-    if len(idx_sorted) > 1 and bool((idx_sorted[1:] == idx_sorted[:-1]).any()):
-        raise ValueError(
-            "model_outputs: the loader yielded some dataset index twice (a padding "
-            "DistributedSampler?); score the pool with a plain, non-distributed loader"
-        )
+    order, idx_sorted = index_order(torch.cat(indices))
     return PoolOutputs(
         logits=torch.cat(logits)[order],
         embeddings=torch.cat(embeddings)[order],
