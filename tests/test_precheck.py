@@ -382,4 +382,12 @@ def test_a_run_folder_that_cannot_be_written_is_refused_before_any_work(
     # a folder of each job's number, below the working folder: as the jobs will make it
     runs = "paths.output_dir=${hydra:runtime.cwd}/runs/${hydra:job.num}"
     assert precheck("train", [*FAST, "seed=0,1", runs], multirun=True) is None
+    # a job folder named by a key the job sets (scripts/same_bits.sh's): its sweep folder stands
+    # for it, written or refused as that is
+    by_approach = ["+approach=random,coverage", "hydra.sweep.subdir=${approach}"]
+    sweep = ["+experiment=frontier_small", *by_approach]
+    assert precheck("train", [*sweep, f"hydra.sweep.dir={tmp_path}/sweep"], multirun=True) is None
+    assert refusal([*sweep, f"hydra.sweep.dir={blocker}/sweep"], True, capsys).startswith(
+        f"hydra.sweep.dir={blocker}/sweep cannot be written"
+    )
     assert list(tmp_path.iterdir()) == [blocker]

@@ -1,7 +1,8 @@
 """What `ckpt_path` checks before a resumed run does any work, and what a resumed run reports:
-a damaged or foreign checkpoint and changed selection settings are refused in one line; a run
-stopped before it saved anything starts over; summary.json says what the uninterrupted run
-says (the selecting attempt's stages, validation accuracy, the first subset's class counts)."""
+a damaged or foreign checkpoint, changed selection settings and a checkpoint of a run with other
+settings or data are refused in one line; a run stopped before it saved anything starts over;
+summary.json says what the uninterrupted run says (the selecting attempt's stages, validation
+accuracy, the first subset's class counts)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -27,6 +29,13 @@ from lipt.stages.build import build_datamodule
 from tests.helpers import FAST, run_entry, start_entry
 
 SUBSET = [*FAST, "selector=random", "budget=subset", "fraction=0.5"]
+# The whole pool, every epoch: no subset file whose settings a resume would check.
+WHOLE = [
+    *[o for o in FAST if not o.startswith(("trainer.max_epochs", "budget="))],
+    "budget=full",
+    "trainer.max_epochs=2",
+    "optimizer.lr=0.1",
+]
 
 
 class SimulatedCrashError(RuntimeError):
@@ -54,6 +63,23 @@ def _killed(make_cfg: Any, monkeypatch: pytest.MonkeyPatch, args: list[str], epo
 
 def _weights(out: Path) -> dict[str, torch.Tensor]:
     return torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
+def _record(out: Path) -> dict[str, Any]:
+    """What main training's last checkpoint records of its run (lipt.stages.resume.RunRecord)."""
+    from lipt.stages.resume import RunRecord
+
+    return torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["callbacks"][
+        RunRecord.KEY
+    ]
+
+
+def _stamp(path: Path) -> tuple[int, int, bytes]:
+    return path.stat().st_ino, path.stat().st_mtime_ns, path.read_bytes()
+
+
+def _no_work(*_args: Any, **_kwargs: Any) -> Any:
+    raise AssertionError("the resume started the stages (cleaning first) before refusing")
 
 
 # --- a checkpoint main training cannot resume from ------------------------------------------
@@ -166,6 +192,101 @@ def test_a_run_killed_before_its_first_checkpoint_resumes_by_starting_over(tmp_p
         "train.py", [*args[:-1], f"hydra.run.dir={tmp_path / 'new'}", "ckpt_path=last"]
     )
     assert fresh.returncode == 2 and "pass hydra.run.dir=<the run to resume>" in fresh.stderr
+
+
+# --- a checkpoint of a run with other settings or data --------------------------------------
+
+
+def test_a_whole_pool_run_resumed_with_another_lr_is_refused_before_any_work(
+    make_cfg, monkeypatch, tmp_path
+):
+    _killed(make_cfg, monkeypatch, WHOLE, epoch=1)  # epoch 0 checkpointed, no subset.npz
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    before = _stamp(last)
+    monkeypatch.setattr(train_stage, "clean_pool", _no_work)  # the first stage after the checks
+    with pytest.raises(UserError) as e:
+        train_stage.run(validate(make_cfg([*WHOLE, "optimizer.lr=0.5", "ckpt_path=last"])))
+    assert str(e.value) == (
+        f"ckpt_path=last: {last} is of a run with optimizer.lr=0.1, this run has "
+        "optimizer.lr=0.5; resume with the original settings, or pass a new hydra.run.dir to "
+        "start a new run"
+    )
+    # Up to 3 keys named, old and new values, in one line: the epochs too (lipt's budgets and
+    # schedules count main training's epochs), the seed, the validation split.
+    others = ["seed=1", "trainer.max_epochs=3", "dataset.val_size=50", "optimizer.lr=0.5"]
+    with pytest.raises(UserError, match=r"^ckpt_path=last: .* is of a run with ") as e:
+        train_stage.run(validate(make_cfg([*WHOLE, *others, "ckpt_path=last"])))
+    message = str(e.value)
+    assert "\n" not in message and "(1 more differ); resume with the original settings" in message
+    was = {"seed=0", "trainer.max_epochs=2", "dataset.val_size=100", "optimizer.lr=0.1"}
+    assert sum(f"{key}," in message or f"{key} " in message for key in was) == 3
+    assert sum(f"{key}," in message or f"{key} " in message for key in others) == 3
+    # Another run's checkpoint, named: the same check; the remedy is to leave ckpt_path out.
+    elsewhere = [*WHOLE, "optimizer.lr=0.5", f"paths.output_dir={tmp_path / 'other'}"]
+    with pytest.raises(UserError, match=r"optimizer\.lr=0\.5; .* leave out ckpt_path"):
+        train_stage.run(validate(make_cfg([*elsewhere, f"ckpt_path={last}"])))
+    assert _stamp(last) == before and not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [[], ["trainer.enable_progress_bar=true", "logger=csv", "model.channels_last=true"]],
+    ids=["same", "how_it_runs"],
+)
+def test_a_whole_pool_run_resumes_with_its_settings_whatever_its_bars_and_loggers(
+    make_cfg, monkeypatch, tmp_path, changed
+):
+    _killed(make_cfg, monkeypatch, WHOLE, epoch=1)
+    record = _record(tmp_path)  # what a resume checks
+    assert record["settings"]["optimizer.lr"] == 0.1 and record["settings"]["seed"] == 0
+    assert record["data"] == build_datamodule(run_of(make_cfg(WHOLE))).data_name
+    summary = train_stage.run(validate(make_cfg([*WHOLE, *changed, "ckpt_path=last"])))
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 1
+    assert summary["stages"]["train"]["samples"] == 2 * summary["train_size"]
+    if not changed:  # the record changes no training: the uninterrupted run's weights
+        clean = tmp_path / "clean"
+        train_stage.run(validate(make_cfg([*WHOLE, f"paths.output_dir={clean}"])))
+        a, b = _weights(tmp_path), _weights(clean)
+        assert all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
+
+
+def test_a_checkpoint_that_records_no_settings_resumes_as_before(make_cfg, monkeypatch, tmp_path):
+    _killed(make_cfg, monkeypatch, WHOLE, epoch=1)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    older = torch.load(last, weights_only=True)  # as an older lipt wrote it: no record
+    recorded = [key for key, state in older["callbacks"].items() if "settings" in state]
+    assert recorded == ["lipt.RunRecord"]
+    del older["callbacks"]["lipt.RunRecord"]
+    torch.save(older, last)
+    summary = train_stage.run(validate(make_cfg([*WHOLE, "optimizer.lr=0.5", "ckpt_path=last"])))
+    assert torch.load(last, weights_only=True)["epoch"] == 1  # resumed, trained to the end
+    assert summary["stages"]["train"]["samples"] == 2 * summary["train_size"]
+    assert _record(tmp_path)["settings"]["optimizer.lr"] == 0.5  # recorded from now on
+
+
+def test_a_whole_pool_resume_on_changed_image_files_is_refused(
+    make_cfg, monkeypatch, tmp_path, imagefolder_dir
+):
+    tree = [
+        "dataset=imagenet",
+        f"dataset.data_dir={imagefolder_dir}",
+        "dataset.num_classes=3",
+        "dataset.image_size=16",
+        "dataset.resize=18",
+        "dataset.val_size=9",
+        "dataset.num_workers=0",
+        "dataset.crop_padding=2",
+    ]
+    args = [*WHOLE, *tree]
+    _killed(make_cfg, monkeypatch, args, epoch=1)
+    named = _record(tmp_path)["data"]
+    folder = imagefolder_dir / "train" / "n01440764"
+    shutil.copy(folder / "n01440764_0.JPEG", folder / "n01440764_extra.JPEG")  # one image more
+    monkeypatch.setattr(train_stage, "clean_pool", _no_work)
+    with pytest.raises(UserError, match=r"^ckpt_path=last: .* is of a run with ") as e:
+        train_stage.run(validate(make_cfg([*args, "ckpt_path=last"])))
+    assert f"with dataset={named}, this run has dataset=imagefolder:" in str(e.value)
+    assert "; resume with the data set as it was, or pass a new hydra.run.dir" in str(e.value)
 
 
 # --- what a resumed run trains on and reports -----------------------------------------------

@@ -9,6 +9,7 @@ and so does the run folder, checked here since the stage makes it only once the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
@@ -49,12 +50,15 @@ def set_hydra_config(composed: DictConfig, multirun: bool) -> None:
     HydraConfig.instance().set_config(cfg)  # what ${hydra:...} in the folder reads, as in run_job
     try:
         folder = str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))
+    except (OmegaConfBaseException, ValueError):
+        HydraConfig.instance().set_config(cfg)
+        return  # a folder that does not resolve: Hydra's run reports it
+    # A subdir of the job's own keys (${approach}) does not resolve: the sweep folder stands for it.
+    with contextlib.suppress(OmegaConfBaseException, ValueError):
         if multirun:
             folder = os.path.join(folder, str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
-        with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
-            cfg.hydra.runtime.output_dir = os.path.abspath(folder)
-    except (OmegaConfBaseException, ValueError):
-        pass  # a folder that does not resolve: Hydra's run reports it
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = os.path.abspath(folder)
     HydraConfig.instance().set_config(cfg)
 
 

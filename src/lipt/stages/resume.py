@@ -4,9 +4,11 @@ A run resumes (`ckpt_path=last`, or a checkpoint) from what an earlier attempt l
 folder: summary.json, where it finished (it stands: `finished_summary`); checkpoints/last.ckpt,
 main training's last epoch; subset.npz and the subsets re-selected after it (subsets/), what main
 training trains on; stages.json, what the stages before main training cost then. Each is checked
-here, before any work: a checkpoint main training cannot resume from, or a subset selected with
-other settings than this run's, is refused in one line. Label cleaning's files are read back by
-lipt.stages.clean, where the cleaning method says whether they may be.
+here, before any work: a checkpoint main training cannot resume from, a finished summary, a
+checkpoint or a subset of a run with other settings than this run's (`RESULT_SETTINGS`, the
+data set), is refused in one line (`refuse_other_settings`). Main training's checkpoints record
+the settings (`RunRecord`). Label cleaning's files are read back by lipt.stages.clean, where the
+cleaning method says whether they may be.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from torch import Tensor
 
@@ -82,6 +85,8 @@ RESULT_SETTINGS = (
     "dataset.label_noise",
     "dataset.train_labels",
 )
+# Of those, how the work runs, not what it computes: they may change between attempts too.
+HOW_IT_RUNS = ("model.channels_last", "model.compile", "pretrain.num_threads")
 
 
 def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
@@ -97,34 +102,105 @@ def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
         return None
     summary: dict[str, Any] = json.loads(finished.read_text())
     recorded, now = settled(summary.get("config", {})), settled(run.config)
-    # Keys one side lacks are passed over, as a subset's are: another lipt version's config.
-    changed = [key for key in recorded if key in now and recorded[key] != now[key]]
-    if changed:
-        was = ", ".join(f"{key}={recorded[key]}" for key in changed[:3])
-        has = ", ".join(f"{key}={now[key]}" for key in changed[:3])
-        raise UserError(
-            f"{finished} is of a run with {was}, this run has {has}; resume with the original "
-            "settings, or pass a new hydra.run.dir to start a new run"
-        )
+    refuse_other_settings(f"{finished} is of a run with", recorded, now)
     log.info(f"{console.shown(out)} finished already: its summary.json stands")
     return summary
 
 
 def settled(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The `RESULT_SETTINGS` of a resolved config, by dotted key, less Hydra's instantiation
-    keys: a `_target_` moved by a new lipt version is no other setting."""
+    """The `RESULT_SETTINGS` of a resolved config, by dotted key, less `HOW_IT_RUNS` and
+    Hydra's instantiation keys: a `_target_` moved by a new lipt version is no other setting."""
     return {
         key: value
         for key, value in flatten(config).items()
         if any(key == s or key.startswith(f"{s}.") for s in RESULT_SETTINGS)
+        and key not in HOW_IT_RUNS
         and key.rpartition(".")[2] not in HYDRA_KEYS
     }
+
+
+# The key the data set's name goes by in a record (as in subset.npz's meta): it digests an
+# ImageFolder tree's files, so it changes with them.
+DATA_KEY = "dataset"
+NEW_RUN = "pass a new hydra.run.dir to start a new run"
+
+
+def refuse_other_settings(
+    what: str, recorded: Mapping[str, Any], now: Mapping[str, Any], instead: str = NEW_RUN
+) -> None:
+    """Refuse, in one line, what an earlier attempt left (`what`: "<file> is of a run with")
+    where the settings it records are not this run's `now`: up to 3 of the keys that differ,
+    with their old and new values, and how to go on (`instead`: the other way than resuming
+    with the original settings). Keys one side lacks are passed over: another lipt version's.
+
+    Raises:
+        UserError: some key both have differs.
+    """
+    changed = [key for key in recorded if key in now and recorded[key] != now[key]]
+    if not changed:
+        return
+    was = ", ".join(f"{key}={recorded[key]}" for key in changed[:3])
+    has = ", ".join(f"{key}={now[key]}" for key in changed[:3])
+    more = f" ({len(changed) - 3} more differ)" if len(changed) > 3 else ""
+    again = "the data set as it was" if changed == [DATA_KEY] else "the original settings"
+    raise UserError(f"{what} {was}, this run has {has}{more}; resume with {again}, or {instead}")
+
+
+class RunRecord(L.Callback):
+    """On main training's Trainer: its checkpoints record the run's `settled` settings and the
+    data set's name (lipt.data.DataModule.data_name), which a resume checks before any work
+    (`check_recorded_settings`). It only adds its state to a checkpoint: it touches no random
+    stream and no batch, and a resumed fit restores nothing from it (it records this attempt's
+    settings from then on, the same ones)."""
+
+    KEY = "lipt.RunRecord"  # in checkpoint["callbacks"]
+
+    def __init__(self, run: Run, dm: DataModule) -> None:
+        self.settings = settled(run.config)
+        self.data = dm.data_name
+
+    @property
+    def state_key(self) -> str:
+        return self.KEY
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"settings": dict(self.settings), "data": self.data}
+
+
+def recorded_settings(checkpoint: Path) -> dict[str, Any] | None:
+    """What `RunRecord` recorded in a checkpoint of main training, the data set's name under
+    `DATA_KEY`; None for a checkpoint that records nothing (an older lipt's)."""
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    callbacks = payload.get("callbacks")
+    record = callbacks.get(RunRecord.KEY) if isinstance(callbacks, Mapping) else None
+    if not isinstance(record, Mapping):
+        return None
+    recorded = dict(record.get("settings") or {})
+    if record.get("data") is not None:
+        recorded[DATA_KEY] = record["data"]
+    return recorded
+
+
+def check_recorded_settings(run: Run, dm: DataModule, checkpoint: Path, named: str) -> None:
+    """Refuse a checkpoint of a run with other settings (`RESULT_SETTINGS`) or data than this
+    run's: main training would go on under the new ones, and summary.json report the whole run
+    as theirs. `named`: how the message names it ("ckpt_path=last: <file>").
+
+    Raises:
+        UserError: in one line, the keys that differ.
+    """
+    recorded = recorded_settings(checkpoint)
+    if recorded is None:
+        return
+    now = {**settled(run.config), DATA_KEY: dm.data_name}
+    instead = NEW_RUN if run.settings.ckpt_path == "last" else "leave out ckpt_path to start over"
+    refuse_other_settings(f"{named} is of a run with", recorded, now, instead)
 
 
 def resume_of(run: Run, dm: DataModule, out: Path) -> Resume:
     """Where this attempt resumes from, each file checked now (`resume_checkpoint`,
     `kept_subset`)."""
-    checkpoint = resume_checkpoint(run, out)
+    checkpoint = resume_checkpoint(run, dm, out)
     subset, initial = kept_subset(run, dm, out, checkpoint)
     stages_file = out / STAGES_FILE
     resuming = run.settings.ckpt_path is not None
@@ -132,9 +208,10 @@ def resume_of(run: Run, dm: DataModule, out: Path) -> Resume:
     return Resume(checkpoint, subset, initial, stages)
 
 
-def resume_checkpoint(run: Run, out: Path) -> str | None:
+def resume_checkpoint(run: Run, dm: DataModule, out: Path) -> str | None:
     """The checkpoint main training resumes from (ckpt_path), checked now, before anything of
-    the run starts; None where main training starts from its first epoch."""
+    the run starts (a Lightning checkpoint of main training, of a run with this run's settings
+    and data); None where main training starts from its first epoch."""
     ckpt = run.settings.ckpt_path
     if not ckpt:
         return None
@@ -142,6 +219,7 @@ def resume_checkpoint(run: Run, out: Path) -> str | None:
         last = out / "checkpoints" / "last.ckpt"
         if last.is_file():
             check_lightning_checkpoint(last, "ckpt_path=last")
+            check_recorded_settings(run, dm, last, f"ckpt_path=last: {last}")
             return str(last)
         if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
             return None  # killed before main training: its saved learners and subset are reused
@@ -157,6 +235,7 @@ def resume_checkpoint(run: Run, out: Path) -> str | None:
     if not Path(str(ckpt)).is_file():
         raise UserError(f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'")
     check_lightning_checkpoint(Path(str(ckpt)), f"ckpt_path={ckpt}")
+    check_recorded_settings(run, dm, Path(str(ckpt)), f"ckpt_path={ckpt}")
     return str(ckpt)
 
 
@@ -176,17 +255,7 @@ def kept_subset(
     if not resuming or run.settings.subset_path or not run.trains_subset or not saved.is_file():
         return None, None
     indices, weights, recorded = load_subset(saved)
-    now = subset_meta(run, dm)
-    changed = [key for key in now if key in recorded and recorded[key] != now[key]]
-    if changed:
-        was = ", ".join(f"{key}={recorded[key]}" for key in changed)
-        has = ", ".join(f"{key}={now[key]}" for key in changed)
-        # The data set's name digests an ImageFolder tree's files: it changes with the files.
-        again = "the data set as it was" if changed == ["dataset"] else "the original settings"
-        raise UserError(
-            f"{saved} was selected with {was}, this run has {has}; resume with {again}, or "
-            "pass a new hydra.run.dir to start a new run"
-        )
+    refuse_other_settings(f"{saved} was selected with", recorded, subset_meta(run, dm))
     check_subset_fits(dm, saved, indices, weights, recorded)
     if checkpoint is None:
         # Killed after selection, before main training saved an epoch: the subset is kept.

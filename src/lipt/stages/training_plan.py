@@ -30,6 +30,7 @@ from lipt.models.schedules import StopAtStep
 from lipt.selection.reselection import Reselection
 from lipt.stages.build import Parts, build_callbacks, build_loggers, build_trainer, progress_bars
 from lipt.stages.dynamic import DynamicSetup
+from lipt.stages.resume import RunRecord
 from lipt.stages.run import Run
 from lipt.stages.select import reselection
 
@@ -151,7 +152,9 @@ def training_plan(
             save_last=False,
             enable_version_counter=False,
             save_on_train_epoch_end=True,
-        )
+        ),
+        # The run's settings and data, in each checkpoint: a resume with others is refused.
+        RunRecord(run, dm),
     ]
     if settings.record_seen:
         callbacks.append(SeenSamples(out))
