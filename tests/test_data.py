@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 import shutil
 from functools import partial
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from lipt.core.errors import UserError, one_line
-from lipt.data import DataModule
+from lipt.data import DataModule, sources
 from lipt.data.sources import IMAGE_EXTENSIONS, load_image_folder, read_idx
 from lipt.run.config import run_of
 from lipt.stages.build import build_datamodule
@@ -346,6 +347,28 @@ def image_tree(root: Path, noisy: bool = False) -> Path:
 
 def identity(root: Path, channels: int = 3) -> str:
     return load_image_folder(str(root), 36, 32, channels).name
+
+
+def test_an_image_trees_digest_reads_the_sizes_of_an_even_spread_of_its_files(
+    tmp_path, monkeypatch
+):
+    """Every file's path, the sizes of SIZED_FILES of them: a parallel file system answers each
+    stat slowly. A resized copy (other images under the same names) is told from the sizes."""
+    a = image_tree(tmp_path / "a" / "imagenet")
+    b = image_tree(tmp_path / "b" / "imagenet", noisy=True)
+    monkeypatch.setattr(sources, "SIZED_FILES", 2)
+    stats: list[str] = []
+    stat = os.stat
+
+    def counted(path, *args, **kwargs):
+        stats.append(str(path))
+        return stat(path, *args, **kwargs)
+
+    paths = {root: sorted((root / "train").rglob("*.png")) for root in (a, b)}
+    monkeypatch.setattr(sources.os, "stat", counted)
+    digest_a = sources.files_digest(a / "train", paths[a])
+    assert stats == [str(paths[a][0]), str(paths[a][4])]  # 8 files: every 4th
+    assert sources.files_digest(b / "train", paths[b]) != digest_a
 
 
 def test_two_image_folder_trees_of_one_name_and_class_count_are_told_apart(tmp_path):

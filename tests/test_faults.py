@@ -13,6 +13,7 @@ import fcntl
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 from omegaconf import DictConfig
 
 import lipt.stages.build
+from lipt.core.artifacts import SHARED_FOLDER_GRACE_S
 from lipt.core.errors import UserError
 from lipt.jigsaw import checkpoints as jigsaw_checkpoints
 from lipt.run.config import run_of, validate
@@ -247,16 +249,21 @@ def test_soup_callback_names_the_missing_ids_and_refuses_too_few(tmp_path):
 def test_a_learner_job_clears_its_killed_writes_but_not_a_write_under_way(jigsaw_cfg, tmp_path):
     """A job of a learner sweep takes its own run folder's lock, and with it the temporary files
     its killed attempt left there. In the learner folder all the sweep's jobs share, a killed
-    job's temporary file goes too, while one that another job is writing now (its writer holds
-    an flock on it) stays."""
+    job's temporary file goes too, once older than any write, while one that another job is
+    writing now (its writer holds an flock on it) stays, and so does a young one (a flock on a
+    cluster file system may not reach across nodes)."""
     cfg = jigsaw_cfg("sweep")
     folder = tmp_path / "sweep" / "learners"
     own = tmp_path / "sweep" / "job3" / ".summary.json.k2x9q0ab.tmp"  # as mkstemp names them
     killed = folder / ".learner_2.ckpt.p4m8z1cd.tmp"
     writing = folder / ".learner_1.ckpt.w7v6u5ts.tmp"
-    for path in (own, killed, writing):
+    young = folder / ".learner_0.ckpt.y0u9n8gq.tmp"
+    for path in (own, killed, writing, young):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"\x80half a file")
+    long_ago = time.time() - 2 * SHARED_FOLDER_GRACE_S
+    for path in (killed, writing):
+        os.utime(path, (long_ago, long_ago))
     fd = os.open(writing, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # as a live writer holds it (lipt.core.artifacts)
@@ -265,4 +272,4 @@ def test_a_learner_job_clears_its_killed_writes_but_not_a_write_under_way(jigsaw
         os.close(fd)
     assert (folder / "learner_3.ckpt").is_file()
     assert not own.exists() and not killed.exists()
-    assert writing.read_bytes() == b"\x80half a file"
+    assert writing.read_bytes() == young.read_bytes() == b"\x80half a file"

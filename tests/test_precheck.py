@@ -371,6 +371,11 @@ def test_a_run_folder_that_cannot_be_written_is_refused_before_any_work(
         f"paths.output_dir={blocker}/0 cannot be written ({blocker} is not a folder); "
         "choose a writable folder"
     )
+    unset = "hydra.run.dir=${oc.env:LIPT_NO_SUCH_VARIABLE}"
+    assert refusal([*quick, unset], False, capsys).startswith(
+        "hydra.run.dir does not resolve (KeyError raised while resolving interpolation: "
+        "\"Environment variable 'LIPT_NO_SUCH_VARIABLE' not found\")"
+    )
     # Hydra's own folder (outputs/<stage>/<date>/<time> below the working folder, by default)
     (tmp_path / "outputs").write_text("")
     line = refusal(quick, False, capsys)

@@ -26,6 +26,7 @@ from lipt.models.classifier import Classifier
 from lipt.run.config import run_of, validate
 from lipt.stages import train as train_stage
 from lipt.stages.build import build_datamodule
+from lipt.stages.resume import refuse_other_settings, settled
 from tests.helpers import FAST, run_entry, start_entry
 
 SUBSET = [*FAST, "selector=random", "budget=subset", "fraction=0.5"]
@@ -356,3 +357,32 @@ def test_unique_samples_never_exceed_the_samples_trained(make_cfg):
     train = summary["stages"]["train"]
     assert 0 < train["samples"] < summary["train_size"]
     assert train["unique_samples"] == train["samples"]
+
+
+def test_where_learners_are_kept_and_how_the_model_runs_are_no_result_settings(make_cfg):
+    """A resume may move the learner folder or compile the model: saved learners are checked
+    by their recipe, and neither changes what the run computes."""
+    cfg = make_cfg(WHOLE)
+    moved = make_cfg(
+        [
+            *WHOLE,
+            "pretrain=jigsaw",
+            "pretrain.learner_dir=/elsewhere",
+            "pretrain.num_threads=1",
+            "model.compile=true",
+        ]
+    )
+    jigsaw = make_cfg([*WHOLE, "pretrain=jigsaw"])
+    assert settled(run_of(moved).config) == settled(run_of(jigsaw).config)
+    assert settled(run_of(jigsaw).config) != settled(run_of(cfg).config)  # another pretrain
+
+
+def test_an_older_lipts_image_folder_name_is_told_from_another_tree():
+    """A subset or checkpoint of an older lipt names an ImageFolder tree without the digest of
+    its files: the refusal says so, where another tree's says to resume with the data as it was."""
+    now = {"dataset": "imagefolder:imagenet:2:0123456789ab:grey"}
+    with pytest.raises(UserError, match=r"an older lipt's name of this ImageFolder tree, which"):
+        refuse_other_settings("x is of a run with", {"dataset": "imagefolder:imagenet:2:grey"}, now)
+    other = {"dataset": "imagefolder:imagenet:2:ba9876543210:grey"}
+    with pytest.raises(UserError, match=r"resume with the data set as it was"):
+        refuse_other_settings("x is of a run with", other, now)

@@ -19,10 +19,11 @@ import os
 import re
 import stat
 import tempfile
+import time
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -101,11 +102,19 @@ def _locked_temporary(path: Path) -> tuple[int, str]:
         os.close(fd)
 
 
-def remove_stale_temporaries(folder: Path) -> list[tuple[Path, int]]:
+# A folder that jobs on other nodes write at the same time (a sweep's learner folder): a cluster
+# file system may keep flocks to each node (BeeGFS by default, Lustre's localflock, NFS with
+# nolock), so there an unlocked temporary is removed only once no write could still be making it.
+SHARED_FOLDER_GRACE_S = 3600.0
+
+
+def remove_stale_temporaries(folder: Path, min_age_s: float = 0.0) -> list[tuple[Path, int]]:
     """Remove the temporary files in `folder` (not its subfolders) that a killed write left
-    behind: those of `TEMPORARY_NAME`'s exact name whose writer is gone (no flock on them).
-    A file being written now (by this process or any other), any other file, and any file this
-    process may not open for writing are kept. Returns the removed files and their sizes."""
+    behind: those of `TEMPORARY_NAME`'s exact name whose writer is gone (no flock on them), and
+    last written at least `min_age_s` ago (`SHARED_FOLDER_GRACE_S` for a folder other nodes'
+    jobs write). A file being written now (by this process or any other), any other file, and
+    any file this process may not open for writing are kept. Returns the removed files and
+    their sizes."""
     try:
         entries = [e for e in os.scandir(folder) if TEMPORARY_NAME.fullmatch(e.name)]
     except OSError:  # no such folder (yet), or not ours to list
@@ -122,7 +131,8 @@ def remove_stale_temporaries(folder: Path) -> list[tuple[Path, int]]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its writer lives
             held, now = os.fstat(fd), os.lstat(entry.path)
             same = (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)  # still the one locked
-            if stat.S_ISREG(held.st_mode) and same:
+            old_enough = time.time() - held.st_mtime >= min_age_s
+            if stat.S_ISREG(held.st_mode) and same and old_enough:
                 os.unlink(entry.path)
                 removed.append((Path(entry.path), held.st_size))
         except OSError:  # being written (BlockingIOError), gone, or no locks here: kept
@@ -278,10 +288,11 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 LIGHTNING_KEYS = ("pytorch-lightning_version", "state_dict")
 
 
-def check_lightning_checkpoint(path: Path, key: str) -> None:
+def check_lightning_checkpoint(path: Path, key: str) -> dict[str, Any]:
     """Refuse, in one line naming the setting `key` (e.g. "ckpt_path=last"), a file main
     training cannot resume from: unreadable (truncated, not a torch file) or not a Lightning
-    checkpoint (a jigsaw learner's, pretrain.ckpt). Cheap: the tensors are mapped, not read."""
+    checkpoint (a jigsaw learner's, pretrain.ckpt). Returns its payload. Cheap: the tensors are
+    mapped, not read."""
     path = Path(path).expanduser()
     named = key if key.endswith(str(path)) else f"{key}: {path}"
     try:
@@ -299,6 +310,7 @@ def check_lightning_checkpoint(path: Path, key: str) -> None:
             f"{', '.join(missing)}); ckpt_path resumes main training: give a run's "
             "checkpoints/last.ckpt, or ckpt_path=last in that run's folder"
         )
+    return cast(dict[str, Any], payload)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

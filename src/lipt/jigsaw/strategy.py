@@ -30,7 +30,7 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from lipt.core.artifacts import remove_stale_temporaries
+from lipt.core.artifacts import SHARED_FOLDER_GRACE_S, remove_stale_temporaries
 from lipt.core.errors import UserError
 from lipt.core.seeding import torch_threads
 from lipt.data import DataModule
@@ -99,7 +99,8 @@ def pretrain_jigsaw(
     folder = learner_dir(ctx, settings, shared=False)
     if seed != ctx.run_seed:  # selector.repeats: the learners of each seed apart
         folder = folder / f"seed_{seed}"
-    remove_stale_temporaries(folder)  # a killed attempt's half-written learner files
+    # A killed attempt's half-written learner files (a pretrain.learner_dir other jobs may share).
+    remove_stale_temporaries(folder, SHARED_FOLDER_GRACE_S)
 
     def train_one(i: int, shard: Tensor) -> Learner:
         return train_or_reuse(ctx, settings, dm, model, seed, i, shard, folder)
@@ -145,8 +146,9 @@ def train_learner_group(
     shard, their checkpoints written to the learner folder all jobs share (a re-run of the sweep
     trains only those it has no checkpoint of). Returns them and that folder."""
     folder = learner_dir(ctx, settings, shared=True)
-    # A killed job's half-written learner files; another job's, being written now, are locked.
-    remove_stale_temporaries(folder)
+    # A killed job's half-written learner files; another job's, being written now, are locked
+    # (and young: the locks of a cluster file system may not reach across nodes).
+    remove_stale_temporaries(folder, SHARED_FOLDER_GRACE_S)
     learners = []
     with torch_threads(settings.num_threads):
         for i in ids:

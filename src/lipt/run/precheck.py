@@ -48,11 +48,12 @@ def set_hydra_config(composed: DictConfig, multirun: bool) -> None:
             cfg.hydra.job.id = 0
             cfg.hydra.job.num = 0
     HydraConfig.instance().set_config(cfg)  # what ${hydra:...} in the folder reads, as in run_job
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     try:
-        folder = str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir"))
-    except (OmegaConfBaseException, ValueError):
-        HydraConfig.instance().set_config(cfg)
-        return  # a folder that does not resolve: Hydra's run reports it
+        folder = str(OmegaConf.select(cfg, key))
+    except (OmegaConfBaseException, ValueError) as e:
+        reason = " ".join(str(e).splitlines()[0].split())
+        raise UserError(f"{key} does not resolve ({reason}); give a folder that does") from e
     # A subdir of the job's own keys (${approach}) does not resolve: the sweep folder stands for it.
     with contextlib.suppress(OmegaConfBaseException, ValueError):
         if multirun:

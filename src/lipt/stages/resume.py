@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from torch import Tensor
 
 from lipt.core import console
@@ -85,8 +84,15 @@ RESULT_SETTINGS = (
     "dataset.label_noise",
     "dataset.train_labels",
 )
-# Of those, how the work runs, not what it computes: they may change between attempts too.
-HOW_IT_RUNS = ("model.channels_last", "model.compile", "pretrain.num_threads")
+# Of those, how the work runs and where the learners are kept, not what it computes: they may
+# change between attempts too (saved learners are checked by their own recipe).
+PASSED_OVER = (
+    "model.channels_last",
+    "model.compile",
+    "pretrain.num_threads",
+    "pretrain.learner_dir",
+    "pretrain.merge_from",
+)
 
 
 def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
@@ -108,13 +114,13 @@ def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
 
 
 def settled(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The `RESULT_SETTINGS` of a resolved config, by dotted key, less `HOW_IT_RUNS` and
+    """The `RESULT_SETTINGS` of a resolved config, by dotted key, less `PASSED_OVER` and
     Hydra's instantiation keys: a `_target_` moved by a new lipt version is no other setting."""
     return {
         key: value
         for key, value in flatten(config).items()
         if any(key == s or key.startswith(f"{s}.") for s in RESULT_SETTINGS)
-        and key not in HOW_IT_RUNS
+        and key not in PASSED_OVER
         and key.rpartition(".")[2] not in HYDRA_KEYS
     }
 
@@ -142,14 +148,27 @@ def refuse_other_settings(
     was = ", ".join(f"{key}={recorded[key]}" for key in changed[:3])
     has = ", ".join(f"{key}={now[key]}" for key in changed[:3])
     more = f" ({len(changed) - 3} more differ)" if len(changed) > 3 else ""
+    if changed == [DATA_KEY] and undigested(recorded[DATA_KEY], now[DATA_KEY]):
+        raise UserError(
+            f"{what} {was}, this run has {has}: an older lipt's name of this ImageFolder tree, "
+            f"which did not digest its files; {instead}"
+        )
     again = "the data set as it was" if changed == [DATA_KEY] else "the original settings"
     raise UserError(f"{what} {was}, this run has {has}{more}; resume with {again}, or {instead}")
+
+
+def undigested(recorded: Any, now: Any) -> bool:
+    """`recorded` is `now`, an ImageFolder tree's name (lipt.data.sources.load_image_folder),
+    less the digest of its files that an older lipt did not write."""
+    parts = str(now).split(":")
+    old = ":".join(parts[:3] + parts[4:])
+    return parts[0] == "imagefolder" and len(parts) >= 4 and str(recorded) == old
 
 
 class RunRecord(L.Callback):
     """On main training's Trainer: its checkpoints record the run's `settled` settings and the
     data set's name (lipt.data.DataModule.data_name), which a resume checks before any work
-    (`check_recorded_settings`). It only adds its state to a checkpoint: it touches no random
+    (`resume_checkpoint`). It only adds its state to a checkpoint: it touches no random
     stream and no batch, and a resumed fit restores nothing from it (it records this attempt's
     settings from then on, the same ones)."""
 
@@ -167,10 +186,9 @@ class RunRecord(L.Callback):
         return {"settings": dict(self.settings), "data": self.data}
 
 
-def recorded_settings(checkpoint: Path) -> dict[str, Any] | None:
-    """What `RunRecord` recorded in a checkpoint of main training, the data set's name under
-    `DATA_KEY`; None for a checkpoint that records nothing (an older lipt's)."""
-    payload = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+def recorded_settings(payload: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What `RunRecord` recorded in a checkpoint of main training (its `payload`), the data
+    set's name under `DATA_KEY`; None for a checkpoint that records nothing (an older lipt's)."""
     callbacks = payload.get("callbacks")
     record = callbacks.get(RunRecord.KEY) if isinstance(callbacks, Mapping) else None
     if not isinstance(record, Mapping):
@@ -181,66 +199,72 @@ def recorded_settings(checkpoint: Path) -> dict[str, Any] | None:
     return recorded
 
 
-def check_recorded_settings(run: Run, dm: DataModule, checkpoint: Path, named: str) -> None:
-    """Refuse a checkpoint of a run with other settings (`RESULT_SETTINGS`) or data than this
-    run's: main training would go on under the new ones, and summary.json report the whole run
-    as theirs. `named`: how the message names it ("ckpt_path=last: <file>").
-
-    Raises:
-        UserError: in one line, the keys that differ.
-    """
-    recorded = recorded_settings(checkpoint)
-    if recorded is None:
-        return
-    now = {**settled(run.config), DATA_KEY: dm.data_name}
-    instead = NEW_RUN if run.settings.ckpt_path == "last" else "leave out ckpt_path to start over"
-    refuse_other_settings(f"{named} is of a run with", recorded, now, instead)
-
-
 def resume_of(run: Run, dm: DataModule, out: Path) -> Resume:
     """Where this attempt resumes from, each file checked now (`resume_checkpoint`,
     `kept_subset`)."""
-    checkpoint = resume_checkpoint(run, dm, out)
-    subset, initial = kept_subset(run, dm, out, checkpoint)
+    checkpoint, completed = resume_checkpoint(run, dm, out)
+    subset, initial = kept_subset(run, dm, out, completed)
     stages_file = out / STAGES_FILE
     resuming = run.settings.ckpt_path is not None
     stages = json.loads(stages_file.read_text()) if resuming and stages_file.is_file() else None
     return Resume(checkpoint, subset, initial, stages)
 
 
-def resume_checkpoint(run: Run, dm: DataModule, out: Path) -> str | None:
-    """The checkpoint main training resumes from (ckpt_path), checked now, before anything of
-    the run starts (a Lightning checkpoint of main training, of a run with this run's settings
-    and data); None where main training starts from its first epoch."""
+def resume_checkpoint(run: Run, dm: DataModule, out: Path) -> tuple[str | None, int | None]:
+    """The checkpoint main training resumes from (ckpt_path) and the epochs it completed,
+    checked now, before anything of the run starts: a Lightning checkpoint of main training, of
+    a run with this run's settings (`RESULT_SETTINGS`) and data. (None, None) where main
+    training starts from its first epoch.
+
+    Raises:
+        UserError: no such checkpoint, one main training cannot resume from, or one of a run
+            with other settings or data (main training would go on under the new ones, and
+            summary.json report the whole run as theirs).
+    """
+    path = checkpoint_path(run, out)
+    if path is None:
+        return None, None
+    ckpt = run.settings.ckpt_path
+    named = f"ckpt_path=last: {path}" if ckpt == "last" else f"ckpt_path={ckpt}"
+    payload = check_lightning_checkpoint(path, named)  # mapped, not read: read once here
+    recorded = recorded_settings(payload)
+    if recorded is not None:
+        now = {**settled(run.config), DATA_KEY: dm.data_name}
+        instead = NEW_RUN if ckpt == "last" else "leave out ckpt_path to start over"
+        refuse_other_settings(f"{named} is of a run with", recorded, now, instead)
+    return str(path), int(payload["epoch"]) + 1
+
+
+def checkpoint_path(run: Run, out: Path) -> Path | None:
+    """The file `ckpt_path` names (`last`: this run folder's checkpoints/last.ckpt); None where
+    main training starts from its first epoch (a run killed before it saved one)."""
     ckpt = run.settings.ckpt_path
     if not ckpt:
         return None
-    if ckpt == "last":
-        last = out / "checkpoints" / "last.ckpt"
-        if last.is_file():
-            check_lightning_checkpoint(last, "ckpt_path=last")
-            check_recorded_settings(run, dm, last, f"ckpt_path=last: {last}")
-            return str(last)
-        if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
-            return None  # killed before main training: its saved learners and subset are reused
-        if sweep_dir_of_job() is not None:
-            log.info("resuming a sweep: this job never started, so it starts now")
-            return None
-        if logged_before_this_process(out):
-            log.info(f"resuming {console.shown(out)}: nothing saved yet: starting over")
-            return None
-        raise UserError(
-            f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
-        )
-    if not Path(str(ckpt)).is_file():
-        raise UserError(f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'")
-    check_lightning_checkpoint(Path(str(ckpt)), f"ckpt_path={ckpt}")
-    check_recorded_settings(run, dm, Path(str(ckpt)), f"ckpt_path={ckpt}")
-    return str(ckpt)
+    if ckpt != "last":
+        if not Path(str(ckpt)).is_file():
+            raise UserError(
+                f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'"
+            )
+        return Path(str(ckpt))
+    last = out / "checkpoints" / "last.ckpt"
+    if last.is_file():
+        return last
+    if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
+        return None  # killed before main training: its saved learners and subset are reused
+    if sweep_dir_of_job() is not None:
+        log.info("resuming a sweep: this job never started, so it starts now")
+        return None
+    if logged_before_this_process(out):
+        log.info(f"resuming {console.shown(out)}: nothing saved yet: starting over")
+        return None
+    raise UserError(
+        f"ckpt_path=last but {last} does not exist; pass hydra.run.dir=<the run to resume>"
+    )
 
 
 def kept_subset(
-    run: Run, dm: DataModule, out: Path, checkpoint: str | None
+    run: Run, dm: DataModule, out: Path, completed: int | None
 ) -> tuple[tuple[Tensor, Tensor] | None, Tensor | None]:
     """The subset an earlier attempt of this run selected, which this attempt trains on, and
     subset.npz's indices where a later re-selection replaced it. None where there is none, or
@@ -251,18 +275,17 @@ def kept_subset(
             on the old subset under the new settings' name), or does not fit the data.
     """
     saved = out / SUBSET_FILE
-    resuming = checkpoint is not None or run.settings.ckpt_path == "last"
+    resuming = completed is not None or run.settings.ckpt_path == "last"
     if not resuming or run.settings.subset_path or not run.trains_subset or not saved.is_file():
         return None, None
     indices, weights, recorded = load_subset(saved)
     refuse_other_settings(f"{saved} was selected with", recorded, subset_meta(run, dm))
     check_subset_fits(dm, saved, indices, weights, recorded)
-    if checkpoint is None:
+    if completed is None:
         # Killed after selection, before main training saved an epoch: the subset is kept.
         log.info("resuming: the subset in %s is kept (not selected again)", saved)
         return (indices, weights), None
-    # The subset in force at the checkpoint: re-selected ones included.
-    completed = int(torch.load(checkpoint, map_location="cpu", weights_only=True)["epoch"]) + 1
+    # The subset in force at the checkpoint (`completed` epochs): re-selected ones included.
     reselected = latest_subset(out, completed, run.settings.reselect_every, indices)
     if reselected is None:
         return (indices, weights), None
