@@ -331,6 +331,14 @@ def files_digest(root: Path, paths: list[Path]) -> str:
     return digest.hexdigest()[:12]
 
 
+def undigested_name(recorded: str, now: str) -> bool:
+    """`recorded` is `now`, an ImageFolder tree's name (`load_image_folder`), less the digest of
+    its files, which an older lipt did not write."""
+    parts = now.split(":")
+    old = ":".join(parts[:3] + parts[4:])
+    return parts[0] == "imagefolder" and len(parts) >= 4 and recorded == old
+
+
 def image_folder_dirs(data_dir: str | None) -> tuple[Path, Path]:
     """`train/` and `val/` of an ImageFolder tree; UserError when either is missing."""
     root = _existing_dir(data_dir, "imagenet")

@@ -54,9 +54,10 @@ def set_hydra_config(composed: DictConfig, multirun: bool) -> None:
     except (OmegaConfBaseException, ValueError) as e:
         reason = " ".join(str(e).splitlines()[0].split())
         raise UserError(f"{key} does not resolve ({reason}); give a folder that does") from e
-    # A subdir of the job's own keys (${approach}) does not resolve: the sweep folder stands for it.
-    with contextlib.suppress(OmegaConfBaseException, ValueError):
-        if multirun:
+    if multirun:
+        # A subdir of the job's own keys (${approach}) does not resolve: the sweep folder
+        # stands for it.
+        with contextlib.suppress(OmegaConfBaseException, ValueError):
             folder = os.path.join(folder, str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
     with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
         cfg.hydra.runtime.output_dir = os.path.abspath(folder)

@@ -29,6 +29,7 @@ from lipt.core.errors import UserError
 from lipt.core.job import is_ddp_child, logged_before_this_process, sweep_dir_of_job
 from lipt.core.schema import HYDRA_KEYS
 from lipt.data import DataModule
+from lipt.data.sources import undigested_name
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.sweep import flatten
 from lipt.selection.reselection import latest_subset
@@ -148,21 +149,13 @@ def refuse_other_settings(
     was = ", ".join(f"{key}={recorded[key]}" for key in changed[:3])
     has = ", ".join(f"{key}={now[key]}" for key in changed[:3])
     more = f" ({len(changed) - 3} more differ)" if len(changed) > 3 else ""
-    if changed == [DATA_KEY] and undigested(recorded[DATA_KEY], now[DATA_KEY]):
+    if changed == [DATA_KEY] and undigested_name(str(recorded[DATA_KEY]), str(now[DATA_KEY])):
         raise UserError(
             f"{what} {was}, this run has {has}: an older lipt's name of this ImageFolder tree, "
             f"which did not digest its files; {instead}"
         )
     again = "the data set as it was" if changed == [DATA_KEY] else "the original settings"
     raise UserError(f"{what} {was}, this run has {has}{more}; resume with {again}, or {instead}")
-
-
-def undigested(recorded: Any, now: Any) -> bool:
-    """`recorded` is `now`, an ImageFolder tree's name (lipt.data.sources.load_image_folder),
-    less the digest of its files that an older lipt did not write."""
-    parts = str(now).split(":")
-    old = ":".join(parts[:3] + parts[4:])
-    return parts[0] == "imagefolder" and len(parts) >= 4 and str(recorded) == old
 
 
 class RunRecord(L.Callback):
