@@ -16,12 +16,14 @@ from tests.helpers import CONFIGS, FAST, ROOT, run_entry
 SELECTORS = sorted(p.stem for p in (CONFIGS / "selector").glob("*.yaml"))
 
 
-def refusal(args: list[str], multirun: bool, capsys: Any, show_config: bool = False) -> str:
+def refusal(
+    args: list[str], multirun: bool, capsys: Any, show_config: bool = False, run_flag: bool = False
+) -> str:
     """precheck's one line for `args` (it must exit 2)."""
     from lipt.run.precheck import precheck
 
     with pytest.raises(SystemExit) as exit_:
-        precheck("train", args, multirun=multirun, show_config=show_config)
+        precheck("train", args, multirun, show_config, run_flag)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1, err
     return err.removeprefix("error: ").rstrip("\n")
@@ -325,6 +327,41 @@ def test_cfg_refuses_what_a_run_refuses_in_its_config_in_one_line(
     """--cfg prints the config a run would get (Hydra: five lines of "Ambiguous value" for a
     sweep, a traceback for a key, and a value out of range printed as if fine)."""
     assert refusal(args, False, capsys, show_config=True) == line
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (
+            ["seed=0,1"],
+            "seed=0,1 sweeps 2 values: replace --run with -m to run a job for each, or give one "
+            "value (a list is seed=[0,1])",
+        ),
+        (
+            ["optimizer.lr=interval(0.1,1)"],
+            "optimizer.lr=interval(0.1,1) is a search interval: replace --run with -m with a "
+            "sweeper that samples it (e.g. hparams_search=lr_wd), or give one value",
+        ),
+    ],
+)
+def test_a_sweep_after_run_is_told_to_replace_run_with_m(
+    args: list[str], line: str, capsys: Any
+) -> None:
+    """--run asks for one job: "add -m" beside it would be refused next (two commands)."""
+    assert refusal(args, False, capsys, run_flag=True) == line
+
+
+def test_a_job_folder_the_slurm_launcher_would_replace_is_refused(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """lipt's SLURM launcher runs each job in hydra.sweep.dir/subdir: a paths.output_dir beside
+    it would be ignored (refused before the cluster is asked anything)."""
+    args = ["hydra/launcher=slurm", f"paths.output_dir={tmp_path}/${{hydra:job.num}}"]
+    assert refusal(args, True, capsys) == (
+        f"paths.output_dir={tmp_path}/${{hydra:job.num}} is ignored: hydra/launcher=slurm runs "
+        "each job in hydra.sweep.dir/hydra.sweep.subdir; drop paths.output_dir and choose the "
+        "folder with hydra.sweep.dir=..."
+    )
 
 
 def test_cfg_prints_a_config_it_does_not_look_at_the_machine_for(tmp_path: Path) -> None:

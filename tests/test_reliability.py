@@ -187,7 +187,7 @@ CASES = [
     ("train.py", ["-c", "job", "fraction=2"], ["fraction=2", "less than or equal to 1"]),
     ("train.py", ["-c", "job", "no_such_key=1"], ["no_such_key", "+key=value"]),
     ("train.py", ["-m", "-c", "job", "seed=0,1"], ["--multirun and --cfg", "dry_run=true"]),
-    ("train.py", ["--run", "seed=0,1"], ["seed=0,1 sweeps 2 values", "add -m"]),
+    ("train.py", ["--run", "seed=0,1"], ["seed=0,1 sweeps 2 values", "replace --run with -m"]),
     # The run folder: made by the stage once the run has started, checked before.
     (
         "train.py",

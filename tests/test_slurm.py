@@ -213,8 +213,13 @@ SLURM = ["hydra/launcher=slurm", "hydra.launcher.poll_s=1"]
             {},
             ["hydra.launcher.learners_per_task=0", "at least 1"],
         ),
+        (
+            ["-m", "hydra/launcher=slurm", "paths.output_dir=/tmp/elsewhere"],
+            {},
+            ["paths.output_dir=/tmp/elsewhere is ignored", "hydra.sweep.dir="],
+        ),
     ],
-    ids=["no-multirun", "no-such-partition", "no-slurm", "no-learners-a-task"],
+    ids=["no-multirun", "no-such-partition", "no-slurm", "no-learners-a-task", "output-dir"],
 )
 def test_bad_input_is_one_line_before_anything_is_submitted(
     slurm_env, tmp_path, args, env_extra, words

@@ -37,7 +37,7 @@ def launch(config_name: str, stage_module: str) -> None:
     args = check_flags(sys.argv[1:])
     if is_checked_first(args):
         shown = args.cfg is not None
-        jobs = precheck(config_name, args.overrides, multirun=args.multirun, show_config=shown)
+        jobs = precheck(config_name, args.overrides, args.multirun, shown, args.run)
         if jobs is not None:  # dry_run=true
             print(
                 f"dry run: {jobs} job{'s' if jobs != 1 else ''} composed, checked and built; "

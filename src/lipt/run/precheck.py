@@ -20,7 +20,13 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lipt.core.errors import UserError, fail, one_line
-from lipt.run.sweep_overrides import candidate_overrides, check_sweeps, declared_sweep, every_job
+from lipt.run.sweep_overrides import (
+    HYDRA_JOB_FOLDER,
+    candidate_overrides,
+    check_sweeps,
+    declared_sweep,
+    every_job,
+)
 
 
 def config_dir() -> Path:
@@ -112,14 +118,19 @@ def compose_jobs(
 
 
 def precheck(
-    config_name: str, args: list[str], multirun: bool = False, show_config: bool = False
+    config_name: str,
+    args: list[str],
+    multirun: bool = False,
+    show_config: bool = False,
+    run_flag: bool = False,
 ) -> int | None:
     """Compose and validate the config from `args` as Hydra will; exit 2 on the first problem.
     A sweep's candidate jobs (each value once) get every check; every job (up to
     CHECKED_JOBS) gets those that build nothing, the rules across keys among them. With
     `dry_run=true`, also build what each run builds first; returns the number of jobs checked
     then (None without dry_run). `show_config` (--cfg): Hydra prints one job's config, which
-    is composed and its values checked (check_values); returns None."""
+    is composed and its values checked (check_values); returns None. `run_flag`: --run was
+    given (a sweep's fix then names it)."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -151,7 +162,7 @@ def precheck(
                 check_writable(arg)
         GlobalHydra.instance().clear()
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
-            declared = declared_sweep(config_name, args, multirun, show_config)
+            declared = declared_sweep(config_name, args, multirun, show_config, run_flag)
             args, params = check_sweeps(args, declared)
         assert declared.composed is not None
         set_hydra_config(declared.composed, declared.multirun)
@@ -229,10 +240,6 @@ def check_writable(arg: str) -> None:
     problem = unwritable(Path(value))
     if problem is not None:
         raise UserError(f"{key}={value} cannot be written ({problem}); choose a writable folder")
-
-
-# paths.output_dir as the configs set it: the folder Hydra makes for the job.
-HYDRA_JOB_FOLDER = "${hydra:runtime.output_dir}"
 
 
 def check_output_dir(cfg: DictConfig, multirun: bool) -> None:

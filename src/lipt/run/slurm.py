@@ -14,8 +14,9 @@ from typing import Any
 from lipt.core.errors import UserError
 
 # hydra/launcher options whose jobs go to SLURM (lipt's own, and Hydra's plain one).
+LIPT_LAUNCHER = "hydra_plugins.lipt_slurm.slurm_launcher.LiptSlurmLauncher"
 SLURM_LAUNCHERS = (
-    "hydra_plugins.lipt_slurm.slurm_launcher.LiptSlurmLauncher",
+    LIPT_LAUNCHER,
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
 )
 

@@ -18,7 +18,10 @@ from omegaconf import DictConfig
 
 from lipt.core.errors import UserError
 from lipt.run.frontier_sweep import check_frontier_settings, with_reference
-from lipt.run.slurm import check_slurm_launcher, is_slurm_launcher
+from lipt.run.slurm import LIPT_LAUNCHER, check_slurm_launcher, is_slurm_launcher
+
+# paths.output_dir as the configs set it: the folder Hydra makes for the job.
+HYDRA_JOB_FOLDER = "${hydra:runtime.output_dir}"
 
 
 def candidate_overrides(args: list[str], declared: list[str]) -> list[list[str]]:
@@ -66,6 +69,8 @@ class DeclaredSweep:
     basic: bool = True
     # --cfg: Hydra prints one job's config, composed as a run's (never a multirun).
     show_config: bool = False
+    # --run given: the user asked for one job by name.
+    run_flag: bool = False
 
     def with_reference(self, jobs: list[list[str]]) -> list[list[str]]:
         """`jobs` and the reference jobs the frontier sweeper adds to them."""
@@ -75,12 +80,21 @@ class DeclaredSweep:
 
     def one_job_fix(self, multirun_fix: str) -> str:
         """How to fix a sweep where Hydra runs one job: `multirun_fix` (add -m ...), or, where
-        --cfg prints that job's config, one value."""
-        return "--cfg prints one job's config: give one value" if self.show_config else multirun_fix
+        --cfg prints that job's config, one value; where --run asked for one job, -m in its
+        place."""
+        if self.show_config:
+            return "--cfg prints one job's config: give one value"
+        if self.run_flag:
+            return multirun_fix.replace("add -m", "replace --run with -m", 1)
+        return multirun_fix
 
 
 def declared_sweep(
-    config_name: str, args: list[str], multirun: bool, show_config: bool = False
+    config_name: str,
+    args: list[str],
+    multirun: bool,
+    show_config: bool = False,
+    run_flag: bool = False,
 ) -> DeclaredSweep:
     """The config's `hydra.sweeper.params` as overrides, composed from the command line's
     single-valued overrides (`hydra.sweeper.params.*` ones included); empty when the config
@@ -104,6 +118,7 @@ def declared_sweep(
     launcher = cfg.hydra.get("launcher")
     multirun = not show_config and (multirun or cfg.hydra.mode == RunMode.MULTIRUN)
     if is_slurm_launcher(launcher):  # before anything is submitted
+        check_job_folder(launcher, cfg)
         check_slurm_launcher(launcher, multirun)
     target = str(sweeper.get("_target_", ""))
     basic = target.endswith((".BasicSweeper", ".FrontierSweeper"))
@@ -111,12 +126,25 @@ def declared_sweep(
     if not multirun:
         if len(fixed) < len(args):  # refused by check_sweeps
             return DeclaredSweep(
-                [], [], [], composed=with_hydra, basic=basic, show_config=show_config
+                [],
+                [],
+                [],
+                composed=with_hydra,
+                basic=basic,
+                show_config=show_config,
+                run_flag=run_flag,
             )
         with open_dict(cfg):
             del cfg["hydra"]  # what compose(..., return_hydra_config=False) drops
         return DeclaredSweep(
-            [], [], [], single=cfg, composed=with_hydra, basic=basic, show_config=show_config
+            [],
+            [],
+            [],
+            single=cfg,
+            composed=with_hydra,
+            basic=basic,
+            show_config=show_config,
+            run_flag=run_flag,
         )
     declared = sweeper.get("params")
     params = OmegaConf.to_container(declared) if declared else {}
@@ -129,6 +157,21 @@ def declared_sweep(
         composed=with_hydra,
         basic=basic,
     )
+
+
+def check_job_folder(launcher: DictConfig, cfg: DictConfig) -> None:
+    """lipt's SLURM launcher runs each job in its sweep folder (hydra.sweep.dir/subdir), which
+    it sets as the job's paths.output_dir: another paths.output_dir would be ignored."""
+    from omegaconf import OmegaConf
+
+    paths = OmegaConf.to_container(cfg.paths) if "paths" in cfg else None  # as set: unresolved
+    folder = paths.get("output_dir") if isinstance(paths, dict) else HYDRA_JOB_FOLDER
+    if launcher.get("_target_") == LIPT_LAUNCHER and folder != HYDRA_JOB_FOLDER:
+        raise UserError(
+            f"paths.output_dir={folder} is ignored: hydra/launcher=slurm runs each job in "
+            "hydra.sweep.dir/hydra.sweep.subdir; drop paths.output_dir and choose the folder "
+            "with hydra.sweep.dir=..."
+        )
 
 
 SWEEPER_PARAMS = "hydra.sweeper.params"
