@@ -25,6 +25,7 @@ from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
 from lipt.jigsaw.weights import recompute_batchnorm_stats
 from lipt.run.config import run_of, validate
 from lipt.run.hydra_callbacks import learner_sweep
+from lipt.run.sweep_overrides import check_learner_sweep
 from lipt.stages import jigsaw as jigsaw_stage
 from lipt.stages.build import build_datamodule, build_model, build_part, build_parts
 from lipt.stages.pretrain import load_pretrained, pretrain_model
@@ -490,6 +491,18 @@ def test_a_rerun_learner_job_counts_the_seconds_of_the_learners_it_reuses(jigsaw
     assert stats["learners"][0]["seconds"] == 100.0 and stats["seconds"] >= 100.0
 
 
+def test_a_learner_job_refuses_another_settings_learner_in_its_shared_folder(jigsaw_cfg, tmp_path):
+    """A shared learner folder holds the other jobs' work: a job of another seed (a sweep of
+    `seed` beside `pretrain.learners`) stops rather than replace their checkpoints."""
+    shared = f"pretrain.learner_dir={tmp_path}/shared"
+    jigsaw_stage.run_learner_job(run_of(jigsaw_cfg("pretrain.learners=[0]", shared)))
+    before = (tmp_path / "shared" / "learner_0.ckpt").read_bytes()
+    other = jigsaw_cfg("pretrain.learners=[0]", shared, "seed=1")
+    with pytest.raises(UserError, match=r"learner_0\.ckpt was trained with other settings \(seed"):
+        jigsaw_stage.run_learner_job(run_of(other))
+    assert (tmp_path / "shared" / "learner_0.ckpt").read_bytes() == before
+
+
 def _soup_without_training(make_cfg: Callable[..., DictConfig], *overrides: str) -> DictConfig:
     """pretrain=none's config: its pretrain.ckpt records the split as a soup's does."""
     return make_cfg(
@@ -640,6 +653,18 @@ def test_soup_callback_only_merges_a_learner_sweep():
     assert not learner_sweep(_sweep_config("seed=0,1"))
     with pytest.raises(UserError, match="also sweeps seed"):
         learner_sweep(_sweep_config("pretrain.learners=range(10)", "seed=0,1"))
+
+
+def test_a_learner_sweep_of_another_key_needs_a_folder_per_setting():
+    """Without the soup callback, learners of two seeds in the one default folder would replace
+    each other's: refused before any job, unless each setting has its own folder."""
+    sweep = ["pretrain.learners=range(2)", "seed=0,1"]
+    with pytest.raises(UserError, match=r"also sweeps seed: .*learner_dir=<folder>_\$\{seed\}"):
+        check_learner_sweep(sweep, {"name": "jigsaw"}, merges=False)
+    own = {"name": "jigsaw", "learner_dir": "/scratch/learners_${seed}"}
+    assert check_learner_sweep(sweep, own, merges=False)
+    assert check_learner_sweep(sweep[:1], {"name": "jigsaw"}, merges=False)
+    assert not check_learner_sweep(sweep[1:], {"name": "jigsaw"}, merges=False)
 
 
 def _same_soup(a: Path, b: Path) -> None:

@@ -116,6 +116,13 @@ CASES = [
         ["clean=lipt", "pretrain=none"],
     ),
     ("pretrain.py", ["clean=lipt"], ["select.py clean=lipt"]),
+    (
+        "pretrain.py",
+        ["-m", "pretrain.learners=range(2)", "seed=0,1"],
+        ["also sweeps seed", "one setting's learners would replace another's"],
+    ),
+    ("select.py", ["clean=lipt", "pretrain=full"], ["clean=lipt", "pretrain=full", "neither"]),
+    ("select.py", ["clean=cleanlab", "clean.action=relabel"], ["subset.npz", "train.py"]),
     ("train.py", ["clean=cleanlab", "clean.folds=0"], ["clean.folds"]),
     ("train.py", ["clean=lipt", "clean.action=burn"], ["clean.action"]),
     ("train.py", ["clean=lipt", "clean.members=all"], ["clean.members"]),

@@ -128,6 +128,18 @@ def learner_payload(
     }
 
 
+class OtherRecipeError(UserError):
+    """A learner checkpoint made by another recipe than this run's (`diff`: the settings that
+    differ)."""
+
+    def __init__(self, path: Path, diff: list[str]) -> None:
+        super().__init__(
+            f"{path} was trained with other settings ({', '.join(diff)}) than this merge; use "
+            "a fresh pretrain.learner_dir or the same overrides as the learner jobs"
+        )
+        self.path, self.diff = path, diff
+
+
 def load_learner(path: Path, learner: int, shard: Tensor, expected: dict[str, Any]) -> Learner:
     """Learner `learner` from its checkpoint; "missing" when absent or unreadable, "diverged"
     when its weights are not finite.
@@ -143,10 +155,7 @@ def load_learner(path: Path, learner: int, shard: Tensor, expected: dict[str, An
         return Learner(learner, shard, status="missing", error=str(e))
     if payload.get("recipe") != expected or int(payload.get("learner", -1)) != learner:
         diff = recipe_difference(expected, payload.get("recipe") or {}) or ["learner"]
-        raise UserError(
-            f"{path} was trained with other settings ({', '.join(diff)}) than this merge; use "
-            "a fresh pretrain.learner_dir or the same overrides as the learner jobs"
-        )
+        raise OtherRecipeError(path, diff)
     result = Learner(
         id=learner,
         shard=payload["shard"],
@@ -172,15 +181,29 @@ def train_or_reuse(
     learner: int,
     shard: Tensor,
     folder: Path,
+    shared: bool = False,
 ) -> Learner:
     """Learner `learner` from its checkpoint in `folder` when an earlier attempt (a killed run,
     a sweep whose other jobs died) finished it with this recipe; else trained now, and its
-    checkpoint written at once, so that a run killed later keeps it."""
+    checkpoint written at once, so that a run killed later keeps it. Another recipe's
+    checkpoint is replaced in a run's own folder; in a folder the jobs of a multirun share
+    (`shared`) it is another job's work, and refused.
+
+    Raises:
+        UserError: `shared`, and the folder holds this learner of another recipe.
+    """
     path = folder / learner_file(learner)
     if path.is_file():
         try:
             saved = load_learner(path, learner, shard, recipe(ctx, settings, dm, seed))
-        except UserError as e:  # another recipe's learner in this folder: replaced, as before
+        except OtherRecipeError as e:
+            if shared:
+                raise UserError(
+                    f"{path} was trained with other settings ({', '.join(e.diff)}) than this "
+                    "job, by another job of this multirun or an earlier one; sweep only "
+                    "pretrain.learners (a multirun per setting), or give each setting its own "
+                    "pretrain.learner_dir or hydra.sweep.dir"
+                ) from e
             log.warning("jigsaw learner %d is trained again: %s", learner, e)
             saved = Learner(learner, shard, status="missing")
         if saved.status != "missing":

@@ -153,5 +153,6 @@ def train_learner_group(
     with torch_threads(settings.num_threads):
         for i in ids:
             shard = learner_shard(settings, dm, seed, i)
-            learners.append(train_or_reuse(ctx, settings, dm, init, seed, i, shard, folder))
+            learner = train_or_reuse(ctx, settings, dm, init, seed, i, shard, folder, shared=True)
+            learners.append(learner)
     return learners, folder

@@ -36,6 +36,7 @@ from lipt.report.render import MARKDOWN_COLUMNS
 from lipt.report.sweep import aggregate, load_summaries, varying_keys
 from lipt.run.config import run_of
 from lipt.run.slurm import is_slurm_launcher
+from lipt.run.sweep_overrides import LEARNERS_KEY, check_learner_sweep, other_swept_keys
 from lipt.stages.jigsaw import merge_learner_dir
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ class SweepTable(Callback):
         console.jobs_ended()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if learner_sweep(config):  # jigsaw learner jobs: the soup callback reports the merge
+        if other_swept_keys(list(config.hydra.overrides.task)) is not None:
+            return  # jigsaw learner jobs: the soup callback, where there is one, merges them
             return
         sweep = Path(str(config.hydra.sweep.dir))
         runs, _ = load_summaries(sweep) if sweep.is_dir() else ([], [])
@@ -76,8 +78,6 @@ SWEEP_COLUMNS = ("runs", "test acc. (%)", "subset", "total (s)")
 
 
 # ---------------------------------------------------------------------- a learner multirun
-
-LEARNERS_KEY = "pretrain.learners"
 
 
 class SoupCallback(Callback):
@@ -117,31 +117,10 @@ class SoupCallback(Callback):
         log.info("soup of %s written to %s (%s)", folder, sweep_dir / "pretrain.ckpt", stats)
 
 
-def learner_sweep(config: DictConfig) -> bool:
-    """True when this multirun trains jigsaw learners (`pretrain.learners` is overridden).
-
-    Raises:
-        UserError: it also sweeps another key (learners of different settings would share one
-            folder), or the pretrain strategy is not jigsaw.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    overrides = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
-    if not any(o.key_or_group == LEARNERS_KEY for o in overrides):
-        return False
-    others = [
-        o.key_or_group
-        for o in overrides
-        if o.is_sweep_override() and o.key_or_group != LEARNERS_KEY
-    ]
-    if others:
-        raise UserError(
-            f"the soup callback merges one set of jigsaw learners, but this multirun also sweeps "
-            f"{', '.join(others)}; sweep only {LEARNERS_KEY} (one multirun per setting)"
-        )
-    if config.pretrain.name != "jigsaw":
-        raise UserError(f"{LEARNERS_KEY} needs pretrain=jigsaw (got {config.pretrain.name})")
-    return True
+def learner_sweep(config: DictConfig, merges: bool = True) -> bool:
+    """True when this multirun trains jigsaw learners (lipt.run.sweep_overrides.
+    check_learner_sweep, on the multirun's own overrides; `merges`: the soup callback's)."""
+    return check_learner_sweep(list(config.hydra.overrides.task), config.pretrain, merges)
 
 
 def task_config(config: DictConfig, sweep_dir: Path) -> DictConfig:

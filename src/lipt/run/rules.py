@@ -21,6 +21,7 @@ from lipt.run.groups import as_typed
 from lipt.stages.run import Run
 
 NO_PRETRAINING = "lipt.warmup.NoPretraining"
+JIGSAW_PRETRAINING = "lipt.jigsaw.strategy.JigsawPretraining"
 JIGSAW_CLEANING = "lipt.cleaning.JigsawCleaning"
 LINEAR_SCHEDULE = "lipt.models.schedules.linear"
 
@@ -307,12 +308,21 @@ def _clean(run: Run) -> None:
             f"clean={name} cleans the pool before selection, but subset_path skips selection; "
             "drop subset_path or use clean=none"
         )
+    if settings.stage == "select" and node.get("action") == "relabel":
+        raise UserError(  # subset.npz holds rows, not labels: train.py would train the old ones
+            f"clean.action=relabel changes labels, which select.py's subset.npz does not keep; "
+            f"run train.py clean={name} clean.action=relabel (it cleans, selects and trains), "
+            "or use clean.action=drop"
+        )
     if node["_target_"] != JIGSAW_CLEANING:
         return
-    if run.node("pretrain").get("_target_") == NO_PRETRAINING:
+    pretrain = run.node("pretrain")
+    if pretrain.get("_target_") != JIGSAW_PRETRAINING:
+        # pretrain=full's one model, trained on every item, would judge its own labels
         raise UserError(
-            f"clean={name} finds label issues with the pre-trained soup, but pretrain=none "
-            "trains none; use pretrain=jigsaw (the default) or clean=cleanlab"
+            f"clean={name} finds label issues with the jigsaw stage's soup and learners, but "
+            f"pretrain={pretrain.get('name')} trains neither; use pretrain=jigsaw (the "
+            "default) or clean=cleanlab"
         )
     if settings.stage == "select" and settings.ckpt_path is not None:
         raise UserError(

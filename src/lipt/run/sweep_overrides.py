@@ -11,6 +11,7 @@ declares none, a sweeper param Hydra cannot read as one key (with dots, quotes o
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +118,10 @@ def declared_sweep(
     check_frontier_settings(sweeper, cfg.hydra.get("callbacks"))
     launcher = cfg.hydra.get("launcher")
     multirun = not show_config and (multirun or cfg.hydra.mode == RunMode.MULTIRUN)
+    if multirun and "pretrain" in cfg:  # before any job: its learners are other jobs' work
+        callbacks = cfg.hydra.get("callbacks") or {}
+        soup = any(str(c.get("_target_")).endswith(".SoupCallback") for c in callbacks.values())
+        check_learner_sweep(list(args), cfg.pretrain, merges=soup)
     if is_slurm_launcher(launcher):  # before anything is submitted
         check_job_folder(launcher, cfg)
         check_slurm_launcher(launcher, multirun)
@@ -172,6 +177,54 @@ def check_job_folder(launcher: DictConfig, cfg: DictConfig) -> None:
             "hydra.sweep.dir/hydra.sweep.subdir; drop paths.output_dir and choose the folder "
             "with hydra.sweep.dir=..."
         )
+
+
+# The key a jigsaw learner multirun sweeps: each job trains those learners (pretrain.py -m).
+LEARNERS_KEY = "pretrain.learners"
+
+
+def other_swept_keys(overrides: list[str]) -> list[str] | None:
+    """The keys a jigsaw learner sweep sweeps beside `pretrain.learners` (None: `overrides`
+    give no `pretrain.learners`, so the multirun is no learner sweep)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    if not any(o.key_or_group == LEARNERS_KEY for o in parsed):
+        return None
+    return [
+        o.key_or_group for o in parsed if o.is_sweep_override() and o.key_or_group != LEARNERS_KEY
+    ]
+
+
+def check_learner_sweep(overrides: list[str], pretrain: Mapping[str, Any], merges: bool) -> bool:
+    """Whether a multirun's `overrides` make it a jigsaw learner sweep (`pretrain.learners`
+    given): its jobs write their learners into one folder, <sweep dir>/learners unless
+    `pretrain.learner_dir` says otherwise, which the soup callback (`merges`) merges.
+
+    Raises:
+        UserError: it also sweeps another key where learners of two settings would share a
+            folder (the soup callback's one set, or the default one), or the pretrain strategy
+            is not jigsaw.
+    """
+    others = other_swept_keys(overrides)
+    if others is None:
+        return False
+    if others and merges:
+        raise UserError(
+            f"the soup callback merges one set of jigsaw learners, but this multirun also sweeps "
+            f"{', '.join(others)}; sweep only {LEARNERS_KEY} (one multirun per setting)"
+        )
+    if others and not pretrain.get("learner_dir"):
+        raise UserError(
+            f"the jobs of this multirun write their jigsaw learners to one folder (<sweep "
+            f"dir>/learners), but it also sweeps {', '.join(others)}: one setting's learners "
+            f"would replace another's; sweep only {LEARNERS_KEY} (one multirun per setting), "
+            f"or give each setting its own folder "
+            f"('pretrain.learner_dir=<folder>_${{{others[0]}}}')"
+        )
+    if pretrain.get("name") != "jigsaw":
+        raise UserError(f"{LEARNERS_KEY} needs pretrain=jigsaw (got {pretrain.get('name')})")
+    return True
 
 
 SWEEPER_PARAMS = "hydra.sweeper.params"
