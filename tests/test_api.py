@@ -263,8 +263,9 @@ def test_reselection_swaps_the_subset_any_module_trains_on(resident, tmp_path):
 @pytest.fixture(scope="module")
 def soup():
     data = data_module(False, val_size=0.2, batch_size=32)
+    # the head by default: make_net has no `classifier`, its last nn.Linear is "head"
     result = lipt.jigsaw_pretrain(
-        make_net, data, num_learners=4, batches_per_learner=2, local_epochs=3, head="head"
+        make_net, data, num_learners=4, batches_per_learner=2, local_epochs=3
     )
     return data, result
 
@@ -278,7 +279,7 @@ def test_jigsaw_pretrain_merges_learners_of_any_factory_into_a_soup(soup):
     assert report["soup_accuracy"] >= max(le["accuracy"] for le in report["learners"]) - 1e-9
     heads = result.learner_heads
     assert heads is not None and heads.weight.shape == (4, CLASSES, 64)
-    # The same seed gives the same soup, bit for bit.
+    # The same seed gives the same soup, bit for bit; the default head is the one named.
     again = lipt.jigsaw_pretrain(
         make_net, data, num_learners=4, batches_per_learner=2, local_epochs=3, head="head"
     )
@@ -427,6 +428,13 @@ def test_bad_arguments_are_refused_before_any_work(soup):
         lipt.jigsaw_pretrain(make_net, data_module(False), head="head")
     with pytest.raises(ValueError, match="no submodule"):
         lipt.jigsaw_pretrain(make_net, data, head="classifier")
+    # the API's keywords, not train.py's pretrain.* keys
+    with pytest.raises(ValueError, match=r"^[^\n]*pool has \d+: lower num_learners or batches_"):
+        lipt.jigsaw_pretrain(make_net, data, num_learners=1000)
+    with pytest.raises(ValueError, match=r"^local_epochs must be an integer >= 1, got 2\.5$"):
+        lipt.jigsaw_pretrain(make_net, data, local_epochs=2.5)
+    with pytest.raises(ValueError, match=r"^the model's head '1' has 1 output: "):
+        lipt.jigsaw_pretrain(lambda: nn.Sequential(nn.Flatten(), nn.Linear(DIM, 1)), data)
     with pytest.raises(ValueError, match=r"trainer\.fit.*datamodule"):
         other = data_module(False)
         trainer(1, [lipt.DynamicPruning(lipt.InfoBatch(), data)]).fit(Model(), datamodule=other)

@@ -14,11 +14,13 @@ from lipt.cleaning import (
     fit_softmax_regression,
     fold_of,
     jigsaw_probs,
+    probe_issues,
     probe_probs,
     shard_owner,
 )
+from lipt.cleaning import issues as issues_module
 from lipt.data.noise import flip_labels
-from lipt.selection.types import LearnerHeads
+from lipt.selection.types import LearnerHeads, PoolOutputs
 
 N, D, C = 10_000, 128, 10  # a pool of 10k rows, convnet's 128-dim ReLU embeddings, 10 classes
 
@@ -146,3 +148,72 @@ def test_detection_quality_counts_hits():
     flagged = torch.tensor([0, 1, 2, 3, 50, 60, 70, 80])
     assert detection_quality(flagged, wrong) == {"precision": 0.5, "recall": 0.4}
     assert detection_quality(torch.tensor([], dtype=torch.long), wrong)["recall"] == 0.0
+
+
+# --------------------------------------------------------------------------- what they refuse
+
+
+def noisy_probs() -> tuple[torch.Tensor, torch.Tensor]:
+    """Given labels [N] (30% wrong) and the probe's out-of-sample probabilities [N, C]."""
+    true = torch.arange(N) % C
+    given = flip_labels(true, C, 0.3, "symmetric", seed=0)
+    return given, probe_probs(relu_embeddings(true, 0.35, seed=1), given, C)
+
+
+def test_find_issues_takes_any_integer_labels_alike():
+    # uint8 labels index as a mask in torch: they must give the int64 labels' decision
+    given, probs = noisy_probs()
+    reference = find_issues(given, probs)
+    assert len(reference) > 0.2 * N
+    for dtype in (torch.uint8, torch.int32):
+        issues = find_issues(given.to(dtype), probs)
+        assert torch.equal(issues.rows, reference.rows), dtype
+        assert torch.equal(issues.score, reference.score) and issues.given.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    ("labels", "rows", "words"),
+    [
+        ("float", [], r"labels must be class indices, an integer tensor, not torch\.float32"),
+        ("above", [], r"label 10 is out of range: probs \(10000, 10\) gives 10 classes"),
+        ("int64", [17], r"probs are not finite \(NaN or inf\) in 1 row\(s\): 17; "),
+        ("int64", [9000, 17, 4242], r"in 3 row\(s\): 17, 4242, 9000; "),
+    ],
+    ids=["float-labels", "label-above-the-columns", "a-nan-row", "nan-and-inf-rows"],
+)
+def test_find_issues_refuses_what_cleanlab_would_misread_in_one_line(labels, rows, words):
+    """Float labels crashed inside cleanlab (IndexError); a NaN row still gave flags, with a
+    NaN score and an arbitrary suggestion."""
+    given, probs = noisy_probs()
+    if labels == "float":
+        given = given.float()
+    if labels == "above":
+        given = given.clone()
+        given[123] = C
+    probs = probs.clone()
+    probs[rows[:1]] = float("nan")
+    probs[rows[1:], 3] = float("inf")
+    with pytest.raises(ValueError, match="^[^\n]*" + words + "[^\n]*$"):
+        find_issues(given, probs)
+
+
+def test_probe_issues_name_the_items_whose_embeddings_are_not_finite(monkeypatch):
+    """A NaN item's embedding made L-BFGS fail after all the work ("value cannot be converted
+    to type float without overflow"); it is named by its position in the data set, before the
+    probe's first fit."""
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the probe was fitted on embeddings with a NaN")
+
+    true = torch.arange(N) % C
+    emb = relu_embeddings(true, 0.35, seed=1)
+    emb[[500, 7000]] = torch.tensor([float("nan"), float("-inf")]).unsqueeze(1)
+    positions = torch.arange(N) * 3 + 1  # the pool: every third item of the data set
+    outputs = PoolOutputs(torch.zeros(N, C), emb, true, positions)
+    monkeypatch.setattr(issues_module, "fit_softmax_regression", no_fit)
+    with pytest.raises(
+        ValueError,
+        match=r"^the soup's embeddings are not finite \(NaN or inf\) "
+        r"in 2 item\(s\): 1501, 21001; [^\n]*lower learning rate$",
+    ):
+        probe_issues(outputs, C)

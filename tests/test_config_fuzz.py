@@ -47,7 +47,7 @@ NEEDS = {
     ("dataset", "fashion_mnist"): ["dataset.data_dir={fashion_mnist}"],
     ("dataset", "cifar10"): ["dataset.data_dir={cifar10}"],
     ("dataset", "cifar100"): ["dataset.data_dir={cifar100}"],
-    ("dataset", "imagenet"): ["dataset.data_dir={imagenet}", "dataset.val_size=10"],
+    ("dataset", "imagenet"): ["dataset.data_dir={imagenet}", "dataset.num_classes=3"],
     ("budget", "lipt"): ["pretrain=jigsaw"],
     ("budget", "infobatch_soup"): ["pretrain=jigsaw"],
     ("budget", "subset"): ["selector=random"],
@@ -170,7 +170,13 @@ def compose_option(group: str, option: str, data: dict[str, Path], out: Path) ->
     if group in ADDED and cfg.dataset.name in data:
         # as `dataset.data_dir=...` on the command line sets it (the fuzz's own premise)
         OmegaConf.update(cfg, "dataset.data_dir", str(data[cfg.dataset.name]), merge=False)
+    if cfg.dataset.val_size >= FIXTURE_ITEMS:  # the real data set's count: no pool left here
+        OmegaConf.update(cfg, "dataset.val_size", 10, merge=False)
     return cfg
+
+
+# The fewest training items a data fixture holds (tests/conftest.py: 200 to 600).
+FIXTURE_ITEMS = 200
 
 
 def first_approach(experiment: str) -> str:

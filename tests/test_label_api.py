@@ -49,15 +49,16 @@ def make_net() -> nn.Module:
 @pytest.fixture(scope="module")
 def found() -> tuple[api.FoundIssues, Tensor, Tensor]:
     x, labels, truth = noisy_blobs()
-    # a map-style data set as it is: wrapped, a tenth kept to score the soup
-    result = lipt.find_label_issues(
-        make_net, TensorDataset(x, labels), head="head", jigsaw={"local_epochs": 5}
-    )
+    # a map-style data set as it is: wrapped, a tenth kept to score the soup; the head by
+    # default, the net's last nn.Linear (it has no `classifier`)
+    result = lipt.find_label_issues(make_net, TensorDataset(x, labels), jigsaw={"local_epochs": 5})
     return result, labels, truth
 
 
 def test_the_flags_are_ranked_and_say_what_was_given_and_suggested(found):
     result, labels, _ = found
+    heads = result.soup.learner_heads  # the default head is the net's last nn.Linear, "head"
+    assert heads is not None and heads.weight.shape[1:] == (CLASSES, 48)
     n_pool = round(0.9 * N)
     assert result.pool.shape == (n_pool,) and bool((result.pool.diff() > 0).all())
     assert result.embeddings.shape == (n_pool, 48) and result.probs.shape == (n_pool, CLASSES)
@@ -145,8 +146,26 @@ def out_of_range() -> TensorDataset:
     return TensorDataset(torch.randn(600, DIM), y)
 
 
+def not_finite_at(*positions: int) -> TensorDataset:
+    """600 labelled items, those at `positions` with a NaN (the first) or an inf input."""
+    x = torch.randn(600, DIM)
+    x[positions[0], 3] = float("nan")
+    x[list(positions[1:]), 0] = float("inf")
+    return TensorDataset(x, torch.arange(600) % CLASSES)
+
+
+def one_output_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(DIM, 16), nn.ReLU(), nn.Linear(16, 1))
+
+
+def six_classes() -> TensorDataset:
+    return TensorDataset(torch.randn(600, DIM), torch.arange(600) % CLASSES)
+
+
 def refuse(dataset: Dataset, **kwargs) -> None:
-    lipt.find_label_issues(make_net, dataset, head=kwargs.pop("head", "head"), **kwargs)
+    factory = kwargs.pop("factory", make_net)
+    kwargs.setdefault("jigsaw", {"num_learners": 4})  # 4 x 128 items of the pool of 540
+    lipt.find_label_issues(factory, dataset, head=kwargs.pop("head", "head"), **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -160,6 +179,28 @@ def refuse(dataset: Dataset, **kwargs) -> None:
         (out_of_range(), {"jigsaw": {"epochs": 3}}, r"unknown jigsaw option 'epochs'"),
         (out_of_range(), {"filter_by": "nope"}, r"unknown filter_by 'nope'"),
         (out_of_range(), {"head": "body"}, r"not an nn\.Linear"),
+        (
+            not_finite_at(431, 77, 599),
+            {},
+            r"data's inputs are not finite \(NaN or inf\) in 3 item\(s\): 77, 431, 599; ",
+        ),
+        (few_of_class_5(), {"weight_decay": "a"}, r"weight_decay must be a number >= 0"),
+        (
+            six_classes(),
+            {"jigsaw": {"num_learners": 1000}},
+            r"1000 x 1 minibatch\(es\) of 128 = 128000 .* pool has 540: lower "
+            r"jigsaw\['num_learners'\] or jigsaw\['batches_per_learner'\]",
+        ),
+        (
+            six_classes(),
+            {"jigsaw": {"local_epochs": 0}},
+            r"jigsaw\['local_epochs'\] must be an integer >= 1, got 0",
+        ),
+        (
+            few_of_class_5(),
+            {"factory": one_output_net, "head": None},
+            r"the model's head '2' has 1 output: it must give a logit per class",
+        ),
     ],
     ids=[
         "no-labels",
@@ -170,6 +211,11 @@ def refuse(dataset: Dataset, **kwargs) -> None:
         "unknown-jigsaw-option",
         "unknown-filter",
         "head-not-linear",
+        "non-finite-inputs",
+        "weight-decay-not-a-number",
+        "pool-too-small-for-the-jigsaw-learners",
+        "jigsaw-count-below-one",
+        "one-output-head",
     ],
 )
 def test_bad_input_is_refused_in_one_line_before_any_work(data, kwargs, words, monkeypatch):
@@ -186,7 +232,38 @@ class ReachedJigsawError(Exception):
 
 
 def reach_jigsaw(*args, **kwargs):
-    raise ReachedJigsawError
+    raise ReachedJigsawError(kwargs.get("head"))
+
+
+class Tagged(nn.Module):
+    """A `classifier` that is not the last nn.Linear registered: the default head is it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.classifier = nn.Linear(16, CLASSES)
+        self.body = nn.Sequential(nn.Linear(DIM, 16), nn.ReLU())
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.classifier(self.body(x))
+
+
+@pytest.mark.parametrize(
+    ("factory", "name"),
+    [(make_net, "head"), (Tagged, "classifier"), (lambda: nn.Linear(DIM, CLASSES), None)],
+    ids=["last-linear", "model-classifier", "the-model-is-its-head"],
+)
+def test_the_head_defaults_to_model_classifier_else_the_last_linear(factory, name, monkeypatch):
+    """As docs/API.md says; it was "classifier" always, so that examples' own nets (no
+    `classifier`) failed with "the model has no submodule 'classifier'"."""
+    monkeypatch.setattr(api, "jigsaw_pretrain", reach_jigsaw)
+    x, labels, _ = noisy_blobs()
+    if name is None:  # the learners' heads are read by name: a bare nn.Linear has none
+        with pytest.raises(ValueError, match=r"^the model is itself an nn\.Linear: wrap it"):
+            lipt.find_label_issues(factory, TensorDataset(x, labels))
+        return
+    with pytest.raises(ReachedJigsawError) as reached:
+        lipt.find_label_issues(factory, TensorDataset(x, labels))
+    assert reached.value.args == (name,)  # the jigsaw stage is given the head by name
 
 
 def test_a_target_transform_labels_the_pool_as_it_labels_the_items(tmp_path, monkeypatch):
@@ -203,7 +280,7 @@ def test_a_target_transform_labels_the_pool_as_it_labels_the_items(tmp_path, mon
     to_tensor = v2.Compose([v2.ToImage(), v2.ToDtype(torch.float32, scale=True)])
     insect_or_mammal = lambda y: int(y == 2)  # noqa: E731
     dataset = ImageFolder(str(tmp_path), to_tensor, target_transform=insect_or_mammal)
-    dm = lipt.PoolDataModule(dataset, val_size=6)
+    dm = lipt.PoolDataModule(dataset, val_size=6, batch_size=4)
     items = torch.tensor([dataset[i][1] for i in range(len(dataset))])
     assert sorted(set(dataset.targets)) == [0, 1, 2]  # what the data set holds
     assert torch.equal(dm.labels(), items)
@@ -214,7 +291,7 @@ def test_a_target_transform_labels_the_pool_as_it_labels_the_items(tmp_path, mon
         return nn.Sequential(nn.Flatten(), nn.Linear(192, 2))
 
     with pytest.raises(ReachedJigsawError):
-        lipt.find_label_issues(net, dm, head="1", folds=2)
+        lipt.find_label_issues(net, dm, head="1", folds=2, jigsaw={"num_learners": 2})
 
 
 def test_lipts_own_data_module_is_set_up_when_it_is_not(monkeypatch):
@@ -224,7 +301,14 @@ def test_lipts_own_data_module_is_set_up_when_it_is_not(monkeypatch):
     from lipt.data.sources import make_synthetic
 
     dm = DataModule(
-        partial(make_synthetic, 300, 50, 4, 1, 8, 0), 4, 1, 8, [0.5], [0.25], val_size=50
+        partial(make_synthetic, 300, 50, 4, 1, 8, 0),
+        4,
+        1,
+        8,
+        [0.5],
+        [0.25],
+        val_size=50,
+        batch_size=32,
     )
     monkeypatch.setattr(api, "jigsaw_pretrain", reach_jigsaw)
 
@@ -232,7 +316,7 @@ def test_lipts_own_data_module_is_set_up_when_it_is_not(monkeypatch):
         return nn.Sequential(nn.Flatten(), nn.Linear(64, 4))
 
     with pytest.raises(ReachedJigsawError):
-        lipt.find_label_issues(net, dm, head="1")
+        lipt.find_label_issues(net, dm, head="1", jigsaw={"num_learners": 4})
     assert len(dm.pool_indices) == 250
 
 
@@ -245,6 +329,70 @@ def test_lipts_randaugment_on_a_pool_data_module_is_refused_in_one_line():
     dm = lipt.PoolDataModule(TensorDataset(x, labels), val_size=100, batch_size=32)
     with pytest.raises(UserError, match=r"^lipt's RandAugment is for its own image data sets; "):
         lipt.jigsaw_pretrain(make_net, dm, head="head", num_learners=4, augment=RandAugment())
+
+
+class Items(Dataset):
+    """`x` and `labels` read item by item: a data set whose inputs are only known by reading."""
+
+    def __init__(self, x: Tensor, labels: Tensor) -> None:
+        self.x, self.labels = x, labels
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, int]:
+        return self.x[i], int(self.labels[i])
+
+
+def test_a_nan_item_no_learner_read_is_named_before_the_probe(monkeypatch):
+    """A NaN item outside every learner's shard passed the jigsaw stage and made the probe's
+    L-BFGS fail ("value cannot be converted to type float without overflow"). Where the data
+    set does not hold its inputs, the soup's embeddings are checked right after the pass."""
+    from lipt.cleaning import issues
+    from lipt.jigsaw.learner import learner_shards
+    from lipt.jigsaw.parts import JigsawSettings
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the probe was fitted on a NaN embedding")
+
+    x, labels, _ = noisy_blobs()
+    dm = lipt.PoolDataModule(Items(x, labels), val_size=0.1, batch_size=32)
+    shards = learner_shards(JigsawSettings(num_learners=4, local_epochs=2), dm, 0)
+    unread = dm.pool_indices[~torch.isin(dm.pool_indices, torch.cat(shards))]
+    bad = int(unread[len(unread) // 2])
+    x[bad, 5] = float("nan")
+    monkeypatch.setattr(issues, "fit_softmax_regression", no_fit)
+    with pytest.raises(
+        ValueError,
+        match=rf"^the soup's embeddings are not finite \(NaN or inf\) "
+        rf"in 1 item\(s\): {bad}; fix or drop those items[^\n]*$",
+    ):
+        lipt.find_label_issues(make_net, dm, jigsaw={"num_learners": 4, "local_epochs": 2})
+
+
+@pytest.mark.parametrize(
+    ("issue_types", "words"),
+    [
+        ("label", r"not the str 'label': write issue_types=\('label',\)"),
+        ((), r"issue_types must name at least one issue type"),
+        (["label", 3], r"issue_types must name at least one issue type, each a str"),
+    ],
+    ids=["a-str", "none", "not-a-name"],
+)
+def test_datalab_report_refuses_issue_types_it_would_misread_before_datalab_runs(
+    found, issue_types, words, monkeypatch
+):
+    """A str was read letter by letter ("Invalid issue type: l"), none ended in pandas' "No
+    objects to concatenate"."""
+    import cleanlab
+
+    def no_datalab(*args, **kwargs):
+        raise AssertionError("Datalab ran")
+
+    monkeypatch.setattr(cleanlab, "Datalab", no_datalab)
+    result, _, _ = found
+    with pytest.raises(ValueError, match="^[^\n]*" + words + "[^\n]*$"):
+        lipt.datalab_report(result, issue_types=issue_types)
 
 
 # --------------------------------------------------------------------------- against the stage

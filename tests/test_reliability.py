@@ -116,6 +116,17 @@ CASES = [
         ["clean=lipt", "pretrain=none"],
     ),
     ("pretrain.py", ["clean=lipt"], ["select.py clean=lipt"]),
+    # A dry run sets the data module up as the run does: what only the data refutes, refused.
+    (
+        "train.py",
+        ["dry_run=true", "dataset=synthetic", "dataset.train_labels={labels_short}"],
+        ["599 labels", "600 items"],
+    ),
+    (
+        "train.py",
+        ["dry_run=true", "dataset=synthetic", "dataset.val_size=600"],
+        ["dataset.val_size=600", "leaves no training pool"],
+    ),
     (
         "pretrain.py",
         ["-m", "pretrain.learners=range(2)", "seed=0,1"],

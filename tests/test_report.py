@@ -9,6 +9,7 @@ import csv
 import functools
 import itertools
 import json
+import shutil
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from lipt.report import sweep as sweep_report
+from lipt.report.frontier import costs
 from tests.helpers import CONFIGS, FAST, run_entry
 
 DATASET_TRAIN_SIZE = 60000
@@ -107,6 +109,171 @@ def write_fraction_sweep(root: Path) -> None:
         size = int(55000 * fraction)
         groups = [f"pretrain={pretrain}"]
         write_run(root / str(job), groups, accuracy, size, unique, fraction=fraction, seed=seed)
+
+
+def write_stages(
+    job_dir: Path, groups: Sequence[str], stages: dict[str, Any], accuracy: float, **top_level: Any
+) -> dict[str, Any]:
+    """A job directory whose summary.json holds `stages` as given (stages.clean, stages.score:
+    as label cleaning and budget=lipt's scoring pass write them); returns the summary."""
+    (job_dir / ".hydra").mkdir(parents=True)
+    summary = {
+        "test_accuracy": accuracy,
+        "train_size": 55000,
+        "dataset_train_size": DATASET_TRAIN_SIZE,
+        "subset_size": stages["train"].get("unique_samples", 55000),
+        "stages": stages,
+        "config": resolved_config(groups, job_dir, **top_level),
+    }
+    (job_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _pretrain(seconds: float) -> dict[str, Any]:
+    return {"seconds": seconds, "samples": 5120, "unique_samples": PRETRAIN_UNIQUE}
+
+
+def _train(seconds: float, size: int) -> dict[str, Any]:
+    return {"seconds": seconds, "samples": 12 * size, "unique_samples": size}
+
+
+def write_stage_sweep(root: Path) -> dict[str, list[dict[str, Any]]]:
+    """Two seeds each of: label cleaning by the jigsaw soup (clean=lipt: stages.clean's seconds
+    are its own, detection_seconds adds the pre-training it needed), cleanlab's K folds
+    (clean=cleanlab: stages.clean trains, samples > 0), budget=lipt's pruned whole pool
+    (stages.score: the pool's pass through the soup) and a subset selector (no clean, no score).
+    Returns the summaries by clean.name / budget.name."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for seed in (0, 1):
+        d = 0.22 * seed  # the seeds' seconds differ: the columns are means
+        clean_lipt = {
+            "pretrain": _pretrain(3.1 + d),
+            "clean": {
+                "method": "lipt",
+                "action": "drop",
+                "flagged": 870,
+                "pool": 8192,
+                "seconds": 1.9 + d,
+                "samples": 0,
+                "detection_seconds": round(5.0 + 2 * d, 3),
+            },
+            "select": {"seconds": 3.15 + d, "diagnostics": {}},
+            "train": _train(40.0 + d, 5500),
+        }
+        cleanlab = {
+            "clean": {
+                "method": "cleanlab",
+                "action": "drop",
+                "flagged": 4100,
+                "pool": 55000,
+                "seconds": 61.5 + d,
+                "samples": 220000,  # 5 folds x 4/5 of the pool x 1 epoch
+                "detection_seconds": 61.5 + d,
+            },
+            "train": _train(90.0 + d, 50900),
+        }
+        budget_lipt = {
+            "pretrain": _pretrain(20.3 + d),
+            "score": {"seconds": 18.5 + d, "samples": 55000},
+            "train": _train(466.0 + d, 55000),
+        }
+        subset = {
+            "pretrain": _pretrain(3.2 + d),
+            "select": {"seconds": 1.1 + d},
+            "train": _train(40.0 + d, 5500),
+        }
+        made = [
+            ("lipt", ["clean=lipt", "selector=glister", "budget=subset"], clean_lipt),
+            ("cleanlab", ["clean=cleanlab", "budget=full_schedule"], cleanlab),
+            ("budget_lipt", ["budget=lipt"], budget_lipt),
+            ("subset", ["selector=glister", "budget=subset"], subset),
+        ]
+        for name, groups, stages in made:
+            job = root / f"{name},seed={seed}"
+            summary = write_stages(job, groups, stages, 0.8 + seed / 100, seed=seed)
+            runs.setdefault(name, []).append(summary)
+    return runs
+
+
+def test_report_counts_every_stage_as_the_frontier_does(tmp_path):
+    # stages.clean and stages.score are in the stage columns, the total and the training
+    # samples, as lipt.report.frontier.costs counts a run's end-to-end cost.
+    runs = write_stage_sweep(tmp_path / "sweep")
+    out = tmp_path / "out"
+    sweep_report.main([str(tmp_path / "sweep"), "--out", str(out), "--baseline", "none"])
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    stage_columns = [c for c in rows[0] if c.endswith("_seconds") and c != "total_seconds"]
+    assert stage_columns == [
+        f"{s}_seconds" for s in ("pretrain", "clean", "select", "score", "train")
+    ]
+    by_group = {
+        "lipt": ("lipt", "subset"),
+        "cleanlab": ("cleanlab", "full_schedule"),
+        "budget_lipt": ("none", "lipt"),
+        "subset": ("none", "subset"),
+    }
+    assert len(rows) == len(by_group)
+    for name, (clean, budget) in by_group.items():
+        row = next(r for r in rows if (r["clean.name"], r["budget.name"]) == (clean, budget))
+        summaries = runs[name]
+        seconds = statistics.mean(costs(s)[0] for s in summaries)
+        samples = statistics.mean(costs(s)[1] for s in summaries)
+        assert float(row["total_seconds"]) == pytest.approx(seconds, abs=1e-9), name
+        assert float(row["training_samples"]) == pytest.approx(samples, abs=1e-9), name
+        # The total is the sum of the stage columns (a stage a run lacks: blank, counting 0).
+        shown = sum(float(row[c]) for c in stage_columns if row[c] != "")
+        assert shown == pytest.approx(seconds, abs=1e-9), name
+        for stage in ("clean", "score"):
+            had = [s["stages"][stage]["seconds"] for s in summaries if stage in s["stages"]]
+            value = row[f"{stage}_seconds"]
+            if had:
+                assert float(value) == pytest.approx(statistics.mean(had), abs=1e-9), name
+            else:
+                assert value == "", name  # no run of the group had it
+    # The reviewer's run: pretrain 3.1 + clean 1.9 + select 3.15 + train 40 on seed 0, not
+    # 6.25 + train; clean=lipt's detection_seconds (pre-training included) is not added on top.
+    lipt = next(r for r in rows if r["clean.name"] == "lipt")
+    assert float(lipt["total_seconds"]) == pytest.approx(48.15 + 4 * 0.11)
+    # cleanlab's K-fold models trained 220,000 samples before main training's.
+    cleanlab = next(r for r in rows if r["clean.name"] == "cleanlab")
+    assert float(cleanlab["training_samples"]) == 220000 + 12 * 50900
+
+    table = (out / "results.md").read_text()
+    assert "| pretrain (s) | clean (s) | select (s) | score (s) | train (s) | total (s) |" in table
+    assert "| 3.21 | 2.01 | 3.26 | — | 40.1 | 48.6 | 71,120 |" in table  # clean=lipt's row
+    assert "total = pretrain + clean + select + score + train." in table
+    assert (out / "stage_times.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_columns_of_a_stage_no_run_had_are_left_out(tmp_path):
+    # Label cleaning only: a score column would be empty, so there is none; and a sweep of
+    # neither keeps the columns (and notes) it always had.
+    runs = write_stage_sweep(tmp_path / "sweep")
+    for name in ("budget_lipt", "lipt"):
+        for job in (tmp_path / "sweep").glob(f"{name},seed=*"):
+            shutil.rmtree(job)
+    out = tmp_path / "cleaning"
+    sweep_report.main([str(tmp_path / "sweep"), "--out", str(out), "--baseline", "none"])
+    header = (out / "results.csv").read_text().splitlines()[0].split(",")
+    assert "clean_seconds" in header and "score_seconds" not in header
+    assert "total = pretrain + clean + select + train." in (out / "results.md").read_text()
+
+    for job in (tmp_path / "sweep").glob("cleanlab,seed=*"):
+        shutil.rmtree(job)
+    out = tmp_path / "neither"
+    sweep_report.main([str(tmp_path / "sweep"), "--out", str(out), "--baseline", "none"])
+    header = (out / "results.csv").read_text().splitlines()[0].split(",")
+    assert header[-5:] == [
+        "pretrain_seconds",
+        "select_seconds",
+        "train_seconds",
+        "total_seconds",
+        "training_samples",
+    ]
+    table = (out / "results.md").read_text()
+    assert "| pretrain (s) | select (s) | train (s) | total (s) | training samples |" in table
+    assert "total = pretrain + select + train.\n- training samples:" in table
+    assert runs["subset"][0]["stages"].keys() == {"pretrain", "select", "train"}
 
 
 def test_flatten_makes_dotted_keys_and_comparable_lists():
@@ -368,8 +535,9 @@ def real_sweep(tmp_path_factory) -> Path:
     return sweep
 
 
-def _by_hand(summaries: list[dict[str, Any]]) -> dict[str, float | None]:
-    """The report's columns for one group, from the documented definitions."""
+def _by_hand(summaries: list[dict[str, Any]], names: Sequence[str]) -> dict[str, float | None]:
+    """The report's columns for one group, from the documented definitions (`names`: the
+    sweep's stages: pretrain, select, train and any other a run recorded)."""
     accuracies = [100 * s["test_accuracy"] for s in summaries]
     stages = [s["stages"] for s in summaries]
 
@@ -380,7 +548,7 @@ def _by_hand(summaries: list[dict[str, Any]]) -> dict[str, float | None]:
         name: mean([st.get(name, {}).get("seconds", 0.0) for st in stages])
         if any(name in st for st in stages)
         else None
-        for name in ("pretrain", "select", "train")
+        for name in names
     }
     used = [
         100
@@ -388,7 +556,8 @@ def _by_hand(summaries: list[dict[str, Any]]) -> dict[str, float | None]:
         / s["dataset_train_size"]
         for s, st in zip(summaries, stages, strict=True)
     ]
-    samples = [st.get("pretrain", {}).get("samples", 0) + st["train"]["samples"] for st in stages]
+    trained = ("pretrain", "clean", "train")  # clean: K-fold cleaning's models
+    samples = [sum(st.get(name, {}).get("samples", 0) for name in trained) for st in stages]
     return {
         "runs": len(summaries),
         "test_acc_pct_mean": mean(accuracies),
@@ -396,7 +565,7 @@ def _by_hand(summaries: list[dict[str, Any]]) -> dict[str, float | None]:
         "subset_size": mean([s["subset_size"] for s in summaries]),
         "data_used_pct": mean(used),
         **{f"{name}_seconds": value for name, value in seconds.items()},
-        "total_seconds": sum(v for v in seconds.values() if v is not None),
+        "total_seconds": mean([sum(stage["seconds"] for stage in st.values()) for st in stages]),
         "training_samples": mean(samples),
     }
 
@@ -421,8 +590,10 @@ def test_report_of_a_real_sweep_is_recomputed_from_its_summaries(real_sweep, tmp
     assert next(iter(rows[0])) == "selector.name"
     assert [r["selector.name"] for r in rows] == sorted(SELECTORS)
     table = (tmp_path / "results.md").read_text()
+    names = {"pretrain", "select", "train"}
+    names |= {name for summaries in groups.values() for s in summaries for name in s["stages"]}
     for row in rows:
-        expected = _by_hand(groups[row["selector.name"]])
+        expected = _by_hand(groups[row["selector.name"]], sorted(names))
         assert row["seeds"] == "0,1"
         for column, value in expected.items():
             if value is None:

@@ -13,7 +13,7 @@ label_issues.csv (`write_datalab`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,15 +65,21 @@ def datalab_issues(
     """cleanlab's Datalab on N items: given `labels` [N], `embeddings` [N, D] (its features),
     out-of-sample `probs` [N, C] (its pred_probs) and the items' `indices` [N] in the data set,
     which the report speaks. `filter_by`: the label issues' confident-learning rule, as
-    lipt.cleaning.find_issues."""
-    from cleanlab import Datalab  # pandas, scikit-learn and datasets: only when asked
+    lipt.cleaning.find_issues.
 
+    Raises:
+        ValueError: before Datalab runs, for `issue_types` that is a str or empty, or tensors
+            without a row per item.
+    """
+    issue_types = issue_type_names(issue_types)
     n = labels.shape[0]
     if embeddings.shape[0] != n or probs.shape[0] != n or indices.shape[0] != n:
         raise ValueError(
             f"labels {tuple(labels.shape)}, embeddings {tuple(embeddings.shape)}, probs "
             f"{tuple(probs.shape)} and indices {tuple(indices.shape)} must have a row per item"
         )
+    from cleanlab import Datalab  # pandas, scikit-learn and datasets: only when asked
+
     p = probs.double()
     pred_probs = (p / p.sum(1, keepdim=True)).numpy()  # rows summing to one, as cleanlab checks
     # One process, as lipt.cleaning.find_issues: cleanlab's pool fails in a sweep's workers.
@@ -91,6 +97,27 @@ def datalab_issues(
         seconds=seconds,
         lab=lab,
     )
+
+
+def issue_type_names(issue_types: Iterable[str]) -> tuple[str, ...]:
+    """`issue_types` as a tuple, each name once, in order: a non-empty sequence of Datalab's
+    issue type names (Datalab itself refuses a name it does not know).
+
+    Raises:
+        ValueError: a str (which would be read letter by letter), none, or a name not a str.
+    """
+    if isinstance(issue_types, str):
+        raise ValueError(
+            f"issue_types must be a sequence of issue type names, not the str {issue_types!r}: "
+            f"write issue_types=({issue_types!r},)"
+        )
+    names = tuple(issue_types)
+    if not names or not all(isinstance(kind, str) for kind in names):
+        raise ValueError(
+            f"issue_types must name at least one issue type, each a str (e.g. {ISSUE_TYPES}), "
+            f"got {names!r}"
+        )
+    return tuple(dict.fromkeys(names))
 
 
 def issue_rows(

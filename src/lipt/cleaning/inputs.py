@@ -1,18 +1,30 @@
 """What lipt.find_label_issues checks before any work: data with labels the model's head can
-score, at least one item of each class per probe fold, and options it knows. Each refusal is a
-ValueError of one line saying what is wrong and how to fix it."""
+score, at least one item of each class per probe fold, inputs held in memory that are finite,
+and options it knows; and what the cleaning functions check of the tensors they are given
+(class-index labels, finite rows). Each refusal is a ValueError of one line saying what is
+wrong and how to fix it."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, get_args
+from numbers import Real
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
+from torch.utils.data import TensorDataset
 
-from lipt.cleaning.methods import FilterBy
 from lipt.data import DataModule
 from lipt.data.pool import PoolDataModule, check_labelled
+
+# cleanlab.filter.find_label_issues's `filter_by` rules.
+FilterBy = Literal[
+    "prune_by_noise_rate", "prune_by_class", "both", "confident_learning", "predicted_neq_given"
+]
+# The dtypes of class-index labels.
+INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+# Rows checked at a time for non-finite values: a bounded bool buffer on a large input tensor.
+CHUNK_ROWS = 4096
 
 # lipt.jigsaw_pretrain's keywords that `jigsaw=` may set (head, seed and accelerator are
 # find_label_issues's own).
@@ -57,8 +69,14 @@ def check_options(
         raise ValueError(
             f"folds must be an integer >= 2 (the probe is cross-validated), got {folds!r}"
         )
-    if not weight_decay >= 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+    if (
+        isinstance(weight_decay, bool)
+        or not isinstance(weight_decay, Real)
+        or not weight_decay >= 0
+    ):
+        raise ValueError(
+            f"weight_decay must be a number >= 0 (the probe's L2 penalty), got {weight_decay!r}"
+        )
     if filter_by not in get_args(FilterBy):
         raise ValueError(f"unknown filter_by {filter_by!r}; one of {list(get_args(FilterBy))}")
     unknown = sorted(set(jigsaw or {}) - set(JIGSAW_OPTIONS))
@@ -74,14 +92,9 @@ def check_labels(labels: Tensor, classes: int, folds: int, head: str) -> None:
     class present: a class missing from a fold's training rows is one the probe cannot
     suggest, so each of its items would be flagged. A class with no item is left alone (a
     head may have spare outputs)."""
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0 or high >= classes:
-        bad = low if low < 0 else high
-        raise ValueError(
-            f"label {bad} is out of range: the model's head {head!r} gives {classes} classes, "
-            f"so labels must be in 0..{classes - 1}; map the labels to class indices or give "
-            "the head one output per class"
-        )
+    check_class_indices(
+        labels, classes, f"the model's head {head!r}", "give the head one output per class"
+    )
     counts = torch.bincount(labels, minlength=classes)
     short = torch.nonzero((counts > 0) & (counts < folds)).flatten()
     if len(short):
@@ -91,4 +104,79 @@ def check_labels(labels: Tensor, classes: int, folds: int, head: str) -> None:
         raise ValueError(
             f"class {c} has {fewest} item(s) in the pool, fewer than folds={folds}: the probe's "
             f"cross-validation needs one per fold; {fix} the class at least {folds} items"
+        )
+
+
+def check_class_indices(labels: Tensor, classes: int, source: str, fix: str) -> None:
+    """`labels` [N], N >= 1, an integer tensor of class indices in 0..classes-1, the classes
+    `source` gives (the model's head, the columns of probabilities); `fix`: the other way out
+    of a label out of range.
+
+    Raises:
+        ValueError: labels of another dtype or shape, or a label out of range.
+    """
+    if labels.dtype not in INTEGER_DTYPES:
+        raise ValueError(
+            f"labels must be class indices, an integer tensor, not {labels.dtype}: convert "
+            "them with labels.long() (and map them to 0..classes-1 first if they are not)"
+        )
+    if labels.ndim != 1 or labels.shape[0] == 0:
+        raise ValueError(f"labels must be [N] with N >= 1, one per item, got {tuple(labels.shape)}")
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= classes:
+        bad = low if low < 0 else high
+        raise ValueError(
+            f"label {bad} is out of range: {source} gives {classes} classes, so labels must be "
+            f"in 0..{classes - 1}; map the labels to class indices or {fix}"
+        )
+
+
+def nonfinite_rows(values: Tensor) -> Tensor:
+    """[K] int64, ascending: the rows of `values` [N, ...] holding a NaN or an infinity (none
+    for an integer tensor)."""
+    if not (values.is_floating_point() or values.is_complex()) or values.shape[0] == 0:
+        return torch.empty(0, dtype=torch.int64)
+    finite = torch.cat(
+        [chunk.reshape(len(chunk), -1).isfinite().all(1) for chunk in values.split(CHUNK_ROWS)]
+    )  # [N]
+    return torch.nonzero(~finite).flatten().cpu()
+
+
+def check_finite(
+    values: Tensor, what: str, unit: str, fix: str, names: Tensor | None = None
+) -> None:
+    """Refuse `values` [N, ...] with a non-finite row, naming the first few: rows of `values`,
+    or `names[row]` (e.g. positions in the data set); `unit` says what a row is.
+
+    Raises:
+        ValueError: `what` is not finite in some row.
+    """
+    bad = nonfinite_rows(values)
+    if len(bad):
+        shown = bad if names is None else names.cpu()[bad]
+        first = ", ".join(str(int(i)) for i in shown[:5]) + (", ..." if len(bad) > 5 else "")
+        raise ValueError(
+            f"{what} are not finite (NaN or inf) in {len(bad)} {unit}(s): {first}; {fix}"
+        )
+
+
+def held_inputs(dm: PoolDataModule | DataModule) -> list[Tensor]:
+    """The input tensors the data module's data sets hold in memory (a TensorDataset's first
+    tensor, rows = positions in the data set): what is checked without reading any item."""
+    if not isinstance(dm, PoolDataModule):
+        return []  # lipt's own data: its readers' images
+    sets = [dm.train_set] if dm.eval_set is dm.train_set else [dm.train_set, dm.eval_set]
+    return [ds.tensors[0] for ds in sets if isinstance(ds, TensorDataset)]
+
+
+def check_held_inputs(dm: PoolDataModule | DataModule) -> None:
+    """Finite inputs where the data sets hold them (`held_inputs`): a NaN or infinite item
+    gives NaN embeddings, which the probe cannot fit. One pass over memory, no model run;
+    other data sets are checked on the soup's embeddings, after the pool pass."""
+    for inputs in held_inputs(dm):
+        check_finite(
+            inputs,
+            "data's inputs",
+            "item",
+            "fix or drop those items (positions in the data set) before finding label issues",
         )

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lipt.cleaning.inputs import check_class_indices, check_finite
 from lipt.selection.coverage import ensemble_probs
 from lipt.selection.gradients import model_outputs
 from lipt.selection.types import LearnerHeads, PoolOutputs
@@ -85,7 +86,20 @@ def probe_issues(
 ) -> tuple[Tensor, LabelIssues]:
     """lipt's finder after the pool pass: the probe's cross-validated probabilities [N, C] on
     the `outputs`' embeddings and labels (`probe_probs`), and cleanlab's decision on them
-    (`find_issues`; rows index `outputs`)."""
+    (`find_issues`; rows index `outputs`).
+
+    Raises:
+        ValueError: before the probe's fits, for embeddings with a NaN or an infinity (an
+            item whose input holds one, or a diverged model), naming the items' `indices`.
+    """
+    check_finite(
+        outputs.embeddings,
+        "the soup's embeddings",
+        "item",
+        "fix or drop those items (their inputs may hold NaN or inf); if their inputs are "
+        "finite, the soup diverged: pre-train it with a lower learning rate",
+        names=outputs.indices,
+    )
     probs = probe_probs(outputs.embeddings, outputs.targets, num_classes, folds, seed, weight_decay)
     return probs, find_issues(outputs.targets, probs, filter_by)
 
@@ -179,11 +193,26 @@ def find_issues(
 ) -> LabelIssues:
     """cleanlab's `find_label_issues` on `labels` [N] and out-of-sample `probs` [N, C], ranked
     by self-confidence. `filter_by`: cleanlab's rule (prune_by_noise_rate, its default;
-    prune_by_class, both, confident_learning, predicted_neq_given)."""
+    prune_by_class, both, confident_learning, predicted_neq_given).
+
+    Raises:
+        ValueError: `probs` not [N, C] with a row per label, labels that are not integer class
+            indices in 0..C-1, or a row of `probs` with a NaN or an infinity (named).
+    """
     from cleanlab.filter import find_label_issues  # scikit-learn and pandas: only when cleaning
 
     if probs.ndim != 2 or probs.shape[0] != labels.shape[0]:
-        raise ValueError(f"probs [N, C] must have a row per label, got {tuple(probs.shape)}")
+        raise ValueError(
+            f"probs [N, C] must have a row per label, got probs {tuple(probs.shape)} for "
+            f"labels {tuple(labels.shape)}"
+        )
+    check_class_indices(
+        labels, probs.shape[1], f"probs {tuple(probs.shape)}", "give probs a column per class"
+    )
+    check_finite(
+        probs, "probs", "row", "give each row out-of-sample class probabilities, or drop the row"
+    )
+    labels = labels.long()  # a uint8 tensor would index as a mask
     p = probs.double()
     rows_sum_to_one = (p / p.sum(1, keepdim=True)).numpy()  # as cleanlab checks them
     ranked = find_label_issues(

@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
+from lipt.cleaning.inputs import FilterBy
 from lipt.cleaning.issues import (
     LabelIssues,
     Members,
@@ -29,10 +30,6 @@ from lipt.selection.types import PoolOutputs
 
 # What a run does with the flagged labels: train without them, or with the suggested class.
 Action = Literal["drop", "relabel"]
-# cleanlab.filter.find_label_issues's `filter_by` rules.
-FilterBy = Literal[
-    "prune_by_noise_rate", "prune_by_class", "both", "confident_learning", "predicted_neq_given"
-]
 
 
 class PoolWork(Protocol):

@@ -11,7 +11,9 @@ with a cosine schedule) on a single device.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
+from numbers import Integral
 from typing import Any, cast
 
 import lightning as L
@@ -82,35 +84,84 @@ def learner_trainer(accelerator: str, **overrides: Any) -> L.Trainer:
     return L.Trainer(**{"accelerator": accelerator, "devices": 1, **QUIET_TRAINER, **overrides})
 
 
-def _check_pretrain_args(
+def check_pretrain_args(
     data: LearnerData,
     num_learners: int,
     batches_per_learner: int,
     local_epochs: int,
     min_learners: int | None = None,
+    spell: str = "{}",
 ) -> None:
-    """Raise ValueError for a learner count, shard size or epoch count below 1, a
-    `min_learners` outside 1..num_learners, or data whose validation split (on which the soup is
-    scored) is empty."""
+    """Raise ValueError for a learner count, shard size or epoch count that is not an integer
+    >= 1, a `min_learners` outside 1..num_learners, data whose validation split (on which the
+    soup is scored) is empty, or a pool too small for n x M minibatches. `spell`: how the
+    caller's API names a keyword ("{}": as jigsaw_pretrain's; "jigsaw[{!r}]")."""
     for key, value in (
         ("num_learners", num_learners),
         ("batches_per_learner", batches_per_learner),
         ("local_epochs", local_epochs),
     ):
-        if isinstance(value, bool) or int(value) < 1:
-            raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise ValueError(f"{spell.format(key)} must be an integer >= 1, got {value!r}")
     if min_learners is not None and (
-        isinstance(min_learners, bool) or not 1 <= int(min_learners) <= int(num_learners)
+        isinstance(min_learners, bool)
+        or not isinstance(min_learners, Integral)
+        or not 1 <= min_learners <= num_learners
     ):
         raise ValueError(
-            f"min_learners must be an integer in 1..num_learners ({num_learners}) or None "
-            f"(half of them), got {min_learners!r}"
+            f"{spell.format('min_learners')} must be an integer in 1..num_learners "
+            f"({num_learners}) or None (half of them), got {min_learners!r}"
         )
     if len(data.val_indices) == 0:
         raise ValueError(
             "the jigsaw soup is scored on the validation split, which is empty: give the data "
             "module one (PoolDataModule(..., val_size=0.1))"
         )
+    needed = int(num_learners) * int(batches_per_learner) * data.batch_size
+    if needed > len(data.pool_indices):
+        raise ValueError(
+            f"the jigsaw learners need {num_learners} x {batches_per_learner} minibatch(es) of "
+            f"{data.batch_size} = {needed} distinct items, but the pool has "
+            f"{len(data.pool_indices)}: lower {spell.format('num_learners')} or "
+            f"{spell.format('batches_per_learner')}, or the data module's batch_size "
+            "(lipt.PoolDataModule(..., batch_size=))"
+        )
+
+
+def check_jigsaw_keywords(data: LearnerData, keywords: Mapping[str, Any], spell: str) -> None:
+    """`check_pretrain_args` on the keywords a caller will hand jigsaw_pretrain, its defaults
+    for those not given (lipt.find_label_issues's `jigsaw=`, spelled `spell`)."""
+    defaults = {
+        key: param.default
+        for key, param in inspect.signature(jigsaw_pretrain).parameters.items()
+        if key in ("num_learners", "batches_per_learner", "local_epochs", "min_learners")
+    }
+    given = {**defaults, **{k: v for k, v in keywords.items() if k in defaults}}
+    check_pretrain_args(data, **given, spell=spell)
+
+
+def head_name(model: nn.Module, head: str | None = None) -> tuple[str, int]:
+    """The name of `model`'s final nn.Linear and its out_features, the classes: `head`, else
+    `model.classifier`, else the last nn.Linear (lipt.selection.gradients.resolve_head). The
+    learners' heads are read from their weights by this name.
+
+    Raises:
+        ValueError: no such nn.Linear, one that is the model itself (it has no name), or one
+            with fewer than 2 outputs (a logit per class).
+    """
+    layer = resolve_head(model, head)
+    name = head if head is not None else next(n for n, m in model.named_modules() if m is layer)
+    if not name:
+        raise ValueError(
+            "the model is itself an nn.Linear: wrap it (nn.Sequential(layer)) so its head has a "
+            'name, and pass head="0"'
+        )
+    if layer.out_features < 2:
+        raise ValueError(
+            f"the model's head {name!r} has {layer.out_features} output: it must give a logit "
+            "per class, at least 2; name the final classification layer with head="
+        )
+    return name, layer.out_features
 
 
 def _common_init(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
@@ -167,7 +218,7 @@ def jigsaw_pretrain(
     prune: Pruning | None = None,
     merge: Merge | None = None,
     augment: NoAugment | RandAugment | None = None,
-    head: str = "classifier",
+    head: str | None = None,
     optim: dict[str, Any] | None = None,
     min_learners: int | None = None,
     seed: int = 0,
@@ -183,20 +234,22 @@ def jigsaw_pretrain(
     greedy interpolation, `merge=greedy_interp`) makes the soup. `augment`: NoAugment (the
     default: the data set's own transforms augment the shards) or lipt's RandAugment (lipt's
     image data only). `head`: the name of the model's final nn.Linear, whose learners' copies
-    come back as `learner_heads`. `accelerator`: where learners train and the soup is scored.
+    come back as `learner_heads` (default: `model.classifier`, else the model's last
+    nn.Linear). `accelerator`: where learners train and the soup is scored.
 
     Returns lipt.jigsaw.context.Pretrained: `.model` the soup, `.learner_heads`, `.report`
     (every learner's and candidate soup's held-out score), `.samples`, `.counts`.
 
     Raises:
-        ValueError: before any training, for a factory whose model has no nn.Linear `head`,
-            data without a validation split, a pool too small for n x M minibatches or a
-            `min_learners` outside 1..`num_learners`; and for fewer than `min_learners`
-            (default: half) usable learners at the end.
+        ValueError: before any training, for a factory whose model has no nn.Linear `head`
+            (or one with a single output), data without a validation split, a pool too small
+            for n x M minibatches, counts that are not integers >= 1 or a `min_learners`
+            outside 1..`num_learners`; and for fewer than `min_learners` (default: half)
+            usable learners at the end.
     """
-    _check_pretrain_args(data, num_learners, batches_per_learner, local_epochs, min_learners)
+    check_pretrain_args(data, num_learners, batches_per_learner, local_epochs, min_learners)
     init = _common_init(factory, seed)
-    classes = resolve_head(init, head).out_features
+    head, classes = head_name(init, head)
     ctx = PretrainContext(
         data_name=type(data).__name__,
         num_classes=classes,
@@ -221,6 +274,6 @@ def jigsaw_pretrain(
         optim=cast(LearnerOptim, dict(optim)) if optim else None,
         min_learners=min_learners,
     )
-    learner_shards(settings, data, seed)  # a pool too small fails here, before any learner
+    learner_shards(settings, data, seed)  # what the shards refuse fails here, before any learner
     result, _ = train_and_merge(ctx, settings, data, init, seed)
     return result

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,24 +15,40 @@ import numpy as np
 from lipt.core.errors import UserError
 from lipt.report.paired import Baseline
 
-# A sweep's stages, in pipeline order; a row of the report: a group's figures.
-STAGES = ("pretrain", "select", "train")
+# A run's stages, in pipeline order (summary.json's `stages`): the order of a report's stage
+# columns. Every report has the paper's three (TABLE_STAGES); label cleaning's and the pool's
+# scoring pass (budget=lipt) only where a run of the sweep had them; a stage of another name
+# after these.
+STAGES = ("pretrain", "clean", "select", "score", "train")
+TABLE_STAGES = ("pretrain", "select", "train")
 Row = dict[str, Any]
 
-# The metric columns of a row, in table order (the group keys come first).
-METRICS = (
-    "runs",
-    "seeds",
-    "test_acc_pct_mean",
-    "test_acc_pct_std",
-    "subset_size",
-    "data_used_pct",
-    "pretrain_seconds",
-    "select_seconds",
-    "train_seconds",
-    "total_seconds",
-    "training_samples",
-)
+
+def stage_columns(names: Iterable[str] = ()) -> tuple[str, ...]:
+    """The stage columns of a report whose runs recorded the stages `names`: TABLE_STAGES and
+    every stage in `names`, in pipeline order (STAGES), unknown names last, sorted."""
+    present = set(names) | set(TABLE_STAGES)
+    return (*(s for s in STAGES if s in present), *sorted(present - set(STAGES)))
+
+
+def row_stages(rows: Sequence[Row]) -> tuple[str, ...]:
+    """The stage columns rows carry (a `{stage}_seconds` value), where the caller names none."""
+    return stage_columns(s for s in STAGES if any(f"{s}_seconds" in row for row in rows))
+
+
+def metrics(stages: Sequence[str] = TABLE_STAGES) -> tuple[str, ...]:
+    """The metric columns of a row, in table order (the group keys come first)."""
+    return (
+        "runs",
+        "seeds",
+        "test_acc_pct_mean",
+        "test_acc_pct_std",
+        "subset_size",
+        "data_used_pct",
+        *(f"{name}_seconds" for name in stages),
+        "total_seconds",
+        "training_samples",
+    )
 
 
 def value_text(key: str, value: Any) -> str:
@@ -50,13 +66,15 @@ def value_text(key: str, value: Any) -> str:
 # --- tables ---------------------------------------------------------------------------------
 
 
-def to_csv(rows: Sequence[Row], keys: Sequence[str]) -> str:
-    """Group keys and METRICS at full precision; empty cells where a value is unknown."""
+def to_csv(rows: Sequence[Row], keys: Sequence[str], stages: Sequence[str] | None = None) -> str:
+    """Group keys and metrics (one seconds column per stage: `stages`, by default those the rows
+    carry) at full precision; empty cells where a value is unknown."""
+    columns = [*keys, *metrics(row_stages(rows) if stages is None else stages)]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow([*keys, *METRICS])
+    writer.writerow(columns)
     for row in rows:
-        writer.writerow(["" if row[c] is None else row[c] for c in [*keys, *METRICS]])
+        writer.writerow(["" if row[c] is None else row[c] for c in columns])
     return buffer.getvalue()
 
 
@@ -76,42 +94,83 @@ def _accuracy(row: Row) -> str:
     return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
 
 
-# Markdown columns after the group keys: header and how to show a row's value.
-MARKDOWN_COLUMNS: tuple[tuple[str, Callable[[Row], str]], ...] = (
-    ("runs", lambda r: str(r["runs"])),
-    ("seeds", lambda r: r["seeds"] or "—"),
-    ("test acc. (%)", _accuracy),
-    ("subset", lambda r: _number(r["subset_size"], 0)),
-    ("data used (%)", lambda r: _number(r["data_used_pct"], 2)),
-    ("pretrain (s)", lambda r: _seconds(r["pretrain_seconds"])),
-    ("select (s)", lambda r: _seconds(r["select_seconds"])),
-    ("train (s)", lambda r: _seconds(r["train_seconds"])),
-    ("total (s)", lambda r: _seconds(r["total_seconds"])),
-    ("training samples", lambda r: _number(r["training_samples"], 0)),
-)
-
-MARKDOWN_NOTES = """\
-- test acc.: mean ± sample standard deviation (ddof=1) over the group's runs (seeds), in %.
-- subset: subset size (mean over runs).
-- data used: (pre-training unique samples + main-training unique samples) / size of the
-  training split, in %: the paper's cost proxy; an item read by both stages counts twice.
-- seconds: mean wall-clock time per stage; a stage a run did not have counts 0, — when no run
-  of the group had it; total = pretrain + select + train.
-- training samples: samples passed forward and backward in pre-training plus main training,
-  mean per run.
-"""
+def _stage_cell(name: str) -> Callable[[Row], str]:
+    return lambda row: _seconds(row[f"{name}_seconds"])
 
 
-def to_markdown(rows: Sequence[Row], keys: Sequence[str], title: str = "Results") -> str:
-    headers = [*keys, *(header for header, _ in MARKDOWN_COLUMNS)]
+def markdown_columns(
+    stages: Sequence[str] = TABLE_STAGES,
+) -> tuple[tuple[str, Callable[[Row], str]], ...]:
+    """Markdown columns after the group keys: header and how to show a row's value."""
+    return (
+        ("runs", lambda r: str(r["runs"])),
+        ("seeds", lambda r: r["seeds"] or "—"),
+        ("test acc. (%)", _accuracy),
+        ("subset", lambda r: _number(r["subset_size"], 0)),
+        ("data used (%)", lambda r: _number(r["data_used_pct"], 2)),
+        *((f"{name} (s)", _stage_cell(name)) for name in stages),
+        ("total (s)", lambda r: _seconds(r["total_seconds"])),
+        ("training samples", lambda r: _number(r["training_samples"], 0)),
+    )
+
+
+# The columns of a report without label cleaning or scoring (lipt.run.hydra_callbacks picks some).
+MARKDOWN_COLUMNS = markdown_columns()
+
+
+def markdown_notes(stages: Sequence[str] = TABLE_STAGES) -> str:
+    """The notes under the table: how its columns are computed (`stages`: its stage columns)."""
+    notes = [
+        "- test acc.: mean ± sample standard deviation (ddof=1) over the group's runs (seeds), "
+        "in %.",
+        "- subset: subset size (mean over runs).",
+        "- data used: (pre-training unique samples + main-training unique samples) / size of the",
+        "  training split, in %: the paper's cost proxy; an item read by both stages counts twice.",
+        "- seconds: mean wall-clock time per stage; a stage a run did not have counts 0, — when "
+        "no run",
+        f"  of the group had it; total = {' + '.join(stages)}.",
+    ]
+    if "clean" in stages:
+        notes.append(
+            "- clean: label cleaning's own seconds (pre-training for clean=lipt is in pretrain)."
+        )
+    if "score" in stages:
+        notes.append(
+            "- score: the pool's pass through the soup before pruned training (budget=lipt)."
+        )
+    if "clean" in stages:
+        notes += [
+            "- training samples: samples passed forward and backward in pre-training, K-fold label",
+            "  cleaning and main training, mean per run.",
+        ]
+    else:
+        notes += [
+            "- training samples: samples passed forward and backward in pre-training plus main"
+            " training,",
+            "  mean per run.",
+        ]
+    return "\n".join(notes) + "\n"
+
+
+def to_markdown(
+    rows: Sequence[Row],
+    keys: Sequence[str],
+    title: str = "Results",
+    stages: Sequence[str] | None = None,
+) -> str:
+    """The table (a seconds column per stage: `stages`, by default those the rows carry) and
+    its notes."""
+    stages = row_stages(rows) if stages is None else stages
+    columns = markdown_columns(stages)
+    headers = [*keys, *(header for header, _ in columns)]
     # Group keys left-aligned, numbers right-aligned.
-    align = [":---"] * len(keys) + ["---:"] * len(MARKDOWN_COLUMNS)
+    align = [":---"] * len(keys) + ["---:"] * len(columns)
     lines = [f"# {title}", "", "| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
     for row in rows:
         cells = [value_text(key, row[key]) for key in keys]
-        cells += [show(row) for _, show in MARKDOWN_COLUMNS]
+        cells += [show(row) for _, show in columns]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n" + MARKDOWN_NOTES
+    return "\n".join(lines) + "\n\n" + markdown_notes(stages)
 
 
 def _signed(mean: float | None, std: float | None) -> str:
@@ -231,15 +290,19 @@ def plot_accuracy(
     figure.savefig(path, dpi=120)
 
 
-def plot_stage_times(rows: Sequence[Row], keys: Sequence[str], path: Path) -> None:
-    """Horizontal bars, one per group in table order: mean pretrain, select and train seconds
-    stacked, the total written at the end."""
+def plot_stage_times(
+    rows: Sequence[Row], keys: Sequence[str], path: Path, stages: Sequence[str] | None = None
+) -> None:
+    """Horizontal bars, one per group in table order: the mean seconds of each stage (`stages`,
+    by default those the rows carry: pretrain, select and train, and clean and score where a run
+    had them) stacked, the total written at the end."""
+    stages = row_stages(rows) if stages is None else stages
     labels = [f"{row_label(row, keys)} (n={row['runs']})" for row in rows]
     figure = new_figure(9, max(2.8, 0.45 * len(rows) + 1.6))
     ax = figure.add_subplot()
     positions = np.arange(len(rows))
     left = np.zeros(len(rows))
-    for index, name in enumerate(STAGES):
+    for index, name in enumerate(stages):
         seconds = np.array([row[f"{name}_seconds"] or 0.0 for row in rows])
         ax.barh(positions, seconds, left=left, color=f"C{index}", label=name, height=0.6)
         left += seconds
@@ -252,5 +315,6 @@ def plot_stage_times(rows: Sequence[Row], keys: Sequence[str], path: Path) -> No
     ax.set_title("Time per stage (mean over seeds)")
     ax.grid(axis="x", alpha=0.3)
     # Below the axes: inside, it would cover the longest bars.
-    figure.legend(loc="outside lower center", ncols=3, fontsize="small", frameon=False)
+    ncols = min(len(stages), 6)
+    figure.legend(loc="outside lower center", ncols=ncols, fontsize="small", frameon=False)
     figure.savefig(path, dpi=120)

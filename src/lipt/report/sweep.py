@@ -10,8 +10,9 @@ seeds, and writes to SWEEP_DIR/report/ (or --out):
   also written to `paired.csv` (lipt.report.paired);
 - `accuracy_vs_data.png`: test accuracy against data used, one line per approach (the paper's
   figure 2);
-- `stage_times.png`: mean seconds of pre-training, selection and training, stacked, per group
-  (the paper's table 1).
+- `stage_times.png`: mean seconds of pre-training, selection and training (and of label
+  cleaning and the pool's scoring pass where a run had them), stacked, per group (the paper's
+  table 1).
 
 How the columns are computed (per run, then over the runs of a group):
 
@@ -23,8 +24,13 @@ How the columns are computed (per run, then over the runs of a group):
   by both stages counts twice, as summary.json does not record the overlap, so it can exceed
   100% (pretrain=full) and bounds from above the share of distinct items touched.
 - seconds: mean per stage, a stage a run did not have counting 0 (blank when no run of the
-  group had it); total = pretrain + select + train. Re-selection time is inside train.
-- training samples: pretrain.samples + train.samples (samples passed forward and backward).
+  group had it). The columns: pretrain, select and train, and clean (label cleaning, its own
+  seconds: the pre-training clean=lipt needs is pretrain's) and score (budget=lipt: the pool's
+  pass through the soup) where a run of the sweep recorded them. total = every stage the run
+  recorded, as the frontier counts a run's cost (lipt.report.frontier.costs). Re-selection
+  time is inside train.
+- training samples: pretrain.samples + clean.samples (K-fold cleaning's models) +
+  train.samples (samples passed forward and backward; frontier.costs).
 
 Groups: the config is flattened to dotted keys and a key is a group key when its value differs
 between runs, except seeds (`seed`, `*_seed`: replicates) and bookkeeping (`paths`, `hydra`,
@@ -50,21 +56,22 @@ import numpy as np
 
 from lipt.core.artifacts import LEARNERS_DIR
 from lipt.core.errors import UserError, fail
-from lipt.report.frontier import reference_approach
+from lipt.report.frontier import costs, reference_approach
 from lipt.report.frontier_render import write_frontier
 from lipt.report.paired import paired_rows, parse_baseline
 from lipt.report.render import (
-    STAGES,
     Row,
     paired_csv,
     paired_markdown,
     plot_accuracy,
     plot_stage_times,
+    stage_columns,
     to_csv,
     to_markdown,
 )
 
-# Stages whose unique_samples count towards "data used" (selection reads data but trains on none).
+# Stages whose unique_samples count towards "data used" (selection reads data but trains on none;
+# label cleaning and scoring record none). Seconds and training samples: lipt.report.frontier.costs.
 DATA_STAGES = ("pretrain", "train")
 
 # Where and how a run was executed, not what it computed: output dirs differ between every two
@@ -127,6 +134,7 @@ def load_summaries(sweep_dir: Path) -> tuple[list[Run], list[str]]:
             isinstance(summary, dict)
             and isinstance(summary.get("config"), dict)
             and isinstance(summary.get("stages"), dict)
+            and all(isinstance(stage, dict) for stage in summary["stages"].values())
         ):
             warnings.append(f"skipped {path}: not a lipt summary (no config or stages)")
             continue
@@ -208,10 +216,24 @@ def _stage(summary: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return stage if isinstance(stage, Mapping) else {}
 
 
-def run_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
-    """One run's numbers (see the module docstring for the definitions); None where unknown."""
+def sweep_stages(runs: Sequence[Run]) -> tuple[str, ...]:
+    """The report's stage columns: pretrain, select and train, and every other stage a run of
+    the sweep recorded (clean, score), in pipeline order (lipt.report.render.stage_columns)."""
+    return stage_columns(name for run in runs for name in run.summary["stages"])
+
+
+def run_metrics(
+    summary: Mapping[str, Any], stages: Sequence[str] | None = None
+) -> dict[str, float | None]:
+    """One run's numbers (see the module docstring for the definitions); None where unknown.
+    A seconds value per stage of `stages` (default: the report's three and the run's own);
+    total seconds and training samples as the frontier counts a run's cost (frontier.costs):
+    every stage the run recorded."""
+    if stages is None:
+        stages = stage_columns(summary["stages"])
     accuracy = summary.get("test_accuracy")
-    seconds = {name: _stage(summary, name).get("seconds") for name in STAGES}
+    seconds = {name: _stage(summary, name).get("seconds") for name in stages}
+    total_seconds, training_samples = costs(summary)
     unique = 0.0
     for name in DATA_STAGES:
         stage = _stage(summary, name)
@@ -223,11 +245,9 @@ def run_metrics(summary: Mapping[str, Any]) -> dict[str, float | None]:
         "test_acc_pct": None if accuracy is None else 100.0 * accuracy,
         "subset_size": None if subset_size is None else float(subset_size),
         "data_used_pct": 100.0 * unique / dataset_size if dataset_size else None,
-        **{f"{name}_seconds": seconds[name] for name in STAGES},
-        "total_seconds": sum(s or 0.0 for s in seconds.values()),
-        "training_samples": sum(
-            float(_stage(summary, name).get("samples") or 0) for name in DATA_STAGES
-        ),
+        **{f"{name}_seconds": seconds[name] for name in stages},
+        "total_seconds": total_seconds,
+        "training_samples": float(training_samples),
     }
 
 
@@ -247,9 +267,11 @@ def _seeds(runs: Sequence[Run]) -> str:
     return ",".join(str(s) for s in sorted(seeds, key=_order))
 
 
-def summarise(runs: Sequence[Run]) -> Row:
-    """The metric columns (METRICS) of one group."""
-    per_run = [run_metrics(run.summary) for run in runs]
+def summarise(runs: Sequence[Run], stages: Sequence[str] | None = None) -> Row:
+    """The metric columns (lipt.report.render.metrics) of one group; a seconds column per stage
+    of `stages` (default: those of its runs, sweep_stages)."""
+    stages = sweep_stages(runs) if stages is None else stages
+    per_run = [run_metrics(run.summary, stages) for run in runs]
     accuracies = np.array([m["test_acc_pct"] for m in per_run if m["test_acc_pct"] is not None])
     row: Row = {
         "runs": len(runs),
@@ -262,7 +284,7 @@ def summarise(runs: Sequence[Run]) -> Row:
         row[column] = _count_mean([m[column] for m in per_run])
     for column in ("data_used_pct", "total_seconds"):
         row[column] = _mean([m[column] for m in per_run])
-    for name in STAGES:
+    for name in stages:
         seconds = [m[f"{name}_seconds"] for m in per_run]
         had_stage = any(s is not None for s in seconds)
         row[f"{name}_seconds"] = _mean([s or 0.0 for s in seconds]) if had_stage else None
@@ -278,15 +300,19 @@ def _order(value: Any) -> tuple[int, Any]:
     return (2, str(value))
 
 
-def aggregate(runs: Sequence[Run], keys: Sequence[str]) -> list[Row]:
-    """One row per distinct combination of `keys` values: the keys, then METRICS; sorted by the
-    keys in order."""
+def aggregate(
+    runs: Sequence[Run], keys: Sequence[str], stages: Sequence[str] | None = None
+) -> list[Row]:
+    """One row per distinct combination of `keys` values: the keys, then the metrics (a seconds
+    column per stage of `stages`, by default every stage a run of the sweep had: sweep_stages);
+    sorted by the keys in order."""
+    stages = sweep_stages(runs) if stages is None else stages
     groups: dict[tuple[Hashable, ...], list[Run]] = {}
     for run in runs:
         groups.setdefault(tuple(run.config.get(key) for key in keys), []).append(run)
     rows = []
     for values in sorted(groups, key=lambda values: [_order(v) for v in values]):
-        rows.append({**dict(zip(keys, values, strict=True)), **summarise(groups[values])})
+        rows.append({**dict(zip(keys, values, strict=True)), **summarise(groups[values], stages)})
     return rows
 
 
@@ -338,11 +364,12 @@ def write_report(args: argparse.Namespace) -> str:
     if args.x == "fraction" and "fraction" not in keys:  # before anything is written
         raise UserError("--x fraction: `fraction` is not a group key of this sweep")
     baseline = parse_baseline(args.baseline, configs, keys)
-    rows = aggregate(runs, keys)
+    stages = sweep_stages(runs)
+    rows = aggregate(runs, keys, stages)
     out = args.out or args.sweep_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     title = f"Results: {args.sweep_dir} ({len(runs)} runs)"
-    markdown = to_markdown(rows, keys, title)
+    markdown = to_markdown(rows, keys, title, stages)
     paired_path = out / "paired.csv"
     if baseline is None:
         paired_path.unlink(missing_ok=True)  # a stale one would describe another report
@@ -353,9 +380,9 @@ def write_report(args: argparse.Namespace) -> str:
         markdown += "\n" + paired_markdown(paired, keys, baseline)
         paired_path.write_text(paired_csv(paired, keys))
     (out / "results.md").write_text(markdown)
-    (out / "results.csv").write_text(to_csv(rows, keys))
+    (out / "results.csv").write_text(to_csv(rows, keys, stages))
     plot_accuracy(rows, keys, out / "accuracy_vs_data.png", x=args.x)
-    plot_stage_times(rows, keys, out / "stage_times.png")
+    plot_stage_times(rows, keys, out / "stage_times.png", stages)
     by = ", ".join(keys) or "nothing"
     against = "" if baseline is None else f", paired against {baseline}"
     line = f"{len(rows)} groups from {len(runs)} runs, grouped by {by}{against}: {out}"

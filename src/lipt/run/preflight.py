@@ -287,22 +287,22 @@ def preflight(cfg: DictConfig) -> None:
 
 
 def build_everything(run: Run, loaded: dict[str, Any]) -> None:
-    """`dry_run=true`: past the checks above, build what the run builds first (the data, read
-    from its files; the model and its Lightning module) without training or writing anything.
-    `loaded` holds the data sets and models this dry run built already, by their settings."""
-    from hydra.utils import instantiate
-
-    from lipt.stages.build import build_classifier, build_model
+    """`dry_run=true`: past the checks above, build what the run builds first (the data module,
+    its data read and split, labels replaced, as the run sets it up; the model and its
+    Lightning module) without training or writing anything. `loaded` holds the settings of the
+    data and models this dry run built already (a data module is checked, not kept)."""
+    from lipt.stages.build import build_classifier, build_datamodule, build_model
 
     def key(*values: Any) -> str:
         return json.dumps(values, sort_keys=True, default=str)
 
-    data = key(run.dataset.load)
+    data = key(run.node("dataset"), run.settings.batch_size)
     seed = run.settings.seed
     model = key(run.node("model"), run.node("optimizer"), run.node("scheduler"), seed)
     try:
         if data not in loaded:
-            loaded[data] = instantiate(run.dataset.load)()
+            build_datamodule(run)  # the split and the labels: what only the data can refute
+            loaded[data] = None
         if model not in loaded:
             with _quiet():
                 loaded[model] = build_classifier(run, build_model(run, seed))

@@ -21,12 +21,17 @@ import torch
 from torch import Tensor, nn
 
 from lipt.cleaning.datalab import ISSUE_TYPES, DatalabReport, datalab_issues
-from lipt.cleaning.inputs import check_labels, check_options, pool_data, pool_labels
+from lipt.cleaning.inputs import (
+    FilterBy,
+    check_held_inputs,
+    check_labels,
+    check_options,
+    pool_data,
+    pool_labels,
+)
 from lipt.cleaning.issues import probe_issues, score_pool
-from lipt.cleaning.methods import FilterBy
-from lipt.jigsaw.api import jigsaw_pretrain
+from lipt.jigsaw.api import check_jigsaw_keywords, head_name, jigsaw_pretrain
 from lipt.jigsaw.context import Pretrained
-from lipt.selection.gradients import resolve_head
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ def find_label_issues(
     weight_decay: float = 1e-3,
     filter_by: FilterBy = "prune_by_noise_rate",
     jigsaw: Mapping[str, Any] | None = None,
-    head: str = "classifier",
+    head: str | None = None,
     seed: int = 0,
     accelerator: str = "cpu",
 ) -> FoundIssues:
@@ -79,7 +84,8 @@ def find_label_issues(
     `lipt.PoolDataModule(data, val_size=0.1)`, or a data module (PoolDataModule, or lipt's
     own) whose validation split scores the soup; only the pool is judged. `factory()` makes the
     model (under `seed`); `head` names its final nn.Linear, whose outputs are the classes and
-    whose input is the embedding. `jigsaw`: lipt.jigsaw_pretrain's keywords (num_learners,
+    whose input is the embedding (default: `model.classifier`, else the model's last
+    nn.Linear). `jigsaw`: lipt.jigsaw_pretrain's keywords (num_learners,
     local_epochs, augment, ...; its defaults otherwise). The probe: a softmax regression on the
     soup's embeddings, L2 `weight_decay`, cross-validated over `folds` folds; cleanlab decides
     by `filter_by`. The same seed gives the same flags.
@@ -95,15 +101,20 @@ def find_label_issues(
     Raises:
         ValueError: before any training, for data without (input, class index) items, labels
             outside the head's classes, a class with fewer items in the pool than `folds`, a
-            head that is not an nn.Linear, an unknown option, or what lipt.jigsaw_pretrain
-            refuses (no validation split, a pool too small for its learners).
+            head that is not an nn.Linear or has one output, an unknown or bad option, what
+            lipt.jigsaw_pretrain refuses (no validation split, a pool too small for its
+            learners), or inputs with a NaN or an infinity where the data set holds them in
+            memory (a TensorDataset); after the pass over the pool and before the probe, for
+            the soup's embeddings of an item with a NaN or an infinity (other data sets).
     """
     start = time.perf_counter()
     dm = pool_data(data)
     check_options(folds, weight_decay, filter_by, jigsaw)
     with torch.random.fork_rng(devices=[]):  # the jigsaw stage makes the init under `seed`
-        classes = resolve_head(factory(), head).out_features
+        head, classes = head_name(factory(), head)
     check_labels(pool_labels(dm), classes, folds, head)
+    check_jigsaw_keywords(dm, jigsaw or {}, "jigsaw[{!r}]")
+    check_held_inputs(dm)
     soup = jigsaw_pretrain(
         factory, dm, head=head, seed=seed, accelerator=accelerator, **dict(jigsaw or {})
     )
@@ -136,9 +147,14 @@ def find_label_issues(
 def datalab_report(found: FoundIssues, issue_types: Sequence[str] = ISSUE_TYPES) -> DatalabReport:
     """cleanlab's Datalab on what `find_label_issues` computed: the soup's embeddings as its
     features, the probe's out-of-sample probabilities as its pred_probs, the given labels.
-    Returns its label issues, outliers and near duplicates (`issue_types`: any of Datalab's),
-    indexed by position in the data set (lipt.cleaning.DatalabReport). Costs Datalab's
-    k-nearest-neighbour graph of the embeddings; no model runs again."""
+    Returns its label issues, outliers and near duplicates (`issue_types`: a sequence of
+    Datalab's issue type names), indexed by position in the data set
+    (lipt.cleaning.DatalabReport). Costs Datalab's k-nearest-neighbour graph of the
+    embeddings; no model runs again.
+
+    Raises:
+        ValueError: before Datalab runs, for `issue_types` that is a str or names none.
+    """
     return datalab_issues(
         found.labels, found.embeddings, found.probs, found.pool, issue_types, found.filter_by
     )
