@@ -7,9 +7,11 @@ from __future__ import annotations
 import csv
 import json
 
+import numpy as np
 import pytest
 import torch
 
+from lipt.core.errors import UserError
 from lipt.run.config import validate
 from lipt.stages import clean as clean_stage
 from lipt.stages import select as select_stage
@@ -148,3 +150,37 @@ def test_a_cleaned_pool_trains_the_steps_of_the_whole_pools_budget(make_cfg, tmp
         ckpt = torch.load(tmp_path / run / "checkpoints" / "last.ckpt", weights_only=True)
         assert ckpt["global_step"] == steps
         assert ckpt["lr_schedulers"][0]["T_max"] == steps
+
+
+@pytest.mark.parametrize("members", ["probe", "soup"])
+def test_a_class_rarer_than_the_probes_folds_is_refused_before_pre_training(
+    make_cfg, tmp_path, monkeypatch, members
+):
+    """The probe cannot suggest a class missing from a fold's training rows, so each of its
+    items would be flagged (and dropped): refused, as lipt.find_label_issues refuses it, before
+    the jigsaw stage trains; the soup's own predictions need no folds."""
+    dm = build_datamodule(validate(make_cfg(FAST)))
+    labels = dm.train_source.labels.clone()
+    kept = dm.pool_indices[labels[dm.pool_indices] == 3][:2]  # class 3: two items of the pool
+    labels[(labels == 3) & ~torch.isin(torch.arange(len(labels)), kept)] = 0
+    path = tmp_path / "labels.npy"
+    np.save(path, labels.numpy())
+    overrides = [*FAST, *JIGSAW, "clean=lipt", f"clean.members={members}"]
+    run = validate(make_cfg([*overrides, f"dataset.train_labels={path}"]))
+    parts = build_parts(run)
+
+    def no_pretraining(*args, **kwargs):
+        raise AssertionError("pre-trained before the labels were checked")
+
+    monkeypatch.setattr(clean_stage, "pretrain_model", no_pretraining)
+    if members == "soup":
+        with pytest.raises(AssertionError, match="pre-trained before"):  # checked, and passed
+            clean_stage.clean_pool(run, parts, tmp_path, resume=False)
+        return
+    with pytest.raises(UserError) as refused:
+        clean_stage.clean_pool(run, parts, tmp_path, resume=False)
+    assert str(refused.value) == (
+        "clean.probe_folds=5: class 3 has 2 item(s) in the pool, fewer than the folds, and the "
+        "probe's cross-validation needs one per fold; use clean.probe_folds=2, or give the "
+        "class at least 5 items"
+    )

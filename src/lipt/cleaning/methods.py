@@ -25,6 +25,7 @@ from lipt.cleaning.issues import (
     shard_owner,
 )
 from lipt.core.bounds import NON_NEGATIVE, POSITIVE, Interval
+from lipt.core.errors import UserError
 from lipt.core.settings import Checked
 from lipt.selection.types import PoolOutputs
 
@@ -49,6 +50,15 @@ class PoolWork(Protocol):
     def fold_probs(self, train: Tensor, held: Tensor, epochs: float) -> tuple[Tensor, int]:
         """Main training's model trained `epochs` passes over the `train` rows (a mask [N]),
         then its softmax on the `held` rows [H, C]; and the samples it trained."""
+
+
+def check_fold_count(key: str, folds: int, pool_size: int) -> None:
+    """More folds than the pool has items leaves a fold empty."""
+    if folds > pool_size:
+        raise UserError(
+            f"{key}={folds} is more folds than the pool's {pool_size} items; "
+            f"use {key}={min(5, pool_size)} (or a larger pool)"
+        )
 
 
 @dataclass
@@ -86,9 +96,24 @@ class JigsawCleaning(Checked):
 
     reuses_saved_issues: ClassVar[bool] = False  # a resume finds them again, learners reused
 
-    @property
-    def folds_setting(self) -> tuple[str, int]:
-        return "clean.probe_folds", self.probe_folds
+    def check_pool(self, labels: Tensor) -> None:
+        """Before pre-training: the pool's `labels` [N] fill `probe_folds` folds, and, for the
+        probe, each class present fills them (a class missing from a fold's training rows is
+        one the probe cannot suggest: each of its items would be flagged)."""
+        check_fold_count("clean.probe_folds", self.probe_folds, len(labels))
+        if self.members != "probe":
+            return
+        counts = torch.bincount(labels.long())
+        short = torch.nonzero((counts > 0) & (counts < self.probe_folds)).flatten()
+        if len(short):
+            c = int(short[counts[short].argmin()])
+            fewest = int(counts[c])
+            fix = f"use clean.probe_folds={fewest}, or give" if fewest >= 2 else "give"
+            raise UserError(
+                f"clean.probe_folds={self.probe_folds}: class {c} has {fewest} item(s) in the "
+                f"pool, fewer than the folds, and the probe's cross-validation needs one per "
+                f"fold; {fix} the class at least {self.probe_folds} items"
+            )
 
     def __call__(self, work: PoolWork) -> Found:
         """The pool through the soup once, then `members`: a cross-validated linear probe on
@@ -137,9 +162,9 @@ class KFoldCleaning(Checked):
     reuses_saved_issues: ClassVar[bool] = True  # a resume reads them back, folds not retrained
     datalab: ClassVar[bool] = False  # Datalab needs the soup's embeddings
 
-    @property
-    def folds_setting(self) -> tuple[str, int]:
-        return "clean.folds", self.folds
+    def check_pool(self, labels: Tensor) -> None:
+        """Before the folds train: the pool's `labels` [N] fill `folds` folds."""
+        check_fold_count("clean.folds", self.folds, len(labels))
 
     def __call__(self, work: PoolWork) -> Found:
         """Each fold's rows scored by a model trained on the other folds (`folds=1`: the whole

@@ -34,7 +34,6 @@ from lipt.cleaning import (
 from lipt.cleaning.issues_csv import ISSUES_FILE, read_issues, write_issues
 from lipt.core import console
 from lipt.core.artifacts import write_json
-from lipt.core.errors import UserError
 from lipt.core.job import is_ddp_child
 from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained
@@ -57,7 +56,7 @@ def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | Non
     method, dm = parts.cleaning, parts.dm
     if method is None:
         return None
-    check_folds(method, len(dm.pool_indices))
+    method.check_pool(dm.train_source.labels[dm.pool_indices])  # before any pre-training
     saved, costs = out / ISSUES_FILE, out / CLEAN_FILE
     reuse = is_ddp_child() or (resume and method.reuses_saved_issues)
     scored: Scored | None = None
@@ -82,16 +81,6 @@ def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | Non
         write_issues_picture(dm, issues.rows, issues.given, issues.suggested, out / ISSUES_PICTURE)
     apply_action(dm, cleaned.issues, method.action)
     return cleaned
-
-
-def check_folds(method: CleaningMethod, pool_size: int) -> None:
-    """More folds than the pool has items leaves a fold empty: refused before pre-training."""
-    key, folds = method.folds_setting
-    if folds > pool_size:
-        raise UserError(
-            f"{key}={folds} is more folds than the pool's {pool_size} items; "
-            f"use {key}={min(5, pool_size)} (or a larger pool)"
-        )
 
 
 @dataclass(frozen=True)
