@@ -95,16 +95,25 @@ def check_labels(labels: Tensor, classes: int, folds: int, head: str) -> None:
     check_class_indices(
         labels, classes, f"the model's head {head!r}", "give the head one output per class"
     )
-    counts = torch.bincount(labels, minlength=classes)
-    short = torch.nonzero((counts > 0) & (counts < folds)).flatten()
-    if len(short):
-        c = int(short[counts[short].argmin()])
-        fewest = int(counts[c])
+    short = rarest_class_below(labels, folds)
+    if short is not None:
+        c, fewest = short
         fix = f"use folds={fewest}, or give" if fewest >= 2 else "give"
         raise ValueError(
             f"class {c} has {fewest} item(s) in the pool, fewer than folds={folds}: the probe's "
             f"cross-validation needs one per fold; {fix} the class at least {folds} items"
         )
+
+
+def rarest_class_below(labels: Tensor, folds: int) -> tuple[int, int] | None:
+    """The class of `labels` [N] with the fewest items, and their count, where some class
+    present has fewer than `folds` (None: every class present fills the folds)."""
+    counts = torch.bincount(labels.long())  # [C]
+    short = torch.nonzero((counts > 0) & (counts < folds)).flatten()
+    if not len(short):
+        return None
+    c = int(short[counts[short].argmin()])
+    return c, int(counts[c])
 
 
 def check_class_indices(labels: Tensor, classes: int, source: str, fix: str) -> None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol
 import torch
 from torch import Tensor, nn
 
-from lipt.cleaning.inputs import FilterBy
+from lipt.cleaning.inputs import FilterBy, rarest_class_below
 from lipt.cleaning.issues import (
     LabelIssues,
     Members,
@@ -103,11 +103,9 @@ class JigsawCleaning(Checked):
         check_fold_count("clean.probe_folds", self.probe_folds, len(labels))
         if self.members != "probe":
             return
-        counts = torch.bincount(labels.long())
-        short = torch.nonzero((counts > 0) & (counts < self.probe_folds)).flatten()
-        if len(short):
-            c = int(short[counts[short].argmin()])
-            fewest = int(counts[c])
+        short = rarest_class_below(labels, self.probe_folds)
+        if short is not None:
+            c, fewest = short
             fix = f"use clean.probe_folds={fewest}, or give" if fewest >= 2 else "give"
             raise UserError(
                 f"clean.probe_folds={self.probe_folds}: class {c} has {fewest} item(s) in the "
