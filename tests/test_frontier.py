@@ -26,6 +26,7 @@ from lipt.report.frontier import (
     costs,
     highest_on_validation,
     lossless_speedups,
+    method_of,
     paired_with_whole_pool,
     records,
     timing_caveats,
@@ -570,3 +571,12 @@ def test_the_learner_array_writes_where_the_run_reads_its_learners(make_cfg, tmp
     assert missing_learners(learners_folder(run_dir, config), 3) == [0, 2]
     del config["pretrain"]["learner_dir"]
     assert learners_folder(run_dir, config) == run_dir / "learners"
+
+
+def test_a_job_on_a_saved_subset_is_not_taken_for_its_budget():
+    """train.py subset_path=... keeps the default budget=lipt in its config, but trains the
+    saved subset unpruned: it is no lipt job."""
+    config = {"selector": {"name": "none"}, "budget": {"name": "lipt"}}
+    assert method_of(config) == "lipt"
+    assert method_of({**config, "subset_path": "/runs/a/subset.npz"}) == "subset_path"
+    assert method_of({**config, "selector": {"name": "coverage"}}) == "coverage"

@@ -102,6 +102,19 @@ def test_trains_on_each_on_disk_format(make_cfg, fmt, request):
     assert summary["test_accuracy"] is not None
 
 
+def test_a_subset_ranked_by_a_checkpoint_is_labelled_with_its_pre_training(make_cfg, tmp_path):
+    """select.py ckpt_path=...: the subset records the checkpoint's pre-training (a warm-up
+    here), not the `pretrain` group's default, which did not run."""
+    warm = tmp_path / "warm"
+    pretrain = ["pretrain=full", "pretrain.epochs=1", f"paths.output_dir={warm}"]
+    pretrain_stage.run(validate(make_cfg([*FAST, *pretrain], config_name="pretrain")))
+    picks = [*FAST, "selector=el2n", "budget=subset", f"ckpt_path={warm / 'pretrain.ckpt'}"]
+    select_stage.run(validate(make_cfg(picks, config_name="select")))  # FAST: pretrain=none
+    with np.load(tmp_path / "subset.npz") as data:
+        meta = json.loads(str(data["meta"]))
+    assert meta["pretrain"] == "full"
+
+
 def test_train_on_a_saved_subset_and_refuse_one_for_other_data(make_cfg, tmp_path):
     cfg = make_cfg([*FAST, "selector=el2n", "budget=subset", "fraction=0.1"], config_name="select")
     select_stage.run(validate(cfg))

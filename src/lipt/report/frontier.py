@@ -99,9 +99,16 @@ def costs(summary: Mapping[str, Any]) -> tuple[float, int]:
     return round(seconds, 3), samples
 
 
+# The method of a job that trains a saved subset (subset_path): whatever selected it.
+SAVED_SUBSET = "subset_path"
+
+
 def method_of(config: dict[str, Any]) -> str:
-    """A job's method where it names no approach: its selector's name, or, where it selects
+    """A job's method where it names no approach: a saved subset's (subset_path, which stands
+    in for the selector and a whole-pool budget), its selector's name, or, where it selects
     nothing (selector=none), its budget's."""
+    if config.get("subset_path"):
+        return SAVED_SUBSET
     selector = (config.get("selector") or {}).get("name")
     return str(selector if selector not in (None, "none") else config["budget"]["name"])
 

@@ -79,6 +79,9 @@ class Ranking:
     heads: LearnerHeads | None = None
     pretrained: Pretrained | None = None
     pretrain_stats: dict[str, Any] | None = None
+    # The pre-training of a checkpoint loaded from ckpt_path, as it records it (a subset's
+    # label; None: the run's `pretrain` made the models).
+    loaded_pretrain: str | None = None
 
 
 def ranking_models(run: Run, parts: Parts, made: Pretrained | None = None) -> Ranking:
@@ -98,22 +101,28 @@ def ranking_models(run: Run, parts: Parts, made: Pretrained | None = None) -> Ra
                 "selector.repeats > 1 needs several models; drop ckpt_path to pre-train in-process"
             )
         path = Path(ckpt_path)
+        payload = load_checkpoint(path)
+        model = load_pretrained(run, parts, path, payload)
+        made_by = payload.get("pretrain")
         return Ranking(
-            [load_pretrained(run, parts, path)], heads_from_payload(load_checkpoint(path))
+            [model], heads_from_payload(payload), loaded_pretrain=made_by and str(made_by)
         )
     results = [pretrain_model(parts, repeat_seed(settings.seed, r)) for r in range(repeats)]
     first = results[0]
     return Ranking([r.model for r in results], first.learner_heads, first, pretrain_stats(results))
 
 
-def load_pretrained(run: Run, parts: Parts, path: Path) -> nn.Module:
-    """The model of the pretrain.ckpt at `path`, for this run's data and model.
+def load_pretrained(
+    run: Run, parts: Parts, path: Path, payload: Mapping[str, Any] | None = None
+) -> nn.Module:
+    """The model of the pretrain.ckpt at `path` (`payload`: its contents, read already), for
+    this run's data and model.
 
     Raises:
         UserError: it was pre-trained on another data set, another split or labelling of it, or
             does not fit the model.
     """
-    payload = load_checkpoint(path)
+    payload = load_checkpoint(path) if payload is None else payload
     data_name = parts.dm.data_name
     if payload.get("data") != data_name:
         raise UserError(

@@ -37,6 +37,7 @@ class Selected:
     pretrained: Pretrained | None = None  # the first model that ranked the pool, if made here
     pretrain_stats: dict[str, Any] | None = None  # summed over selector.repeats
     profile: dict[str, float] = field(default_factory=dict)  # lipt.selection.profile (model used)
+    loaded_pretrain: str | None = None  # the pre-training of the ckpt_path that ranked, if any
 
     def stats(self) -> dict[str, Any]:
         """summary.json's stages.select."""

@@ -183,6 +183,7 @@ def select_subset(run: Run, parts: Parts, made: Pretrained | None = None) -> Sel
         profile=profile,
         pretrained=ranking.pretrained,
         pretrain_stats=ranking.pretrain_stats,
+        loaded_pretrain=ranking.loaded_pretrain,
     )
 
 
@@ -224,6 +225,8 @@ def write_selection(run: Run, dm: DataModule, out: Path, selected: Selected) -> 
     """stages.json, subset.npz, the jigsaw merge report of a soup made here, and the subset's
     picture."""
     meta, stages = subset_meta(run, dm), selected.stages()
+    if selected.loaded_pretrain is not None:  # ranked by ckpt_path's model, not `pretrain`'s
+        meta["pretrain"] = selected.loaded_pretrain
     # stages.json first: a run killed between the two has no subset.npz and selects again.
     write_json(out / STAGES_FILE, stages)
     save_subset(out / SUBSET_FILE, selected.indices, selected.weights, meta)
