@@ -644,7 +644,10 @@ def test_merge_refuses_checkpoints_of_another_recipe(jigsaw_cfg, tmp_path):
 
 def _sweep_config(*task: str) -> DictConfig:
     return OmegaConf.create(
-        {"pretrain": {"name": "jigsaw"}, "hydra": {"overrides": {"task": list(task)}}}
+        {
+            "pretrain": {"name": "jigsaw"},
+            "hydra": {"overrides": {"task": list(task)}, "sweeper": {"params": None}},
+        }
     )
 
 
@@ -663,6 +666,9 @@ def test_a_learner_sweep_of_another_key_needs_a_folder_per_setting():
         check_learner_sweep(sweep, {"name": "jigsaw"}, merges=False)
     own = {"name": "jigsaw", "learner_dir": "/scratch/learners_${seed}"}
     assert check_learner_sweep(sweep, own, merges=False)
+    fixed = {"name": "jigsaw", "learner_dir": "/scratch/learners"}  # one folder for both seeds
+    with pytest.raises(UserError, match=r"one folder \(/scratch/learners\), but it also sweeps"):
+        check_learner_sweep(sweep, fixed, merges=False)
     assert check_learner_sweep(sweep[:1], {"name": "jigsaw"}, merges=False)
     assert not check_learner_sweep(sweep[1:], {"name": "jigsaw"}, merges=False)
 

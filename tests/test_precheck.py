@@ -364,6 +364,36 @@ def test_a_job_folder_the_slurm_launcher_would_replace_is_refused(
     )
 
 
+def test_a_learner_sweeps_folder_is_read_as_set_and_its_experiments_params_as_swept(
+    capsys: Any,
+) -> None:
+    """A learner folder per seed through ${hydra:...} (resolved in the job only) passes; a
+    sweep an experiment declares beside pretrain.learners is seen as the command line's is."""
+    from lipt.run.precheck import precheck
+
+    learners = ["pretrain=jigsaw", "pretrain.learners=range(2)", "dataset=synthetic"]
+    own = [*learners, "seed=0,1", "pretrain.learner_dir=${hydra:sweep.dir}/learners_${seed}"]
+    assert precheck("pretrain", own, multirun=True) is None
+    declared = [*learners, "hydra/callbacks=soup", "+experiment=figure3_cpu"]
+    assert refusal(declared, True, capsys).startswith(
+        "the soup callback merges one set of jigsaw learners, but this multirun also sweeps "
+    )
+
+
+@pytest.mark.parametrize(
+    "folder", ["${hydra: runtime.output_dir}", "${hydra:sweep.dir}/${hydra:sweep.subdir}"]
+)
+def test_the_slurm_launchers_own_job_folder_however_spelled_is_no_refusal(
+    folder: str, capsys: Any
+) -> None:
+    """What the launcher sets paths.output_dir to is not "ignored": the next check (no cluster
+    here) answers instead; a single run is told to add -m, not that its folder is ignored."""
+    args = ["hydra/launcher=slurm", f"paths.output_dir={folder}"]
+    assert refusal(args, True, capsys).startswith("no SLURM cluster is reachable")
+    single = ["hydra/launcher=slurm", "paths.output_dir=/tmp/elsewhere"]
+    assert "add -m" in refusal(single, False, capsys)
+
+
 def test_cfg_prints_a_config_it_does_not_look_at_the_machine_for(tmp_path: Path) -> None:
     """--cfg looks at the config, not at the machine (a config is often printed to be run
     elsewhere): a data folder that is not here, a run folder that cannot be written, a key an

@@ -50,9 +50,8 @@ class SweepTable(Callback):
         console.jobs_ended()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if other_swept_keys(list(config.hydra.overrides.task)) is not None:
+        if other_swept_keys(swept_overrides(config)) is not None:
             return  # jigsaw learner jobs: the soup callback, where there is one, merges them
-            return
         sweep = Path(str(config.hydra.sweep.dir))
         runs, _ = load_summaries(sweep) if sweep.is_dir() else ([], [])
         if not runs:
@@ -120,7 +119,13 @@ class SoupCallback(Callback):
 def learner_sweep(config: DictConfig, merges: bool = True) -> bool:
     """True when this multirun trains jigsaw learners (lipt.run.sweep_overrides.
     check_learner_sweep, on the multirun's own overrides; `merges`: the soup callback's)."""
-    return check_learner_sweep(list(config.hydra.overrides.task), config.pretrain, merges)
+    return check_learner_sweep(swept_overrides(config), config.pretrain, merges)
+
+
+def swept_overrides(config: DictConfig) -> list[str]:
+    """A multirun's overrides: the command line's, then the sweeper's declared params."""
+    params = config.hydra.sweeper.get("params") or {}
+    return [*config.hydra.overrides.task, *(f"{key}={value}" for key, value in params.items())]
 
 
 def task_config(config: DictConfig, sweep_dir: Path) -> DictConfig:

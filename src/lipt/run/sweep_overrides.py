@@ -23,6 +23,8 @@ from lipt.run.slurm import LIPT_LAUNCHER, check_slurm_launcher, is_slurm_launche
 
 # paths.output_dir as the configs set it: the folder Hydra makes for the job.
 HYDRA_JOB_FOLDER = "${hydra:runtime.output_dir}"
+# What lipt's SLURM launcher sets paths.output_dir to, spelled without spaces.
+LAUNCHER_JOB_FOLDERS = (HYDRA_JOB_FOLDER, "${hydra:sweep.dir}/${hydra:sweep.subdir}")
 
 
 def candidate_overrides(args: list[str], declared: list[str]) -> list[list[str]]:
@@ -121,9 +123,14 @@ def declared_sweep(
     if multirun and "pretrain" in cfg:  # before any job: its learners are other jobs' work
         callbacks = cfg.hydra.get("callbacks") or {}
         soup = any(str(c.get("_target_")).endswith(".SoupCallback") for c in callbacks.values())
-        check_learner_sweep(list(args), cfg.pretrain, merges=soup)
+        params = sweeper.get("params") or {}
+        swept = [*args, *(f"{key}={value}" for key, value in params.items())]
+        as_set = OmegaConf.to_container(cfg.pretrain)  # ${hydra:...} resolves in the job only
+        assert isinstance(as_set, dict)
+        check_learner_sweep(swept, {str(k): v for k, v in as_set.items()}, merges=soup)
     if is_slurm_launcher(launcher):  # before anything is submitted
-        check_job_folder(launcher, cfg)
+        if multirun:  # a single run is Hydra's, not the launcher's: check_slurm_launcher says
+            check_job_folder(launcher, cfg)
         check_slurm_launcher(launcher, multirun)
     target = str(sweeper.get("_target_", ""))
     basic = target.endswith((".BasicSweeper", ".FrontierSweeper"))
@@ -171,7 +178,8 @@ def check_job_folder(launcher: DictConfig, cfg: DictConfig) -> None:
 
     paths = OmegaConf.to_container(cfg.paths) if "paths" in cfg else None  # as set: unresolved
     folder = paths.get("output_dir") if isinstance(paths, dict) else HYDRA_JOB_FOLDER
-    if launcher.get("_target_") == LIPT_LAUNCHER and folder != HYDRA_JOB_FOLDER:
+    spelled = re.sub(r"\s+", "", str(folder))
+    if launcher.get("_target_") == LIPT_LAUNCHER and spelled not in LAUNCHER_JOB_FOLDERS:
         raise UserError(
             f"paths.output_dir={folder} is ignored: hydra/launcher=slurm runs each job in "
             "hydra.sweep.dir/hydra.sweep.subdir; drop paths.output_dir and choose the folder "
@@ -214,10 +222,12 @@ def check_learner_sweep(overrides: list[str], pretrain: Mapping[str, Any], merge
             f"the soup callback merges one set of jigsaw learners, but this multirun also sweeps "
             f"{', '.join(others)}; sweep only {LEARNERS_KEY} (one multirun per setting)"
         )
-    if others and not pretrain.get("learner_dir"):
+    folder = pretrain.get("learner_dir")
+    if others and (not folder or "${" not in str(folder)):  # the default, or one fixed folder
         raise UserError(
-            f"the jobs of this multirun write their jigsaw learners to one folder (<sweep "
-            f"dir>/learners), but it also sweeps {', '.join(others)}: one setting's learners "
+            f"the jobs of this multirun write their jigsaw learners to one folder "
+            f"({folder or '<sweep dir>/learners'}), but it also sweeps {', '.join(others)}: one "
+            f"setting's learners "
             f"would replace another's; sweep only {LEARNERS_KEY} (one multirun per setting), "
             f"or give each setting its own folder "
             f"('pretrain.learner_dir=<folder>_${{{others[0]}}}')"
