@@ -501,6 +501,11 @@ def test_a_learner_job_refuses_another_settings_learner_in_its_shared_folder(jig
     with pytest.raises(UserError, match=r"learner_0\.ckpt was trained with other settings \(seed"):
         jigsaw_stage.run_learner_job(run_of(other))
     assert (tmp_path / "shared" / "learner_0.ckpt").read_bytes() == before
+    # an in-process run given that folder (pretrain.learner_dir) leaves it as it is too
+    in_process = jigsaw_cfg(shared, "seed=1")
+    with pytest.raises(UserError, match=r"shares the folder; give each setting its own"):
+        pretrain_model(build_parts(run_of(in_process)), seed=1)
+    assert (tmp_path / "shared" / "learner_0.ckpt").read_bytes() == before
 
 
 def _soup_without_training(make_cfg: Callable[..., DictConfig], *overrides: str) -> DictConfig:

@@ -186,8 +186,9 @@ def train_or_reuse(
     """Learner `learner` from its checkpoint in `folder` when an earlier attempt (a killed run,
     a sweep whose other jobs died) finished it with this recipe; else trained now, and its
     checkpoint written at once, so that a run killed later keeps it. Another recipe's
-    checkpoint is replaced in a run's own folder; in a folder the jobs of a multirun share
-    (`shared`) it is another job's work, and refused.
+    checkpoint is replaced in a run's own folder; in a folder other runs or the jobs of a
+    multirun share (`shared`: pretrain.learner_dir, <sweep dir>/learners) it is their work,
+    and refused.
 
     Raises:
         UserError: `shared`, and the folder holds this learner of another recipe.
@@ -200,9 +201,9 @@ def train_or_reuse(
             if shared:
                 raise UserError(
                     f"{path} was trained with other settings ({', '.join(e.diff)}) than this "
-                    "job, by another job of this multirun or an earlier one; sweep only "
-                    "pretrain.learners (a multirun per setting), or give each setting its own "
-                    "pretrain.learner_dir or hydra.sweep.dir"
+                    "run's, by another run or job that shares the folder; give each setting "
+                    "its own pretrain.learner_dir (or hydra.sweep.dir), and in a learner "
+                    "multirun sweep only pretrain.learners"
                 ) from e
             log.warning("jigsaw learner %d is trained again: %s", learner, e)
             saved = Learner(learner, shard, status="missing")

@@ -103,7 +103,9 @@ def pretrain_jigsaw(
     remove_stale_temporaries(folder, SHARED_FOLDER_GRACE_S)
 
     def train_one(i: int, shard: Tensor) -> Learner:
-        return train_or_reuse(ctx, settings, dm, model, seed, i, shard, folder)
+        # a pretrain.learner_dir of the user's may hold other runs' learners: never replaced
+        shared = bool(settings.learner_dir)
+        return train_or_reuse(ctx, settings, dm, model, seed, i, shard, folder, shared)
 
     result, _ = train_and_merge(ctx, settings, dm, model, seed, train_one)
     return result
