@@ -183,9 +183,11 @@ def check_stage(stage: str, args: list[str], session: Session) -> str | None:
                 stand_in.parent.mkdir(parents=True, exist_ok=True)
                 stand_in.touch()
     # A command for a SLURM cluster: its `hydra.launcher.*` keys must be the launcher's; the
-    # rest is checked as on any launcher (the launcher itself runs against a real scheduler in
-    # tests/test_slurm.py, which asks a cluster that CI starts after this suite).
-    if "hydra/launcher=slurm" in overrides:
+    # rest is checked as on any launcher but what only a local launcher refuses (DDP under -m:
+    # srun starts a SLURM job's processes), the launcher itself running against a real
+    # scheduler in tests/test_slurm.py, which asks a cluster that CI starts after this suite.
+    on_slurm = "hydra/launcher=slurm" in overrides
+    if on_slurm:
         known = set((ROOT / "configs/hydra/launcher/slurm.yaml").read_text().split("\n"))
         for override in overrides:
             key = override.partition("=")[0]
@@ -205,7 +207,12 @@ def check_stage(stage: str, args: list[str], session: Session) -> str | None:
         for o in overrides
     ]
     stderr = io.StringIO()
-    with contextlib.chdir(session.workdir), contextlib.redirect_stderr(stderr):
+    local_only = "lipt.run.sweep_overrides.check_ddp_in_multirun"
+    with (
+        contextlib.chdir(session.workdir),
+        contextlib.redirect_stderr(stderr),
+        mock.patch(local_only) if on_slurm else contextlib.nullcontext(),
+    ):
         try:
             precheck(stage.removesuffix(".py"), overrides, multirun=bool(flags))
         except SystemExit as e:

@@ -135,6 +135,10 @@ REFUSED = [
     (["optimized_metric=val_accuracy", "stage=pretrain"], ["train.py's", "pretrain.py"]),
     (["optimized_metric=test_accuracy"], ["optimized_metric", "val_accuracy"]),
     (
+        ["optimized_metric=val_accuracy", "+trainer.check_val_every_n_epoch=16"],
+        ["trainer.check_val_every_n_epoch=16 validates nothing", "smaller"],  # 15 epochs
+    ),
+    (
         ["optimized_metric=val_accuracy", "+trainer.limit_val_batches=0"],
         ["optimized_metric", "trainer.limit_val_batches=0"],
     ),

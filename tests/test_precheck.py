@@ -394,6 +394,18 @@ def test_the_slurm_launchers_own_job_folder_however_spelled_is_no_refusal(
     assert "add -m" in refusal(single, False, capsys)
 
 
+def test_ddp_on_several_processes_is_refused_in_a_local_multirun(capsys: Any) -> None:
+    """Lightning's DDP starts rank 1 by running the command line again: under -m, the whole
+    sweep again. One process, or a single run, passes."""
+    from lipt.run.precheck import precheck
+
+    assert refusal(["trainer=ddp", "seed=0,1"], True, capsys).startswith(
+        "trainer.strategy=ddp on 2 processes starts each extra one by running the command again"
+    )
+    assert precheck("train", ["trainer=ddp", "trainer.devices=1", "seed=0,1"], True) is None
+    assert precheck("train", ["trainer=ddp"], False) is None
+
+
 def test_cfg_prints_a_config_it_does_not_look_at_the_machine_for(tmp_path: Path) -> None:
     """--cfg looks at the config, not at the machine (a config is often printed to be run
     elsewhere): a data folder that is not here, a run folder that cannot be written, a key an

@@ -116,6 +116,8 @@ CASES = [
         ["clean=lipt", "pretrain=none"],
     ),
     ("pretrain.py", ["clean=lipt"], ["select.py clean=lipt"]),
+    # DDP's extra processes re-run the command line: under -m, the whole sweep again.
+    ("train.py", ["-m", "trainer=ddp", "seed=0,1"], ["trainer.strategy=ddp", "whole sweep"]),
     # A dry run sets the data module up as the run does: what only the data refutes, refused.
     (
         "train.py",

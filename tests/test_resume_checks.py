@@ -377,6 +377,25 @@ def test_where_learners_are_kept_and_how_the_model_runs_are_no_result_settings(m
     assert settled(run_of(jigsaw).config) != settled(run_of(cfg).config)  # another pretrain
 
 
+def test_a_groups_option_is_a_result_setting_where_its_other_keys_are_equal(
+    make_cfg, monkeypatch, tmp_path
+):
+    """scheduler=linear and cosine differ only by `_target_` (and sgd and adamw at the same lr
+    and weight decay): a resume with another is refused before any work, not left to fail in
+    Lightning's restore or to train on under the old schedule; the target's module is not
+    compared (a new lipt may move it)."""
+    cfg = settled(run_of(make_cfg(WHOLE)).config)
+    assert cfg["scheduler"] == "cosine" and cfg["optimizer"] == "SGD"
+    for option in ("scheduler=linear", "scheduler=constant", "optimizer=adamw"):
+        assert settled(run_of(make_cfg([*WHOLE, option])).config) != cfg, option
+    moved = {**make_cfg(WHOLE).scheduler, "_target_": "elsewhere.schedules.cosine"}
+    assert settled({**run_of(make_cfg(WHOLE)).config, "scheduler": moved}) == cfg
+    _killed(make_cfg, monkeypatch, WHOLE, epoch=1)
+    monkeypatch.setattr(train_stage, "clean_pool", _no_work)
+    with pytest.raises(UserError, match=r"with scheduler=cosine, this run has scheduler=linear;"):
+        train_stage.run(validate(make_cfg([*WHOLE, "scheduler=linear", "ckpt_path=last"])))
+
+
 def test_an_older_lipts_image_folder_name_is_told_from_another_tree():
     """A subset or checkpoint of an older lipt names an ImageFolder tree without the digest of
     its files: the refusal says so, where another tree's says to resume with the data as it was."""

@@ -206,15 +206,23 @@ def _optimized_metric(run: Run) -> None:
         return
     if stage != "train":
         raise UserError(f"optimized_metric is train.py's; drop it for {stage}.py")
-    limit = run.node("trainer").get("limit_val_batches")
-    for key, value, empty in (
-        ("dataset.val_size", run.dataset.val_size, no_validation_rows(run)),
-        ("trainer.limit_val_batches", limit, type(limit) in (int, float) and limit == 0),
+    trainer = run.node("trainer")
+    limit, every = trainer.get("limit_val_batches"), trainer.get("check_val_every_n_epoch")
+    epochs = run.main_epochs  # validated every N epochs, the first at epoch N
+    for key, value, empty, fix in (
+        ("dataset.val_size", run.dataset.val_size, no_validation_rows(run), "larger"),
+        ("trainer.limit_val_batches", limit, type(limit) in (int, float) and limit == 0, "larger"),
+        (
+            "trainer.check_val_every_n_epoch",
+            every,
+            type(every) is int and every > epochs,
+            "smaller",
+        ),
     ):
         if empty:
             raise UserError(
                 f"optimized_metric={metric} needs a validation result, but {key}={value} "
-                f"validates nothing; set a larger {key}"
+                f"validates nothing; set a {fix} {key}"
             )
 
 

@@ -128,6 +128,8 @@ def declared_sweep(
         as_set = OmegaConf.to_container(cfg.pretrain)  # ${hydra:...} resolves in the job only
         assert isinstance(as_set, dict)
         check_learner_sweep(swept, {str(k): v for k, v in as_set.items()}, merges=soup)
+    if multirun and not is_slurm_launcher(launcher) and "trainer" in cfg:
+        check_ddp_in_multirun(cfg.trainer)
     if is_slurm_launcher(launcher):  # before anything is submitted
         if multirun:  # a single run is Hydra's, not the launcher's: check_slurm_launcher says
             check_job_folder(launcher, cfg)
@@ -169,6 +171,27 @@ def declared_sweep(
         composed=with_hydra,
         basic=basic,
     )
+
+
+def check_ddp_in_multirun(trainer: DictConfig) -> None:
+    """Lightning starts DDP's extra processes by running the command line again (its
+    subprocess launcher): under -m that is the whole sweep again in each of them, whose jobs
+    wait on each other. A SLURM launcher's tasks are the processes instead (srun starts
+    them)."""
+    strategy = str(trainer.get("strategy", "auto"))
+    if not strategy.startswith("ddp") or strategy.startswith(("ddp_spawn", "ddp_fork")):
+        return
+    from lipt.stages.training_plan import trainer_world_size  # Lightning: for DDP alone
+
+    processes = trainer_world_size(trainer)
+    if processes != 1:
+        raise UserError(
+            f"trainer.strategy={strategy} on {processes or 'several'} processes starts each "
+            "extra one by running the command again, which under -m runs the whole sweep "
+            "again; run the jobs one at a time (python train.py trainer=ddp seed=0 ...), or "
+            "submit the sweep with hydra/launcher=slurm hydra.launcher.tasks_per_node=<the "
+            "processes>"
+        )
 
 
 def check_job_folder(launcher: DictConfig, cfg: DictConfig) -> None:

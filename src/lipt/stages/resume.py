@@ -116,14 +116,21 @@ def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
 
 def settled(config: Mapping[str, Any]) -> dict[str, Any]:
     """The `RESULT_SETTINGS` of a resolved config, by dotted key, less `PASSED_OVER` and
-    Hydra's instantiation keys: a `_target_` moved by a new lipt version is no other setting."""
-    return {
-        key: value
-        for key, value in flatten(config).items()
-        if any(key == s or key.startswith(f"{s}.") for s in RESULT_SETTINGS)
-        and key not in PASSED_OVER
-        and key.rpartition(".")[2] not in HYDRA_KEYS
-    }
+    Hydra's instantiation keys but `_target_`, by its last name: what a group's option is
+    (scheduler=linear, not cosine, when every other key is equal), where a `_target_` moved to
+    another module by a new lipt version is no other setting."""
+    settings: dict[str, Any] = {}
+    for key, value in flatten(config).items():
+        last = key.rpartition(".")[2]
+        if key in PASSED_OVER or (last in HYDRA_KEYS and last != "_target_"):
+            continue
+        if not any(key == s or key.startswith(f"{s}.") for s in RESULT_SETTINGS):
+            continue
+        if last == "_target_":  # scheduler._target_: lipt.models.schedules.cosine -> cosine
+            settings[key.rpartition(".")[0]] = str(value).rpartition(".")[2]
+        else:
+            settings[key] = value
+    return settings
 
 
 # The key the data set's name goes by in a record (as in subset.npz's meta): it digests an
