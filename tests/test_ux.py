@@ -408,16 +408,32 @@ def test_the_end_of_a_run_says_what_its_budget_bought(tmp_path):
     assert "subset 5,500  trained 10.0%" in console.job_line(subset, tmp_path, "#1")
 
 
-def test_an_optimized_metric_the_run_did_not_produce_is_one_line_not_a_traceback(tmp_path):
-    """Validation every 2 epochs of a 1-epoch run gives no val_accuracy for the sweeper: the run
-    ends with its result shown, one line that says so, and exit code 2."""
+def test_an_optimized_metric_the_run_would_not_produce_is_one_line_before_training(tmp_path):
+    """Validation every 2 epochs of a 1-epoch run would give no val_accuracy for the sweeper:
+    refused in one line before any work, not after the training."""
     from tests.helpers import FAST
 
     folder = tmp_path / "run"
     args = [*FAST, "optimized_metric=val_accuracy", "+trainer.check_val_every_n_epoch=2"]
     out = run_entry("train.py", [*args, f"hydra.run.dir={folder}"], timeout=300)
     assert out.returncode == 2, out.stderr[-2000:]
-    assert "Traceback" not in out.stderr and (folder / "summary.json").is_file()
-    assert out.stderr.strip().splitlines()[-1] == (
-        "error: optimized_metric=val_accuracy: this run's summary.json has no number there"
-    )
+    assert out.stderr.strip().splitlines() == [
+        "error: optimized_metric=val_accuracy needs a validation result, but "
+        "trainer.check_val_every_n_epoch=2 validates nothing; set a smaller "
+        "trainer.check_val_every_n_epoch"
+    ]
+    assert not folder.exists()
+
+
+def test_a_summary_without_the_optimized_metric_is_one_line_not_a_traceback():
+    """Where a run still ends without the number (a validation Lightning skipped), the task
+    says so in one line rather than hand the sweeper None."""
+    from omegaconf import OmegaConf
+
+    from lipt.core.errors import UserError
+    from lipt.run.cli import task_result
+
+    cfg = OmegaConf.create({"optimized_metric": "val_accuracy"})
+    assert task_result(cfg, {"val_accuracy": 0.5}) == 0.5
+    with pytest.raises(UserError, match=r"^optimized_metric=val_accuracy: this run's summary"):
+        task_result(cfg, {"val_accuracy": None})
