@@ -36,7 +36,12 @@ from lipt.report.render import MARKDOWN_COLUMNS
 from lipt.report.sweep import aggregate, load_summaries, varying_keys
 from lipt.run.config import run_of
 from lipt.run.slurm import is_slurm_launcher
-from lipt.run.sweep_overrides import LEARNERS_KEY, check_learner_sweep, other_swept_keys
+from lipt.run.sweep_overrides import (
+    LEARNERS_KEY,
+    check_learner_sweep,
+    declared_overrides,
+    other_swept_keys,
+)
 from lipt.stages.jigsaw import merge_learner_dir
 
 log = logging.getLogger(__name__)
@@ -124,8 +129,7 @@ def learner_sweep(config: DictConfig, merges: bool = True) -> bool:
 
 def swept_overrides(config: DictConfig) -> list[str]:
     """A multirun's overrides: the command line's, then the sweeper's declared params."""
-    params = config.hydra.sweeper.get("params") or {}
-    return [*config.hydra.overrides.task, *(f"{key}={value}" for key, value in params.items())]
+    return [*config.hydra.overrides.task, *declared_overrides(config.hydra.sweeper)]
 
 
 def task_config(config: DictConfig, sweep_dir: Path) -> DictConfig:

@@ -123,8 +123,7 @@ def declared_sweep(
     if multirun and "pretrain" in cfg:  # before any job: its learners are other jobs' work
         callbacks = cfg.hydra.get("callbacks") or {}
         soup = any(str(c.get("_target_")).endswith(".SoupCallback") for c in callbacks.values())
-        params = sweeper.get("params") or {}
-        swept = [*args, *(f"{key}={value}" for key, value in params.items())]
+        swept = [*args, *declared_overrides(sweeper)]
         as_set = OmegaConf.to_container(cfg.pretrain)  # ${hydra:...} resolves in the job only
         assert isinstance(as_set, dict)
         check_learner_sweep(swept, {str(k): v for k, v in as_set.items()}, merges=soup)
@@ -160,11 +159,8 @@ def declared_sweep(
             show_config=show_config,
             run_flag=run_flag,
         )
-    declared = sweeper.get("params")
-    params = OmegaConf.to_container(declared) if declared else {}
-    assert isinstance(params, dict)
     return DeclaredSweep(
-        [f"{key!s}={value}" for key, value in params.items()],
+        declared_overrides(sweeper),
         [str(o) for o in sweeper.get("reference") or []],
         [str(k) for k in sweeper.get("point_keys") or []],
         multirun=True,
@@ -258,6 +254,16 @@ def check_learner_sweep(overrides: list[str], pretrain: Mapping[str, Any], merge
     if pretrain.get("name") != "jigsaw":
         raise UserError(f"{LEARNERS_KEY} needs pretrain=jigsaw (got {pretrain.get('name')})")
     return True
+
+
+def declared_overrides(sweeper: DictConfig) -> list[str]:
+    """The sweeper's declared `params`, as the overrides they stand for (`key=values`)."""
+    from omegaconf import OmegaConf
+
+    declared = sweeper.get("params")
+    params = OmegaConf.to_container(declared) if declared else {}
+    assert isinstance(params, dict)
+    return [f"{key!s}={value}" for key, value in params.items()]
 
 
 SWEEPER_PARAMS = "hydra.sweeper.params"
