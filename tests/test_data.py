@@ -224,6 +224,32 @@ def test_images_of_other_channels_than_the_configs_are_refused(make_cfg, fashion
         build_datamodule(run_of(make_cfg(overrides)))
 
 
+@pytest.mark.parametrize("resident", [True, False])
+@pytest.mark.parametrize("size", [24, 32])
+def test_an_image_size_other_than_the_datas_is_refused(make_cfg, fashion_mnist_dir, resident, size):
+    """Fashion-MNIST's 28x28 images under dataset.image_size=32 (or 24) were trained as 32x32
+    (24x24) crops on the DataLoader path, evaluated at 28x28, and kept at 28x28 on the resident
+    path: two trainings for one config. Refused once the data is read, naming the size to set."""
+    overrides = [
+        f"dataset.data_dir={fashion_mnist_dir}",
+        "dataset.val_size=50",
+        f"dataset.image_size={size}",
+        f"dataset.resident={str(resident).lower()}",
+    ]
+    with pytest.raises(
+        UserError,
+        match=rf"^the data's images are 28x28 but dataset.image_size={size}; "
+        r"set dataset.image_size=28$",
+    ):
+        build_datamodule(run_of(make_cfg(overrides)))
+    dm = build_datamodule(
+        run_of(make_cfg([*overrides[:2], f"dataset.resident={str(resident).lower()}"]))
+    )
+    dm.device = "cpu"
+    x, _, _, _ = next(iter(dm.train_dataloader()))
+    assert x.shape[1:] == next(iter(dm.pool_dataloader()))[0].shape[1:] == (1, 28, 28)
+
+
 # --- ImageFolder trees in every listed format -------------------------------------------------
 
 ORANGE = (200, 100, 50)  # grey 124: 0.299 R + 0.587 G + 0.114 B

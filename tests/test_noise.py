@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from lipt.core.errors import UserError
+from lipt.core.errors import UserError, one_line
 from lipt.data.noise import flip_labels, pair_map, read_train_labels
-from lipt.run.config import run_of
+from lipt.run.config import run_of, validate
 from lipt.stages.build import build_datamodule
 
 FASHION_PAIRS = [6, 3, 4, 1, 2, 7, 0, 5, 9, 8]
@@ -196,3 +196,25 @@ def test_bad_train_labels_files_say_what_is_wrong(tmp_path, array, words):
     text.write_text("0 1 2")
     with pytest.raises(ValueError, match=r"not a \.npy"):
         read_train_labels(text, num_classes=4)
+
+
+@pytest.mark.parametrize("kind", ["npz", "torch-pt", "truncated-npy"])
+def test_train_labels_in_another_format_are_refused_in_one_line(make_cfg, tmp_path, kind):
+    """CIFAR-10N's labels come as torch.save's .pt (a dict of label arrays), and numpy's
+    savez writes a .npz: np.load opens both as zip archives, which have no dtype. Each is
+    refused before any work, saying how to write the .npy lipt reads."""
+    labels = np.random.default_rng(0).integers(0, 4, 600)
+    path = tmp_path / {"npz": "labels.npz", "torch-pt": "labels.pt"}.get(kind, "labels.npy")
+    if kind == "npz":
+        np.savez(path, labels=labels)
+    elif kind == "torch-pt":
+        torch.save({"worse_label": labels, "aggre_label": labels}, path)
+    else:
+        write_labels(path, labels)
+        path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=r"numpy\.save\(path, labels\)$"):
+        read_train_labels(path, num_classes=4)
+    cfg = make_cfg(["dataset=synthetic", f"dataset.train_labels={path}"])
+    with pytest.raises(UserError) as refused:
+        validate(cfg, deep=False)
+    assert one_line(refused.value).startswith(f"dataset.train_labels: {path} is ")

@@ -155,12 +155,24 @@ class DataModule(L.LightningDataModule):
                 f"the data has {len(classes)} classes ({shown}) but dataset.num_classes="
                 f"{self.num_classes}; set dataset.num_classes={len(classes)}"
             )
-        channels = int(splits.train.image(0).shape[0])
+        channels, height, width = (int(d) for d in splits.train.image(0).shape)
         if channels != self.channels:
             raise UserError(
                 f"the data's images have {channels} channel(s) but dataset.channels="
                 f"{self.channels}; set dataset.channels={channels}, with as many dataset.mean "
                 "and dataset.std values"
+            )
+        # The DataLoader path crops training images to image_size and the resident path keeps
+        # them as they are, evaluation on both: another size would train each path otherwise.
+        if (height, width) != (self.image_size, self.image_size):
+            fix = (
+                f"set dataset.image_size={height}"
+                if height == width
+                else "give the data set square images"
+            )
+            raise UserError(
+                f"the data's images are {height}x{width} but dataset.image_size="
+                f"{self.image_size}; {fix}"
             )
 
     def _replace_labels(self, train: ImageSource) -> None:

@@ -21,6 +21,8 @@ from lipt.core.seeding import generator
 
 NoiseKind = Literal["symmetric", "pairs"]
 
+NPY_MAGIC = b"\x93NUMPY"  # the first bytes of every .npy file (numpy.lib.format)
+
 
 def pair_map(num_classes: int, pairs: list[int] | None) -> Tensor:
     """Each class's confusable class, [C] int64: `pairs` as given (class c flips to pairs[c]),
@@ -73,10 +75,22 @@ def flip_labels(
 def read_train_labels(path: Path, num_classes: int) -> Tensor:
     """A `.npy` of integer labels, [N], as int64; ValueError saying what is wrong with it
     (not a .npy of integers, not one-dimensional, a class outside 0..num_classes-1)."""
+    save = "save the labels with numpy.save(path, labels)"
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(NPY_MAGIC))
+    except OSError as e:
+        raise ValueError(f"{path} cannot be read ({e.strerror or e})") from e
+    if magic.startswith(b"PK"):  # np.load opens a zip as an archive of arrays, not an array
+        raise ValueError(
+            f"{path} is a zip archive (a .npz, or torch.save's .pt), not a .npy; {save}"
+        )
+    if magic != NPY_MAGIC:
+        raise ValueError(f"{path} is not a .npy file (it lacks numpy's header); {save}")
     try:
         array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path} is not a .npy file ({e})") from e
+    except (OSError, ValueError, EOFError) as e:
+        raise ValueError(f"{path} is not a readable .npy file ({e}); {save}") from e
     if not np.issubdtype(array.dtype, np.integer):
         raise ValueError(f"{path} holds {array.dtype} values; save integer class labels")
     if array.ndim != 1:

@@ -14,11 +14,13 @@ tensors copied once to the training device and sliced there, batch by batch.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -68,10 +70,12 @@ def check_subset_data(data: Any, user: str) -> None:
 
 
 def is_class_index(label: Any) -> bool:
-    if isinstance(label, bool):
+    """An int >= 0, a numpy integer (what numpy-backed data sets give, collated as int64) or an
+    integer tensor of no dimensions (torch.tensor(3)); not a bool."""
+    if isinstance(label, bool | np.bool_):
         return False
-    if isinstance(label, int):
-        return label >= 0
+    if isinstance(label, numbers.Integral):
+        return int(label) >= 0
     if isinstance(label, Tensor):
         return label.ndim == 0 and not label.is_floating_point() and int(label) >= 0
     return False
@@ -97,7 +101,7 @@ def check_labelled(dataset: Any, name: str = "dataset") -> None:
     if not is_class_index(item[1]):
         raise ValueError(
             f"{name}[0] has the label {item[1]!r}, not a class index: make __getitem__ return "
-            "(x, y) with y an int >= 0 or an integer tensor of one element"
+            "(x, y) with y an int >= 0 (a numpy integer too) or an integer tensor of no dimensions"
         )
     held = held_labels(dataset)
     if held is not None and (held.is_floating_point() or held.ndim != 1 or int(held.min()) < 0):
@@ -105,6 +109,31 @@ def check_labelled(dataset: Any, name: str = "dataset") -> None:
             f"{name}'s labels are not class indices ({held.dtype}, shape {tuple(held.shape)}); "
             "give a 1-d tensor of integers >= 0"
         )
+
+
+def validation_rows(val_size: Any, n: int) -> int:
+    """How many of `n` items `val_size` carves out as the validation split: a count (an integer
+    >= 0) or a share of the items (a float in [0, 1)); ValueError for anything else, or for a
+    split that leaves no pool."""
+    wrong = (
+        f"val_size={val_size!r} is neither a count of items (an integer >= 0) nor a share of "
+        "them (a float in [0, 1)); give one of those"
+    )
+    if isinstance(val_size, bool) or not isinstance(val_size, numbers.Real):
+        raise ValueError(wrong)
+    if isinstance(val_size, numbers.Integral):
+        rows = int(val_size)
+    elif 0 <= float(val_size) < 1:
+        rows = round(float(val_size) * n)
+    else:
+        raise ValueError(wrong)
+    if rows < 0:
+        raise ValueError(wrong)
+    if rows >= n:
+        raise ValueError(
+            f"val_size={val_size} leaves no pool of the {n} items; use a smaller val_size"
+        )
+    return rows
 
 
 def held_labels(dataset: Any) -> Tensor | None:
@@ -229,11 +258,7 @@ class PoolDataModule(L.LightningDataModule):
         for key, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if value is not None and (isinstance(value, bool) or int(value) < 1):
                 raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
-        n_val = round(val_size * n) if 0 < val_size < 1 else int(val_size)
-        if not 0 <= n_val < n:
-            raise ValueError(
-                f"val_size={val_size} leaves no pool of the {n} items; use a smaller val_size"
-            )
+        n_val = validation_rows(val_size, n)
         self.train_set, self.eval_set = train, train if eval_view is None else eval_view
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size or batch_size)

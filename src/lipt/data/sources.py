@@ -11,6 +11,7 @@ import hashlib
 import os
 import pickle
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -236,10 +237,30 @@ def load_cifar(data_dir: str, num_classes: Literal[10, 100]) -> Splits:
 
 # --- ImageFolder trees (ImageNet layout: train/<class>/*.JPEG, val/<class>/*.JPEG) -----------
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp")
-# torchvision's decode_image reads neither: PIL (installed with torchvision) decodes them.
-PIL_EXTENSIONS = (".bmp", ".ppm")
+# torchvision's ImageFolder's extensions (torchvision.datasets.folder.IMG_EXTENSIONS).
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".webp", ".pgm", ".tif", ".tiff")
+# torchvision's decode_image reads none of these: PIL (installed with torchvision) decodes them.
+PIL_EXTENSIONS = (".bmp", ".ppm", ".pgm", ".tif", ".tiff")
 FOLDER_CHANNELS = (1, 3)  # grey or RGB
+
+
+def _walk(folder: Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """os.walk(folder) following links, as torchvision's ImageFolder does; UserError for a link
+    back to a folder above it, a loop along which the walk would list the tree's images again
+    and again under this class (until the path grows too long)."""
+    for top, dirs, names in os.walk(folder, followlinks=True):
+        here = os.path.realpath(top)
+        for name in dirs:
+            link = os.path.join(top, name)
+            if not os.path.islink(link):
+                continue
+            target = os.path.realpath(link)
+            if os.path.commonpath([here, target]) == target:
+                raise UserError(
+                    f"{link} links to {target}, a folder above it: a loop that would read the "
+                    "images above it again and again as this class; remove the link"
+                )
+        yield top, dirs, names
 
 
 def class_files(folder: Path) -> list[Path]:
@@ -247,14 +268,15 @@ def class_files(folder: Path) -> list[Path]:
     by path, files by name), so a tree reads as torchvision reads it."""
     return [
         Path(top) / name
-        for top, _, names in sorted(os.walk(folder, followlinks=True))
+        for top, _, names in sorted(_walk(folder))
         for name in sorted(names)
         if name.lower().endswith(IMAGE_EXTENSIONS)
     ]
 
 
 def decode_file(path: Path, channels: int) -> Tensor:
-    """[channels, H, W] uint8: the file decoded as grey (1) or RGB (3), whatever it holds."""
+    """[channels, H, W] uint8: the file decoded as grey (1) or RGB (3), whatever it holds (16-bit
+    images too, scaled to 8 bits as torchvision's to_dtype scales them)."""
     from torchvision.io import ImageReadMode, decode_image
     from torchvision.transforms.v2 import functional as F
 
@@ -264,15 +286,24 @@ def decode_file(path: Path, channels: int) -> Tensor:
             from PIL import Image
 
             with Image.open(path) as opened:
-                pixels = np.asarray(opened.convert("L" if channels == 1 else "RGB"))
-            img = torch.from_numpy(pixels.copy())
-            return img.unsqueeze(0) if channels == 1 else img.permute(2, 0, 1).contiguous()
-        # decode_image gives webp only as RGB(A): made grey after decoding
-        grey = channels == 1 and suffix != ".webp"
-        img = decode_image(str(path), mode=ImageReadMode.GRAY if grey else ImageReadMode.RGB)
+                if opened.mode.startswith("I;16"):  # 16-bit grey: PIL's convert would clip it
+                    grey16 = np.asarray(opened, dtype=np.uint16) >> 8
+                    img = torch.from_numpy(grey16.astype(np.uint8)).unsqueeze(0)
+                else:
+                    pixels = np.asarray(opened.convert("L" if channels == 1 else "RGB"))
+                    img = torch.from_numpy(pixels.copy())
+                    img = img.unsqueeze(0) if channels == 1 else img.permute(2, 0, 1)
+        else:
+            # decode_image gives webp only as RGB(A): made grey after decoding
+            grey = channels == 1 and suffix != ".webp"
+            img = decode_image(str(path), mode=ImageReadMode.GRAY if grey else ImageReadMode.RGB)
     except (RuntimeError, OSError, ValueError) as e:
         raise UserError(f"cannot decode {path} ({e}); remove or replace the file") from e
-    return F.rgb_to_grayscale(img) if img.shape[0] != channels else img
+    if img.dtype != torch.uint8:  # a 16-bit PNG decodes as uint16
+        img = F.to_dtype(img, torch.uint8, scale=True)
+    if img.shape[0] != channels:
+        img = F.rgb_to_grayscale(img) if channels == 1 else img.expand(channels, -1, -1)
+    return img.contiguous()
 
 
 class FolderImages(ImageSource):
@@ -350,6 +381,36 @@ def image_folder_dirs(data_dir: str | None) -> tuple[Path, Path]:
     return train_dir, val_dir
 
 
+def _listed(names: list[str]) -> str:
+    return ", ".join(names if len(names) <= 5 else [*names[:4], f"... ({len(names)} in all)"])
+
+
+def check_folder_classes(
+    train_dir: Path, val_dir: Path, classes: list[str], labels: Tensor
+) -> None:
+    """UserError for a class folder of `train_dir` without images (a class no item has, as
+    torchvision's ImageFolder refuses it; `.ipynb_checkpoints`, say), and for a folder of
+    `val_dir` with images but no class folder of that name in `train_dir` (its images would be
+    left out of the test split)."""
+    counts = torch.bincount(labels, minlength=len(classes)).tolist()
+    empty = [name for name, count in zip(classes, counts, strict=True) if count == 0]
+    if empty:
+        raise UserError(
+            f"class folder(s) of {train_dir} hold no images ({', '.join(IMAGE_EXTENSIONS)}): "
+            f"{_listed(empty)}; remove them or add their images (each folder is a class)"
+        )
+    known = set(classes)
+    unknown = sorted(
+        p.name for p in val_dir.iterdir() if p.is_dir() and p.name not in known and class_files(p)
+    )
+    if unknown:
+        raise UserError(
+            f"{val_dir} has class folder(s) with images that {train_dir} lacks: "
+            f"{_listed(unknown)}; the test split would leave them out: give each a folder "
+            "of training images, or move them out of val/"
+        )
+
+
 def load_image_folder(
     data_dir: str,
     resize: Annotated[int, Interval(ge=1, le=8192)],
@@ -368,6 +429,7 @@ def load_image_folder(
     if not classes:
         raise UserError(f"no class folders in {train_dir}")
     train = FolderImages(train_dir, classes, resize, size, channels)
+    check_folder_classes(train_dir, val_dir, classes, train.labels)
     # The folder's name and class count tell trees apart for a reader; the digest of the
     # training files (what subsets index and pre-training learns from) tells apart two trees of
     # one name and class count, or one tree before and after its files changed.
