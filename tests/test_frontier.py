@@ -580,3 +580,38 @@ def test_a_job_on_a_saved_subset_is_not_taken_for_its_budget():
     assert method_of(config) == "lipt"
     assert method_of({**config, "subset_path": "/runs/a/subset.npz"}) == "subset_path"
     assert method_of({**config, "selector": {"name": "coverage"}}) == "coverage"
+
+
+def test_two_frontier_sweeps_of_other_epochs_read_as_one_folder_make_two_frontiers(
+    tmp_path: Path,
+) -> None:
+    """`make report SWEEP=multirun` over the 12- and the 36-epoch frontier: a budget is a share
+    of the reference's cost at its epochs, so each frontier has its own reference and points
+    (a method's runs at 12 and 36 epochs once made one point, lossless against the 12-epoch
+    reference on the 36-epoch runs' accuracy)."""
+    import json
+
+    from lipt.report.frontier_render import write_frontier
+
+    jobs = [
+        *(summary("full_data", 0.1, s, a, 100.0) for s, a in enumerate((0.885, 0.887))),
+        *(summary("full_data", 0.1, s, a, 300.0, epochs=36) for s, a in enumerate((0.91, 0.92))),
+        summary("infobatch", 0.5, 0, 0.870, 50.0),  # 1.6 points short of its reference
+        summary("infobatch", 0.5, 1, 0.872, 50.0),
+        summary("infobatch", 0.5, 0, 0.913, 150.0, epochs=36),  # 0.2 short of its own
+        summary("infobatch", 0.5, 1, 0.913, 150.0, epochs=36),
+    ]
+    text = write_frontier(tmp_path, jobs, "full_data").read_text()
+    assert "8 finished runs" in text and "at each frontier's epochs (12, 36)" in text
+    short, long = text.split("## 12 epochs")[1].split("## 36 epochs")
+    assert "| reference (whole pool, 12 epochs) | 1 | 2 | 88.60 ± 0.14 |" in short
+    assert "| infobatch | 0.5 | 2 | 87.10 ± 0.14 |" in short
+    assert "| whole pool, 36 epochs | 3.00 | 2 | 91.50 ± 0.71 |" in short  # the curve
+    assert "| infobatch | none | - | - |" in short
+    assert "| reference (whole pool, 36 epochs) | 1 | 2 | 91.50 ± 0.71 |" in long
+    assert "| infobatch | 0.5 | 2 | 91.30 ± 0.00 | - | 150.0 |" in long
+    assert "| infobatch | 2.00x | 0.5 | 91.30 ± 0.00 |" in long
+    frontiers = json.loads((tmp_path / "frontier.json").read_text())
+    assert [f["ref_epochs"] for f in frontiers.values()] == [12, 36]
+    assert (tmp_path / "frontier_12_epochs.png").is_file()
+    assert (tmp_path / "frontier_36_epochs.png").is_file()

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 from lipt.run.config import validate
 from lipt.stages import train as train_stage
@@ -28,3 +33,80 @@ def test_wandb_logger_runs_offline_inside_the_run_dir(make_cfg, tmp_path, monkey
     train_stage.run(validate(cfg))
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].rglob("*.wandb"))
+
+
+def summary_figures(summary: dict[str, Any]) -> dict[str, float]:
+    """Every number summary.json holds about the run, flat by path (wrong_labels/given,
+    stages/train/samples): what a dashboard compares runs on. Not the config (hyper-parameters)
+    or the machine (host, load_average, slurm), nor lists (subset_class_counts)."""
+    flat: dict[str, float] = {}
+
+    def walk(path: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for name, inner in value.items():
+                walk(f"{path}/{name}" if path else name, inner)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[path] = float(value)
+
+    walk("", {k: v for k, v in summary.items() if k not in ("config", "host", "slurm")})
+    return flat
+
+
+def csv_metrics(folder: Path) -> dict[str, float]:
+    rows = list(csv.DictReader(next(folder.rglob("metrics.csv")).open()))
+    return {k: float(v) for row in rows for k, v in row.items() if v}
+
+
+def tensorboard_metrics(folder: Path) -> dict[str, float]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, float] = {}
+    for events in sorted(folder.rglob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            scalars[tag] = accumulator.Scalars(tag)[-1].value
+    return scalars
+
+
+@pytest.mark.parametrize(
+    ("logger", "read"), [("csv", csv_metrics), ("tensorboard", tensorboard_metrics)]
+)
+def test_each_logger_gets_every_figure_of_summary_json(make_cfg, tmp_path, logger, read):
+    """A dashboard compares runs on what the loggers got at the end of a run: the same figures
+    as summary.json, validation accuracy (what hyper-parameters are chosen on) included."""
+    cfg = make_cfg(
+        [o for o in FAST if o != "logger=none"]
+        + [f"logger={logger}", "selector=el2n", "budget=subset", "trainer.max_epochs=2"]
+        + ["dataset.label_noise.rate=0.2"]  # summary.json's wrong_labels
+    )
+    train_stage.run(validate(cfg))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    expected = summary_figures(summary)
+    assert {"val_accuracy", "dataset_train_size", "wrong_labels/given"} <= set(expected)
+    logged = read(tmp_path / logger)
+    missing = sorted(set(expected) - set(logged))
+    assert not missing, f"summary.json figures no logger got: {missing}"
+    for key, value in expected.items():  # TensorBoard keeps float32
+        assert logged[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_the_trained_share_after_label_cleaning_is_of_the_pool_as_read(tmp_path):
+    """A budget is a share of the whole pool's run as read; cleaning's drops shrink what trains,
+    not that reference: 66,000 samples of 12 epochs on 55,000 items is 10%, though 2,750 items
+    were dropped (the pool trained on is 52,250)."""
+    from lipt.core import console
+
+    summary = {
+        "test_accuracy": 0.83,
+        "train_size": 52250,
+        "subset_size": 52250,
+        "config": {"trainer": {"max_epochs": 12}},
+        "stages": {
+            "clean": {"pool": 55000, "flagged": 2750, "seconds": 9.0},
+            "train": {"seconds": 40.0, "samples": 66000},
+        },
+    }
+    block = console.closing_block(summary, tmp_path)
+    assert "66,000 samples, 10.0% of the whole pool's 12 epochs (660,000)" in block
+    assert "trained 10.0%" in console.job_line(summary, tmp_path, "#0")

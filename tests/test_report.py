@@ -613,12 +613,12 @@ def test_report_of_a_real_sweep_is_recomputed_from_its_summaries(real_sweep, tmp
     assert [float(r["diff_pts"]) for r in paired] == pytest.approx(diffs, abs=1e-9)
 
 
-def _wandb_runs(path: Path) -> list[Any]:
-    """The run records of an offline .wandb file (LevelDB log framing: 32 KiB blocks, records
-    of a 7-byte header (crc, length, type) and a payload, split across blocks when long)."""
+def _wandb_records(path: Path) -> list[Any]:
+    """The records of an offline .wandb file (LevelDB log framing: 32 KiB blocks, records of a
+    7-byte header (crc, length, type) and a payload, split across blocks when long)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    data, block, runs, pending = path.read_bytes(), 32768, [], b""
+    data, block, records, pending = path.read_bytes(), 32768, [], b""
     position = 7  # the file header: ":W&B", a magic number and a version
     while position + 7 <= len(data):
         left = block - position % block
@@ -632,12 +632,16 @@ def _wandb_runs(path: Path) -> list[Any]:
         if kind in (1, 4):  # a whole record, or the last part of one
             record = pb.Record()
             record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "run":
-                runs.append(record.run)
+            records.append(record)
             pending = b""
         elif length == 0 and kind == 0:
             break
-    return runs
+    return records
+
+
+def _wandb_runs(path: Path) -> list[Any]:
+    """The run records of an offline .wandb file."""
+    return [r.run for r in _wandb_records(path) if r.WhichOneof("record_type") == "run"]
 
 
 @pytest.mark.slow
@@ -654,3 +658,43 @@ def test_each_job_of_a_real_sweep_is_its_own_wandb_run_in_the_sweeps_group(real_
     # one group for the whole sweep, named by its folder (lipt.stages.build.sweep_name)
     (group,) = groups
     assert group == str(real_sweep) or real_sweep.as_posix().endswith(f"/{group}"), group
+
+
+@pytest.mark.slow
+def test_each_wandb_run_of_a_real_sweep_stages_its_tables_in_its_own_folder(real_sweep):
+    """An offline run's record names the files wandb staged for its tables (subset/classes, the
+    report's results), which `wandb sync` uploads: each job's lie in its own folder, and the
+    sweep's report run's in the sweep's, so a job synced, moved or kept alone keeps them (all
+    of them once landed in the first job's folder)."""
+    jobs = sorted(p for p in real_sweep.iterdir() if (p / ".hydra").is_dir())
+    for folder in [*jobs, real_sweep]:
+        (record_file,) = (folder / "wandb").glob("offline-run-*/run-*.wandb")
+        staged = [
+            Path(entry.local_path)
+            for record in _wandb_records(record_file)
+            if record.WhichOneof("record_type") == "artifact"
+            for entry in record.artifact.manifest.contents
+        ]
+        assert staged, record_file  # a job's subset/classes table, the report's results
+        for path in staged:
+            assert path.is_file(), path
+            assert path.is_relative_to(folder / ".cache"), (folder, path)
+
+
+@pytest.mark.slow
+def test_the_sweeps_wandb_report_table_holds_numbers_as_numbers(real_sweep):
+    """The "report" run's results table, as wandb wrote it: the figures are numbers a dashboard
+    sorts and plots (they were text, "10" before "9"), an unknown one null; seeds and names
+    are text. It agrees with results.csv."""
+    (table_file,) = (real_sweep / "wandb").glob("offline-run-*/files/media/table/report/*.json")
+    table = json.loads(table_file.read_text())
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    expected = list(csv.DictReader((real_sweep / "report" / "results.csv").open()))
+    assert [r["selector.name"] for r in rows] == [r["selector.name"] for r in expected]
+    for row, text in zip(rows, expected, strict=True):
+        assert row["seeds"] == "0,1" and row["runs"] == 2
+        for column in ("test_acc_pct_mean", "test_acc_pct_std", "train_seconds"):
+            assert isinstance(row[column], float) and row[column] == float(text[column])
+        assert row["training_samples"] == float(text["training_samples"])
+    random_row = next(r for r in rows if r["selector.name"] == "random")
+    assert random_row["pretrain_seconds"] is None  # no run of the group pre-trained

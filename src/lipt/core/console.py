@@ -226,9 +226,12 @@ def _trained(summary: Mapping[str, Any]) -> str | None:
 
 
 def _trained_share(summary: Mapping[str, Any]) -> tuple[int, int, int] | None:
-    """(samples trained, samples of the whole pool's run, its epochs), if the summary says."""
-    samples = ((summary.get("stages") or {}).get("train") or {}).get("samples")
-    pool = summary.get("train_size")
+    """(samples trained, samples of the whole pool's run, its epochs), if the summary says. The
+    whole pool is the pool as read: label cleaning's drops shrink the pool trained on, not the
+    reference run that a budget is a share of."""
+    stages = summary.get("stages") or {}
+    samples = (stages.get("train") or {}).get("samples")
+    pool = (stages.get("clean") or {}).get("pool") or summary.get("train_size")
     epochs = ((summary.get("config") or {}).get("trainer") or {}).get("max_epochs")
     if samples is None or not pool or not epochs:
         return None

@@ -11,8 +11,10 @@ Cost, per run: end-to-end seconds (summary.json's stages: pre-training + label c
 selection + training, with re-selection and the per-epoch validation inside training; loading
 the data and the test pass are not counted) and samples passed forward and backward
 (pre-training's + K-fold cleaning's + training's). A sweep over data conditions (wrong labels:
-`dataset.label_noise`) gets one frontier per condition, and runs that cleaned their labels a
-detection table: precision and recall against the flipped labels, and the seconds it took.
+`dataset.label_noise`) gets one frontier per condition, a folder of frontier sweeps whose
+methods ran different epochs (the 12- and the 36-epoch one) one per epochs, and runs that
+cleaned their labels a detection table: precision and recall against the flipped labels, and
+the seconds it took.
 A method is lossless at a budget when its mean test accuracy is at most LOSSLESS_POINTS below
 the reference's; its lossless speed-up is the largest such one. Methods are compared on the
 validation split (never test) per budget, and paired seed by seed against the whole pool on the
@@ -113,18 +115,31 @@ def method_of(config: dict[str, Any]) -> str:
     return str(selector if selector not in (None, "none") else config["budget"]["name"])
 
 
+def approach_of(config: Mapping[str, Any]) -> str:
+    """A job's method as the sweep named it: its `approach`, else `method_of`."""
+    return str(config.get("approach") or method_of(dict(config)))
+
+
+def epochs_of(summary: Mapping[str, Any]) -> int:
+    return int(summary["config"]["trainer"]["max_epochs"])
+
+
 def records(
-    summaries: Sequence[tuple[str, Mapping[str, Any]]], reference: str
+    summaries: Sequence[tuple[str, Mapping[str, Any]]],
+    reference: str,
+    epochs_ref: int | None = None,
 ) -> tuple[list[Record], int]:
-    """Each finished job as a Record, and E_ref (the epochs most jobs were configured with: the
-    reference's). The reference's jobs at other epochs are the whole pool's curve."""
+    """Each finished job as a Record, and E_ref (`epochs_ref`, by default the epochs most jobs
+    were configured with: the reference's). The reference's jobs at other epochs are the whole
+    pool's curve."""
     runs = [(n, s) for n, s in summaries if s.get("test_accuracy") is not None]
-    ref_epochs = Counter(int(s["config"]["trainer"]["max_epochs"]) for _, s in runs).most_common(1)
-    epochs_ref = ref_epochs[0][0] if ref_epochs else 1
+    if epochs_ref is None:
+        ref_epochs = Counter(epochs_of(s) for _, s in runs).most_common(1)
+        epochs_ref = ref_epochs[0][0] if ref_epochs else 1
     out = []
     for name, summary in runs:
         config = summary["config"]
-        method = str(config.get("approach") or method_of(config))
+        method = approach_of(config)
         budget = float(config["fraction"])
         if method == reference:
             epochs = int(config["trainer"]["max_epochs"])
@@ -169,6 +184,24 @@ def by_condition(
         if "config" in summary:
             groups.setdefault(condition_of(summary), []).append((name, summary))
     return groups
+
+
+def by_epochs(
+    summaries: Sequence[tuple[str, Mapping[str, Any]]], reference: str
+) -> dict[int | None, list[tuple[str, Mapping[str, Any]]]]:
+    """One condition's runs split into frontiers by the epochs their methods ran: a budget is a
+    share of the reference's cost at those epochs, so runs at 12 and 36 epochs (two frontier
+    sweeps read as one folder) make two frontiers, not one point each method of mixed runs.
+    {None: summaries} where the methods ran one number of epochs (or none ran); else, per
+    epochs E, the methods' runs at E and every reference run (the reference at E, the whole
+    pool's curve at other epochs)."""
+    finished = [(n, s) for n, s in summaries if s.get("test_accuracy") is not None]
+    methods = [(n, s) for n, s in finished if approach_of(s["config"]) != reference]
+    epochs = sorted({epochs_of(s) for _, s in methods})
+    if len(epochs) < 2:
+        return {None: list(summaries)}
+    references = [(n, s) for n, s in finished if approach_of(s["config"]) == reference]
+    return {e: [*references, *((n, s) for n, s in methods if epochs_of(s) == e)] for e in epochs}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from lipt.report.frontier import (
     Record,
     aggregate,
     by_condition,
+    by_epochs,
     detections,
     highest_on_validation,
     lossless_speedups,
@@ -168,22 +169,29 @@ def section(points: Sequence[Point], runs: Sequence[Record], epochs_ref: int) ->
     return lines
 
 
-def markdown(
-    sweep_dir: Path,
-    conditions: dict[str, tuple[list[Point], list[Record]]],
-    epochs_ref: int,
-) -> str:
-    count = sum(len(runs) for _, runs in conditions.values())
+# One frontier of a sweep: its points, its runs and its reference's epochs (E_ref), by title
+# (its data condition and, where the methods ran several, its epochs; "" for a plain sweep).
+Frontiers = dict[str, tuple[list[Point], list[Record], int]]
+
+
+def markdown(sweep_dir: Path, frontiers: Frontiers) -> str:
+    every = list({id(r.summary): r for _, runs, _ in frontiers.values() for r in runs}.values())
+    epochs = sorted({e for _, _, e in frontiers.values()})
+    reference = (
+        f"the whole pool, {epochs[0]} epochs"
+        if len(epochs) == 1
+        else f"the whole pool, at each frontier's epochs ({', '.join(map(str, epochs))})"
+    )
     lines = [
         "# Frontier: test accuracy against end-to-end cost",
         "",
-        f"`make report SWEEP={sweep_dir}`: {count} finished runs. Reference: the whole pool, "
-        f"{epochs_ref} epochs. Budgets are shares of the reference's cost asked for; the costs "
-        "are measured. Accuracy: mean ± sample std over seeds.",
+        f"`make report SWEEP={sweep_dir}`: {len(every)} finished runs. Reference: {reference}. "
+        "Budgets are shares of the reference's cost asked for; the costs are measured. "
+        "Accuracy: mean ± sample std over seeds.",
     ]
-    for condition, (points, runs) in conditions.items():
-        if len(conditions) > 1 or condition:
-            lines += ["", f"## {condition or 'labels as given'}"]
+    for title, (points, runs, epochs_ref) in frontiers.items():
+        if len(frontiers) > 1 or title:
+            lines += ["", f"## {title or 'labels as given'}"]
         lines += ["", *section(points, runs, epochs_ref)]
     lines += [
         "",
@@ -195,7 +203,6 @@ def markdown(
         "held-out scoring are not counted (their time is "
         "in the seconds).",
     ]
-    every = [r for _, runs in conditions.values() for r in runs]
     for caveat in timing_caveats(every):
         lines += ["", caveat]
     return "\n".join(lines) + "\n"
@@ -300,24 +307,25 @@ def slug(condition: str) -> str:
 
 
 def write_frontier(sweep_dir: Path, summaries: Sequence[tuple[str, dict]], reference: str) -> Path:
-    """frontier.md, frontier.png and frontier.json in `sweep_dir` (one frontier per data
-    condition: frontier_<condition>.png where the sweep has several); returns the Markdown's
-    path."""
-    _, epochs_ref = records(summaries, reference)
-    conditions: dict[str, tuple[list[Point], list[Record]]] = {}
+    """frontier.md, frontier.png and frontier.json in `sweep_dir`: one frontier per data
+    condition and, where the methods ran several numbers of epochs, per epochs
+    (frontier_<title>.png where the sweep has several); returns the Markdown's path."""
+    frontiers: Frontiers = {}
     for condition, group in by_condition(summaries).items():
-        runs, _ = records(group, reference)
-        conditions[condition] = (aggregate(runs), runs)
+        split = by_epochs(group, reference)
+        for epochs, runs_at in split.items():
+            runs, epochs_ref = records(runs_at, reference, epochs)
+            at = f"{epochs_ref} epochs" if len(split) > 1 else ""
+            title = ", ".join(part for part in (condition, at) if part)
+            frontiers[title] = (aggregate(runs), runs, epochs_ref)
     path = sweep_dir / "frontier.md"
-    atomic_write_bytes(path, markdown(sweep_dir, conditions, epochs_ref).encode())
-    payload = {
-        c or "labels as given": to_json(p, r, epochs_ref) for c, (p, r) in conditions.items()
-    }
+    atomic_write_bytes(path, markdown(sweep_dir, frontiers).encode())
+    payload = {t or "labels as given": to_json(p, r, e) for t, (p, r, e) in frontiers.items()}
     write_json(
         sweep_dir / "frontier.json", next(iter(payload.values())) if len(payload) == 1 else payload
     )
-    for condition, (points, runs) in conditions.items():
+    for title, (points, runs, epochs_ref) in frontiers.items():
         if points:
-            name = "frontier.png" if len(conditions) == 1 else f"frontier_{slug(condition)}.png"
-            plot(points, epochs_ref, sweep_dir / name, condition, detections(runs))
+            name = "frontier.png" if len(frontiers) == 1 else f"frontier_{slug(title)}.png"
+            plot(points, epochs_ref, sweep_dir / name, title, detections(runs))
     return path

@@ -179,13 +179,21 @@ def log_the_run(
 
 
 def run_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """The summary's numbers, flat: test accuracy, sizes and every stage's figures, nested ones
-    by path (stages/select/diagnostics/<name>, stages/train/reselect_profiles/<epoch>/<name>)."""
-    metrics = {
-        key: float(summary[key])
-        for key in ("test_accuracy", "subset_size", "train_size")
-        if summary.get(key) is not None
-    }
+    """The summary's numbers, flat: test and validation accuracy, sizes, the wrong labels
+    counted and every stage's figures, nested ones by path (wrong_labels/given,
+    stages/select/diagnostics/<name>, stages/train/reselect_profiles/<epoch>/<name>); a figure
+    the summary holds as null is left out."""
+    # Beside `stages`, what a dashboard compares runs on; the config goes in as hyper-parameters,
+    # the machine (host, load_average, slurm) not at all.
+    figures = (
+        "test_accuracy",
+        "val_accuracy",
+        "train_size",
+        "dataset_train_size",
+        "subset_size",
+        "other_cores_busy",
+    )
+    metrics = {key: float(summary[key]) for key in figures if summary.get(key) is not None}
 
     def flatten(path: str, value: Any) -> None:
         if isinstance(value, dict):
@@ -194,5 +202,6 @@ def run_metrics(summary: dict[str, Any]) -> dict[str, float]:
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics[path] = float(value)  # labels (stages/train/dynamic/method) are no metric
 
+    flatten("wrong_labels", summary.get("wrong_labels"))
     flatten("stages", summary["stages"])
     return metrics
