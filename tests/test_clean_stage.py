@@ -123,6 +123,46 @@ def test_select_py_lists_the_label_issues(make_cfg, tmp_path):
     assert "pretrain" in summary["stages"]
 
 
+def test_datalab_runs_on_a_pool_without_some_class_of_the_data_set(make_cfg, tmp_path):
+    """Labels of your own (dataset.train_labels) without class 3: Datalab took the pool's 3
+    label values for its classes beside 4 columns of probabilities, failed its label check
+    after the jigsaw stage ("No columns found for issue type 'label'", cleanlab's many lines)
+    and the run ended with no label_issues.csv."""
+    dm = build_datamodule(validate(make_cfg(FAST)))
+    labels = dm.train_source.labels.clone()
+    assert int(labels.max()) == 3 and int((labels == 3).sum()) > 50
+    labels[labels == 3] = 0
+    path = tmp_path / "labels.npy"
+    np.save(path, labels.numpy())
+    overrides = [*FAST, *JIGSAW, "selector=random", "clean=lipt", "clean.datalab=true"]
+    run = validate(make_cfg([*overrides, f"dataset.train_labels={path}"], "select"))
+    summary = select_stage.run(run)
+    flagged = [int(r["index"]) for r in read_csv(tmp_path / "label_issues.csv")]
+    rows = read_csv(tmp_path / "datalab_issues.csv")
+    label_rows = [int(r["index"]) for r in rows if r["issue_type"] == "label"]
+    assert flagged and sorted(label_rows) == sorted(flagged)  # the finder's own label issues
+    assert all(int(r["given"]) in (0, 1, 2) for r in rows)
+    datalab = summary["stages"]["clean"]["datalab"]
+    assert datalab["label"] == len(flagged) and set(datalab) >= {"outlier", "near_duplicate"}
+
+
+def test_a_datalab_that_fails_leaves_the_flags_it_came_after(make_cfg, tmp_path, monkeypatch):
+    """Datalab ran before label_issues.csv was written: when it failed, the flags the jigsaw
+    stage and the probe had found were lost with it. clean.json, which marks the cleaning done
+    for a resume, is still written last."""
+
+    def failing_datalab(*args, **kwargs):
+        raise RuntimeError("Datalab failed")
+
+    monkeypatch.setattr(clean_stage, "datalab_issues", failing_datalab)
+    run = validate(make_cfg([*NOISY, *JIGSAW, "clean=lipt", "clean.datalab=true"]))
+    with pytest.raises(RuntimeError, match="Datalab failed"):
+        clean_stage.clean_pool(run, build_parts(run), tmp_path, resume=False)
+    rows = read_csv(tmp_path / "label_issues.csv")
+    assert len(rows) > 20 and list(rows[0]) == ["index", "given", "suggested", "score"]
+    assert not (tmp_path / "clean.json").exists()
+
+
 def test_a_cleaned_pool_trains_the_steps_of_the_whole_pools_budget(make_cfg, tmp_path):
     # budget=full_schedule on a pool that cleaning shrank: the steps the whole noisy pool takes
     # at this budget (the same spend), over more of its epochs

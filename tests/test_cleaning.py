@@ -171,6 +171,55 @@ def test_find_issues_takes_any_integer_labels_alike():
         assert torch.equal(issues.score, reference.score) and issues.given.dtype == torch.int64
 
 
+def test_find_issues_takes_numpy_arrays_and_lists_as_cleanlab_does():
+    """What a cleanlab user holds: numpy labels and probabilities, or a list. A numpy array
+    was refused as "not an integer tensor ... convert them with labels.long()", which it has
+    not; a list or numpy probabilities ended in an AttributeError."""
+    import numpy as np
+
+    given, probs = noisy_probs()
+    reference = find_issues(given, probs)
+    for labels, p in (
+        (given.numpy(), probs.numpy()),
+        (given.numpy().astype(np.int32), probs),
+        (given.tolist(), probs.double().numpy()),
+        (given, probs.tolist()),
+    ):
+        issues = find_issues(labels, p)
+        assert torch.equal(issues.rows, reference.rows), type(labels)
+        assert torch.equal(issues.given, reference.given) and issues.given.dtype == torch.int64
+        assert torch.equal(issues.suggested, reference.suggested)
+        assert torch.allclose(issues.score, reference.score)
+    names = np.array(["cat", "dog", "eel", "fox", "gnu", "hen", "ibis", "jay", "kid", "lynx"])
+    with pytest.raises(
+        ValueError,
+        match=r"^labels must be numbers, .* \(class names: map them to 0\.\.C-1 first\)$",
+    ):
+        find_issues(names[given.numpy()], probs)
+
+
+def test_datalab_takes_every_column_of_probs_as_a_class_with_items_or_not():
+    """A class without an item among the labels (a head's spare output, a class the pool
+    lacks), which lipt.find_label_issues and clean=lipt allow: Datalab took the labels'
+    distinct values for the classes, its label check failed ("Length of values (9) does not
+    match length of index (10)") and the report ended in its "No issues available"."""
+    from lipt.cleaning import datalab_issues
+
+    true = torch.arange(N) % C
+    given = flip_labels(true, C, 0.3, "symmetric", seed=0)
+    emb = relu_embeddings(true, 0.35, seed=1)
+    for absent in (0, 4, C - 1):
+        keep = given != absent
+        labels, x = given[keep], emb[keep]
+        probs = probe_probs(x, labels, C)
+        report = datalab_issues(labels, x, probs, torch.nonzero(keep).flatten() * 2)
+        flagged = report.flagged("label")
+        rows = find_issues(labels, probs).rows
+        assert len(flagged) > 0.1 * len(labels), absent
+        assert set((flagged // 2).tolist()) == set(torch.nonzero(keep).flatten()[rows].tolist())
+        assert set(report.summary) == {"label", "outlier", "near_duplicate"}
+
+
 @pytest.mark.parametrize(
     ("labels", "rows", "words"),
     [

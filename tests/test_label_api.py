@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset, TensorDataset
 
@@ -116,6 +117,22 @@ def test_datalab_reports_the_copies_the_far_items_and_the_finders_label_issues(f
     assert bool((np.diff(scores) >= 0).all())  # most severe first
 
 
+def test_a_report_refuses_an_issue_type_datalab_was_not_asked_for(found):
+    """`flagged("near_duplicates")` (the csv's column, not the type) or a type left out of
+    `issue_types` gave an empty tensor: no duplicates, whatever the data."""
+    result, _, _ = found
+    report = lipt.datalab_report(result, issue_types=("label", "near_duplicate"))
+    assert set(report.flagged("label").tolist()) == set(result.indices.tolist())
+    assert len(report.flagged("near_duplicate")) >= 12  # the copies and their originals
+    for kind in ("near_duplicates", "outlier"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^Datalab was not asked for '{kind}', so it flagged none: one of "
+            r"\['label', 'near_duplicate'\], or ask for it [^\n]*$",
+        ):
+            report.flagged(kind)
+
+
 class Unlabelled(Dataset):
     def __len__(self) -> int:
         return 100
@@ -201,6 +218,18 @@ def refuse(dataset: Dataset, **kwargs) -> None:
             {"factory": one_output_net, "head": None},
             r"the model's head '2' has 1 output: it must give a logit per class",
         ),
+        (
+            six_classes(),
+            {"jigsaw": {"num_learners": 4, "prune": "omp"}},
+            r"^jigsaw\['prune'\] must be an instance of lipt\.jigsaw\.parts' prune classes "
+            r"\(MagnitudePruning\(\"omp\", 0\.85, 0\.95\), [^\n]* not 'omp'$",
+        ),
+        (
+            six_classes(),
+            {"jigsaw": {"num_learners": 4, "augment": "randaugment"}},
+            r"^jigsaw\['augment'\] must be an instance of lipt\.jigsaw\.parts' augment classes "
+            r"\(NoAugment\(\), RandAugment\(\)\) or None for the default, not 'randaugment'$",
+        ),
     ],
     ids=[
         "no-labels",
@@ -216,6 +245,8 @@ def refuse(dataset: Dataset, **kwargs) -> None:
         "pool-too-small-for-the-jigsaw-learners",
         "jigsaw-count-below-one",
         "one-output-head",
+        "prune-by-name",
+        "augment-by-name",
     ],
 )
 def test_bad_input_is_refused_in_one_line_before_any_work(data, kwargs, words, monkeypatch):
@@ -264,6 +295,105 @@ def test_the_head_defaults_to_model_classifier_else_the_last_linear(factory, nam
     with pytest.raises(ReachedJigsawError) as reached:
         lipt.find_label_issues(factory, TensorDataset(x, labels))
     assert reached.value.args == (name,)  # the jigsaw stage is given the head by name
+
+
+class CosineHead(nn.Module):
+    """A head that is no nn.Linear (scaled cosine similarity): its last nn.Linear, the default
+    head, is a hidden layer of 48 outputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(DIM, 48), nn.ReLU())
+        self.prototypes = nn.Parameter(torch.randn(CLASSES, 48))
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.normalize(self.body(x), dim=1)
+        return 10 * h @ F.normalize(self.prototypes, dim=1).t()
+
+
+class LogitsAndEmbedding(nn.Module):
+    """A forward returning (logits, embedding): lipt.select reads it, the learners cannot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(DIM, 48), nn.ReLU())
+        self.classifier = nn.Linear(48, CLASSES)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        h = self.body(x)
+        return self.classifier(h), h
+
+
+@pytest.mark.parametrize(
+    ("factory", "words"),
+    [
+        (
+            CosineHead,
+            r"^factory\(\)'s model returns \(2, 6\) for a batch of 2, but its head 'body\.0' has "
+            r"48 outputs: the head must be the model's final nn\.Linear, [^\n]*head=$",
+        ),
+        (
+            LogitsAndEmbedding,
+            r"^factory\(\)'s model returns a tuple: the jigsaw learners train its output with "
+            r"cross-entropy, so its forward must return the logits \[batch, 6\]$",
+        ),
+        (
+            lambda: make_net().double(),
+            r"^factory\(\)'s model fails on the data's inputs \(RuntimeError: mat1 and mat2 must "
+            r"have the same dtype[^\n]*\(\(2, 24\), torch\.float32\), its weights of their dtype$",
+        ),
+    ],
+    ids=["last-linear-not-the-head", "forward-returns-a-tuple", "weights-of-another-dtype"],
+)
+def test_a_model_the_learners_cannot_train_is_refused_before_any_learner(
+    factory, words, monkeypatch
+):
+    """Each trained every learner to a failure ("no jigsaw learner is left to merge: all 10
+    ... failed") or, the cosine head, judged the labels on the hidden layer as 48 classes and
+    its input as the embedding, without a word."""
+    import lipt.jigsaw.api
+
+    def no_learner(*args, **kwargs):
+        raise AssertionError("a learner trained before the model was checked")
+
+    monkeypatch.setattr(lipt.jigsaw.api, "train_learner", no_learner)
+    x, labels, _ = noisy_blobs()
+    with pytest.raises(ValueError, match=words):
+        lipt.find_label_issues(factory, TensorDataset(x, labels), jigsaw={"local_epochs": 5})
+
+
+def test_jigsaw_pretrain_refuses_a_part_by_name_before_any_learner(monkeypatch):
+    """merge="uniform" ended in an AttributeError traceback ('str' object has no attribute
+    'bn_batches'); prune="omp" or augment="none" failed every learner, then "no jigsaw learner
+    is left to merge"."""
+    import lipt.jigsaw.api
+
+    def no_learner(*args, **kwargs):
+        raise AssertionError("a learner trained before the parts were checked")
+
+    monkeypatch.setattr(lipt.jigsaw.api, "train_learner", no_learner)
+    x, labels, _ = noisy_blobs()
+    dm = lipt.PoolDataModule(TensorDataset(x, labels), val_size=0.1, batch_size=32)
+    for key, name in (("merge", "uniform"), ("prune", "omp"), ("augment", "none")):
+        with pytest.raises(
+            ValueError,
+            match=rf"^{key} must be an instance of lipt\.jigsaw\.parts' {key} classes "
+            rf"\([^\n]*\) or None for the default, not '{name}'$",
+        ):
+            lipt.jigsaw_pretrain(make_net, dm, num_learners=4, **{key: name})
+
+
+def test_int32_labels_flag_what_int64_labels_flag(found):
+    """Labels from numpy are often int32: every learner failed on them ("expected target dtype
+    to be Long or Byte, but got Int"), and the run ended with no learner to merge."""
+    result, labels, _ = found
+    x, _, _ = noisy_blobs()
+    again = lipt.find_label_issues(
+        make_net, TensorDataset(x, labels.int()), jigsaw={"local_epochs": 5}
+    )
+    assert again.soup.counts["learners_merged"] == result.soup.counts["learners_merged"]
+    assert torch.equal(again.indices, result.indices) and torch.equal(again.probs, result.probs)
+    assert again.given.dtype == torch.int64
 
 
 def test_a_target_transform_labels_the_pool_as_it_labels_the_items(tmp_path, monkeypatch):

@@ -48,3 +48,37 @@ def test_full_size_models_have_the_published_parameter_counts(make_cfg):
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert abs(count(resnet) - 11.17e6) < 0.05e6  # ResNet-18 (CIFAR): 11.17M
     assert abs(count(wrn) - 36.48e6) < 0.1e6  # WRN-28-10: 36.5M
+
+
+def test_lipts_classifier_trains_on_int32_labels_as_on_int64_ones():
+    """A user's TensorDataset with int32 labels (what numpy's int32 arrays become): cross-entropy
+    takes int64 targets only, so the step casts them; the model trained is the int64 one's."""
+    import lightning as L
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    import lipt
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(512, 32, generator=gen), torch.randint(0, 10, (512,), generator=gen)
+
+    def fit(labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+        module = lipt.Classifier(net, num_classes=10)
+        data = lipt.PoolDataModule(TensorDataset(x, labels), batch_size=64, val_size=64)
+        trainer = L.Trainer(
+            max_epochs=2,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(module, datamodule=data)
+        return {k: v.clone() for k, v in net.state_dict().items()}
+
+    as_int64, as_int32 = fit(y), fit(y.int())
+    assert as_int64.keys() == as_int32.keys()
+    for key in as_int64:
+        torch.testing.assert_close(as_int32[key], as_int64[key], rtol=0, atol=0)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from lipt.cleaning.inputs import as_cpu_tensor, check_class_indices
 from lipt.core.artifacts import atomic_write_bytes, write_json
 
 # The issue types asked of Datalab by default: those the embeddings and probabilities answer.
@@ -47,38 +48,59 @@ class DatalabReport:
     lab: Any
 
     def flagged(self, issue_type: str) -> Tensor:
-        """[F] int64: the indices flagged with `issue_type`, most severe first."""
+        """[F] int64: the indices flagged with `issue_type`, most severe first.
+
+        Raises:
+            ValueError: an issue type Datalab was not asked for (none of its items would be
+                flagged, whatever the data).
+        """
         import torch
 
+        if issue_type not in self.summary:
+            raise ValueError(
+                f"Datalab was not asked for {issue_type!r}, so it flagged none: one of "
+                f"{list(self.summary)}, or ask for it (lipt.datalab_report(found, "
+                "issue_types=...))"
+            )
         rows = self.issues[self.issues["issue_type"] == issue_type]
         return torch.tensor(rows["index"].to_numpy(dtype=np.int64))
 
 
 def datalab_issues(
-    labels: Tensor,
-    embeddings: Tensor,
-    probs: Tensor,
-    indices: Tensor,
+    labels: Tensor | Any,
+    embeddings: Tensor | Any,
+    probs: Tensor | Any,
+    indices: Tensor | Any,
     issue_types: Sequence[str] = ISSUE_TYPES,
     filter_by: str = "prune_by_noise_rate",
 ) -> DatalabReport:
     """cleanlab's Datalab on N items: given `labels` [N], `embeddings` [N, D] (its features),
     out-of-sample `probs` [N, C] (its pred_probs) and the items' `indices` [N] in the data set,
-    which the report speaks. `filter_by`: the label issues' confident-learning rule, as
-    lipt.cleaning.find_issues.
+    which the report speaks (each a tensor on any device, a numpy array or a list).
+    `filter_by`: the label issues' confident-learning rule, as lipt.cleaning.find_issues. The
+    classes are the C columns of `probs`, whether or not each has an item among the labels.
 
     Raises:
-        ValueError: before Datalab runs, for `issue_types` that is a str or empty, or tensors
-            without a row per item.
+        ValueError: before Datalab runs, for `issue_types` that is a str or empty, tensors
+            without a row per item, or labels that are not class indices in 0..C-1.
     """
     issue_types = issue_type_names(issue_types)
+    labels, probs = as_cpu_tensor(labels, "labels"), as_cpu_tensor(probs, "probs")
+    embeddings, indices = as_cpu_tensor(embeddings, "embeddings"), as_cpu_tensor(indices, "indices")
     n = labels.shape[0]
-    if embeddings.shape[0] != n or probs.shape[0] != n or indices.shape[0] != n:
+    if probs.ndim != 2 or embeddings.shape[0] != n or probs.shape[0] != n or indices.shape[0] != n:
         raise ValueError(
             f"labels {tuple(labels.shape)}, embeddings {tuple(embeddings.shape)}, probs "
-            f"{tuple(probs.shape)} and indices {tuple(indices.shape)} must have a row per item"
+            f"{tuple(probs.shape)} [N, C] and indices {tuple(indices.shape)} must have a row "
+            "per item"
         )
+    classes = probs.shape[1]
+    check_class_indices(
+        labels, classes, f"probs {tuple(probs.shape)}", "give probs a column per class"
+    )
+    labels = labels.long()
     from cleanlab import Datalab  # pandas, scikit-learn and datasets: only when asked
+    from datasets import ClassLabel, Dataset, Features
 
     p = probs.double()
     pred_probs = (p / p.sum(1, keepdim=True)).numpy()  # rows summing to one, as cleanlab checks
@@ -87,7 +109,14 @@ def datalab_issues(
     asked: dict[str, dict[str, Any]] = {kind: {} for kind in issue_types}
     if "label" in asked:
         asked["label"] = {"clean_learning_kwargs": label_kwargs}
-    lab = Datalab(data={"label": labels.numpy()}, label_name="label", verbosity=0)
+    # The classes declared, one per column of pred_probs: Datalab otherwise takes the labels'
+    # distinct values for the classes, and a class without an item (a head's spare output, a
+    # class the pool lacks) failed its label check ("Length of values (2) does not match
+    # length of index (3)").
+    data = Dataset.from_dict(
+        {"label": labels.numpy()}, features=Features({"label": ClassLabel(num_classes=classes)})
+    )
+    lab = Datalab(data=data, label_name="label", verbosity=0)
     start = time.perf_counter()
     lab.find_issues(features=embeddings.float().numpy(), pred_probs=pred_probs, issue_types=asked)
     seconds = time.perf_counter() - start

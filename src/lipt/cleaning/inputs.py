@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from numbers import Real
 from typing import Any, Literal, get_args
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import TensorDataset
@@ -138,6 +139,24 @@ def check_class_indices(labels: Tensor, classes: int, source: str, fix: str) -> 
             f"label {bad} is out of range: {source} gives {classes} classes, so labels must be "
             f"in 0..{classes - 1}; map the labels to class indices or {fix}"
         )
+
+
+def as_cpu_tensor(values: Any, name: str) -> Tensor:
+    """`values` (a tensor on any device, a numpy array, a list) as a CPU tensor out of autograd:
+    what the cleaning functions hand cleanlab, which reads numpy arrays.
+
+    Raises:
+        ValueError: values that are not numbers (class names: map them to indices first).
+    """
+    if isinstance(values, Tensor):
+        return values.detach().cpu()
+    array = np.asarray(values)
+    if array.dtype.kind not in "biuf":
+        hint = " (class names: map them to 0..C-1 first)" if array.dtype.kind in "USO" else ""
+        raise ValueError(
+            f"{name} must be numbers, a tensor or an array, not {array.dtype} values{hint}"
+        )
+    return torch.from_numpy(np.ascontiguousarray(array))
 
 
 def nonfinite_rows(values: Tensor) -> Tensor:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lipt.cleaning.inputs import check_class_indices, check_finite
+from lipt.cleaning.inputs import as_cpu_tensor, check_class_indices, check_finite
 from lipt.selection.coverage import ensemble_probs
 from lipt.selection.gradients import model_outputs
 from lipt.selection.types import LearnerHeads, PoolOutputs
@@ -189,11 +189,12 @@ class LabelIssues:
 
 
 def find_issues(
-    labels: Tensor, probs: Tensor, filter_by: str = "prune_by_noise_rate"
+    labels: Tensor | Any, probs: Tensor | Any, filter_by: str = "prune_by_noise_rate"
 ) -> LabelIssues:
     """cleanlab's `find_label_issues` on `labels` [N] and out-of-sample `probs` [N, C], ranked
     by self-confidence. `filter_by`: cleanlab's rule (prune_by_noise_rate, its default;
-    prune_by_class, both, confident_learning, predicted_neq_given).
+    prune_by_class, both, confident_learning, predicted_neq_given). Each may be a tensor (on
+    any device), a numpy array or a list; the result's tensors are on the CPU.
 
     Raises:
         ValueError: `probs` not [N, C] with a row per label, labels that are not integer class
@@ -201,6 +202,7 @@ def find_issues(
     """
     from cleanlab.filter import find_label_issues  # scikit-learn and pandas: only when cleaning
 
+    labels, probs = as_cpu_tensor(labels, "labels"), as_cpu_tensor(probs, "probs")
     if probs.ndim != 2 or probs.shape[0] != labels.shape[0]:
         raise ValueError(
             f"probs [N, C] must have a row per label, got probs {tuple(probs.shape)} for "

@@ -10,6 +10,7 @@ with a cosine schedule) on a single device.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 from collections.abc import Callable, Mapping
@@ -21,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from lipt.core import console
+from lipt.core.errors import one_line
 from lipt.core.seeding import torch_threads
 from lipt.core.settings import LearnerOptim
 from lipt.data import LearnerData
@@ -128,9 +130,34 @@ def check_pretrain_args(
         )
 
 
+# jigsaw_pretrain's parts: the classes each keyword takes an instance of, and examples.
+PARTS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "prune": (
+        Pruning,
+        'MagnitudePruning("omp", 0.85, 0.95), RandomPruning, SnipPruning, NoPruning',
+    ),
+    "merge": (Merge, 'GreedyInterpMerge("greedy_interp"), GreedyMerge, UniformMerge'),
+    "augment": ((NoAugment, RandAugment), "NoAugment(), RandAugment()"),
+}
+
+
+def check_parts(spell: str = "{}", **parts: Any) -> None:
+    """Raise ValueError for a `prune`, `merge` or `augment` that is neither None (the default)
+    nor an instance of lipt.jigsaw.parts' classes for it (a name, say: the config's spelling).
+    `spell`: as check_pretrain_args's."""
+    for key, value in parts.items():
+        kinds, examples = PARTS[key]
+        if value is not None and not isinstance(value, kinds):
+            raise ValueError(
+                f"{spell.format(key)} must be an instance of lipt.jigsaw.parts' {key} classes "
+                f"({examples}) or None for the default, not {value!r}"
+            )
+
+
 def check_jigsaw_keywords(data: LearnerData, keywords: Mapping[str, Any], spell: str) -> None:
-    """`check_pretrain_args` on the keywords a caller will hand jigsaw_pretrain, its defaults
-    for those not given (lipt.find_label_issues's `jigsaw=`, spelled `spell`)."""
+    """`check_pretrain_args` and `check_parts` on the keywords a caller will hand
+    jigsaw_pretrain, its defaults for those not given (lipt.find_label_issues's `jigsaw=`,
+    spelled `spell`)."""
     defaults = {
         key: param.default
         for key, param in inspect.signature(jigsaw_pretrain).parameters.items()
@@ -138,6 +165,7 @@ def check_jigsaw_keywords(data: LearnerData, keywords: Mapping[str, Any], spell:
     }
     given = {**defaults, **{k: v for k, v in keywords.items() if k in defaults}}
     check_pretrain_args(data, **given, spell=spell)
+    check_parts(spell, **{k: v for k, v in keywords.items() if k in PARTS})
 
 
 def head_name(model: nn.Module, head: str | None = None) -> tuple[str, int]:
@@ -164,6 +192,40 @@ def head_name(model: nn.Module, head: str | None = None) -> tuple[str, int]:
     return name, layer.out_features
 
 
+def check_forward(init: nn.Module, data: LearnerData, head: str, classes: int, device: Any) -> None:
+    """A copy of `init` in eval mode, on `device`, once over the first items of the pool: what
+    the learners train with cross-entropy must be the logits, [batch, classes] for the head's
+    `classes`. The copy leaves `init`, its buffers and the RNG as they were.
+
+    Raises:
+        ValueError: a forward that fails on the data's inputs (another dtype or shape, another
+            device), returns something other than one tensor, or returns logits of another
+            width than the head's outputs (the head named is not the model's final layer).
+    """
+    with torch.random.fork_rng(devices=[]), torch.no_grad():  # a DataLoader draws a seed
+        x = next(iter(data.eval_loader(data.pool_indices[:2])))[0]
+        model = copy.deepcopy(init).to(device).eval()
+        try:
+            out = model(x.to(device))
+        except Exception as e:
+            raise ValueError(
+                f"factory()'s model fails on the data's inputs ({type(e).__name__}: "
+                f"{one_line(e)}): make its forward take a batch of the data set's inputs "
+                f"({tuple(x.shape)}, {x.dtype}), its weights of their dtype"
+            ) from e
+    if not isinstance(out, Tensor):
+        raise ValueError(
+            f"factory()'s model returns a {type(out).__name__}: the jigsaw learners train its "
+            f"output with cross-entropy, so its forward must return the logits [batch, {classes}]"
+        )
+    if out.shape != (len(x), classes):
+        raise ValueError(
+            f"factory()'s model returns {tuple(out.shape)} for a batch of {len(x)}, but its head "
+            f"{head!r} has {classes} outputs: the head must be the model's final nn.Linear, "
+            "whose outputs are the logits; name it with head="
+        )
+
+
 def _common_init(factory: Callable[[], nn.Module], seed: int) -> nn.Module:
     """`factory()` under `seed`, the learners' common init; the global RNG is left as it was."""
     with torch.random.fork_rng(devices=[]):
@@ -183,6 +245,15 @@ def _scoring_device(accelerator: str) -> torch.device:
     return device
 
 
+class _LearnerClassifier(Classifier):
+    """lipt's Classifier for a learner of the user's data: its labels may be any integer
+    tensor (int32 from numpy, say), which cross-entropy takes only as int64."""
+
+    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
+        x, y, idx, w = batch
+        return super().training_step((x, y.long(), idx, w), batch_idx)
+
+
 def _paper_classifier(classes: int) -> Callable[..., Classifier]:
     """The context's `classifier` for a `classes`-way model: (model, **optim) -> a learner's
     Lightning module."""
@@ -198,7 +269,9 @@ def _paper_classifier(classes: int) -> Callable[..., Classifier]:
         sgd = {"lr": lr, "weight_decay": weight_decay}
         optimizer = functools.partial(PAPER_SGD, **{k: v for k, v in sgd.items() if v is not None})
         schedule = LEARNER_SCHEDULES[scheduler] if scheduler is not None else None
-        return Classifier(model, classes, optimizer=optimizer, scheduler=schedule, **options)
+        return _LearnerClassifier(
+            model, classes, optimizer=optimizer, scheduler=schedule, **options
+        )
 
     return classifier
 
@@ -242,14 +315,18 @@ def jigsaw_pretrain(
 
     Raises:
         ValueError: before any training, for a factory whose model has no nn.Linear `head`
-            (or one with a single output), data without a validation split, a pool too small
-            for n x M minibatches, counts that are not integers >= 1 or a `min_learners`
-            outside 1..`num_learners`; and for fewer than `min_learners` (default: half)
-            usable learners at the end.
+            (or one with a single output), whose forward fails on the pool's first items or
+            returns other than the logits [batch, the head's outputs], a `prune`, `merge` or
+            `augment` that is not an instance of its lipt.jigsaw.parts classes, data without a
+            validation split, a pool too small for n x M minibatches, counts that are not
+            integers >= 1 or a `min_learners` outside 1..`num_learners`; and for fewer than
+            `min_learners` (default: half) usable learners at the end.
     """
     check_pretrain_args(data, num_learners, batches_per_learner, local_epochs, min_learners)
+    check_parts(prune=prune, merge=merge, augment=augment)
     init = _common_init(factory, seed)
     head, classes = head_name(init, head)
+    check_forward(init, data, head, classes, _scoring_device(accelerator))
     ctx = PretrainContext(
         data_name=type(data).__name__,
         num_classes=classes,

@@ -105,6 +105,7 @@ class Classifier(L.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         x, y, _, w = batch
+        y = y.long()  # a user's int32 labels (int64 stays as it is, not copied)
         per_sample = F.cross_entropy(self.model(x), y, reduction="none")  # [B]
         loss = weighted_loss(self, per_sample, w, self.loss_norm)  # sets self.last_losses
         if self._trainer is not None:
@@ -121,6 +122,7 @@ class Classifier(L.LightningModule):
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         x, y, _ = batch
+        y = y.long()
         logits = self.model(x)
         self.val_acc(logits, y)
         self.log("val/loss", F.cross_entropy(logits, y), sync_dist=True)

@@ -70,13 +70,13 @@ def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | Non
         recorded = json.loads(costs.read_text())
         cleaned.stats, cleaned.pretrain_stats = recorded["clean"], recorded.get("pretrain")
     elif not is_ddp_child():
+        issues = cleaned.issues
+        write_issues(saved, issues)  # before Datalab: one that fails leaves the flags on disk
         if scored is not None and method.datalab:
             cleaned.stats["datalab"] = run_datalab(scored, out, method.filter_by)
         recorded = {"clean": cleaned.stats}
         if cleaned.pretrain_stats is not None:
             recorded["pretrain"] = cleaned.pretrain_stats
-        issues = cleaned.issues
-        write_issues(saved, issues)
         write_json(costs, recorded)  # with label_issues.csv, what a resume reads back
         write_issues_picture(dm, issues.rows, issues.given, issues.suggested, out / ISSUES_PICTURE)
     apply_action(dm, cleaned.issues, method.action)
