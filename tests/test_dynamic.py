@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from lipt.budget import infobatch_epochs
 from lipt.core.errors import UserError
+from lipt.core.seeding import generator
 from lipt.data.seen import load_seen
 from lipt.dynamic import (
     InfoBatch,
@@ -22,6 +23,7 @@ from lipt.dynamic import (
     budget_schedule,
     ensemble_losses,
     infobatch_plan,
+    keep_probabilities,
     pruned_epochs,
 )
 from lipt.dynamic.callback import audit_path
@@ -184,6 +186,21 @@ def test_lipt_budget_is_the_share_of_the_full_data_cost(budget):
         assert pruning == 5 and budget / 2 <= share <= budget
 
 
+def test_a_budget_of_a_few_rows_an_epoch_keeps_one_in_every_epoch():
+    """0.4% of a 500-row pool keeps 2 rows an epoch in expectation, so some of 15 epochs'
+    draws keep none; an empty epoch would end Lightning's fit there. Each keeps one at least,
+    drawn by its keep probability, weight 1 / p; the budget is still met on average."""
+    losses = training_losses(6)[:500]
+    kept = []
+    for epoch in range(15):
+        stream = generator(0, "dynamic", epoch)  # as DynamicPruning draws each epoch's plan
+        plan = budget_plan(losses, epoch, 15, 0.004, 0.875, 0.25, stream)
+        p = keep_probabilities(losses, 0.004 * 500, 0.25 * 0.004)
+        assert torch.allclose(plan.weights, (1 / p[plan.rows]).float())
+        kept.append(len(plan.rows))
+    assert min(kept) >= 1 and sum(kept) < 2 * 0.004 * 500 * 15, kept
+
+
 def test_infobatch_epochs_cost_at_most_the_whole_pools_run():
     # round(1.0 x 4 / 0.7) = 6 epochs would cost more than the whole pool's 4: capped at E
     assert infobatch_epochs(1.0, 4) == 4 and infobatch_epochs(0.8, 10) == 10
@@ -342,6 +359,20 @@ def test_lipt_prunes_from_epoch_0_with_the_jigsaw_ensemble_within_its_budget(tmp
     assert ledger["pruned_share"]["0"] > 0.5 and ledger["pruned_share"]["4"] == 0
     assert abs(stages["train"]["samples"] / (0.4 * 500 * 5) - 1) < 0.15  # Poisson draws of 500
     assert json.loads((tmp_path / "stages.json").read_text())["score"] == stages["score"]
+
+
+def test_a_tiny_lipt_budget_trains_every_epoch_of_the_run(tmp_path):
+    """0.4% of 15 epochs of a 500-image pool: about 2 images an epoch. An epoch whose draw
+    kept none ended the fit there (Lightning stops at an epoch without batches), the summary
+    reporting the 2 epochs trained as the run; every epoch trains now, within the budget."""
+    jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
+    args = [*FAST, *jigsaw, "merge.ratios=3", "budget=lipt", "fraction=0.004"]
+    summary = train_stage.run(validate(compose_in(tmp_path, [*args, "trainer.max_epochs=15"])))
+    shares = summary["stages"]["train"]["dynamic"]["pruned_share"]
+    assert list(shares) == [str(e) for e in range(15)]  # in epoch order ("10" after "9")
+    assert all(share < 1 for share in shares.values())  # each trained a sample at least
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["epoch"] == 14
+    assert 15 <= summary["stages"]["train"]["samples"] < 2 * 0.004 * 500 * 15
 
 
 def test_infobatch_soup_pre_trains_and_prunes_from_epoch_0_for_infobatch_epochs(tmp_path):

@@ -17,6 +17,11 @@ from typing import Any
 import pytest
 import torch
 
+from lipt.models.classifier import Classifier
+from lipt.run.config import validate
+from lipt.stages import train as train_stage
+from lipt.stages.build import build_datamodule
+from lipt.stages.training_plan import main_schedule
 from tests.helpers import FAST, run_entry, start_entry
 
 
@@ -295,3 +300,41 @@ def test_killed_after_selection_resumes_with_the_saved_subset(tmp_path):
     assert all(torch.equal(model[k], model_clean[k]) for k in model)  # bit for bit
     clean_summary = json.loads((clean / "summary.json").read_text())
     assert summary["test_accuracy"] == clean_summary["test_accuracy"]
+
+
+class SimulatedCrashError(RuntimeError):
+    pass
+
+
+def test_a_step_budget_killed_in_its_test_pass_resumes_to_its_budget(make_cfg, monkeypatch):
+    """budget=full_steps: the whole pool for a 30% subset's 6 x 5 = 30 steps, 2 epochs of the
+    500-image pool's 16 steps. Killed in the test pass, after its last checkpoint: the Trainer
+    ran trainer.max_epochs=6 epochs, so the resumed fit started epoch 2 and trained a batch past
+    the budget before StopAtStep ended it (31 steps, other weights). It runs the 2 epochs the
+    steps span, and the resume has nothing left to train."""
+    args = [o for o in FAST if not o.startswith(("trainer.max_epochs", "budget="))]
+    args += ["budget=full_steps", "fraction=0.3", "trainer.max_epochs=6"]
+    cfg = make_cfg(args)
+    run_dir = Path(cfg.paths.output_dir)
+
+    def killed_in_test(self: Classifier, batch: Any, batch_idx: int) -> Any:
+        raise SimulatedCrashError("killed")
+
+    monkeypatch.setattr(Classifier, "test_step", killed_in_test)
+    with pytest.raises(SimulatedCrashError):
+        train_stage.run(validate(cfg))
+    monkeypatch.undo()
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 30
+    resumed = train_stage.run(validate(make_cfg([*args, "ckpt_path=last"])))
+    clean_dir = run_dir / "clean"
+    clean = train_stage.run(validate(make_cfg([*args, f"paths.output_dir={clean_dir}"])))
+    assert resumed["stages"]["train"]["samples"] == clean["stages"]["train"]["samples"] == 948
+    final = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert final["global_step"] == 30
+    model, model_clean = _model(run_dir), _model(clean_dir)
+    assert all(torch.equal(model[k], model_clean[k]) for k in model)
+    assert resumed["test_accuracy"] == clean["test_accuracy"]
+    run = validate(make_cfg(args))
+    dm = build_datamodule(run)
+    schedule = main_schedule(run, dm, len(dm.pool_indices))
+    assert (schedule.epochs, schedule.steps) == (2, 30)  # what the stage line announces

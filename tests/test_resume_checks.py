@@ -251,6 +251,45 @@ def test_a_whole_pool_run_resumes_with_its_settings_whatever_its_bars_and_logger
         assert all(torch.equal(a[k], b[k]) for k in a)  # bit for bit
 
 
+def test_a_resume_that_changes_how_main_training_steps_is_refused_before_any_work(
+    make_cfg, monkeypatch, tmp_path
+):
+    """The whole pool on half of a 4-epoch schedule (full_schedule: 32 steps of 32 images),
+    killed in its second epoch. Resumed with +trainer.accumulate_grad_batches=2, it counted
+    its budget in steps of 2 batches (round(0.5 x 4 x 8) = 16), which the checkpoint's 16
+    steps of one batch had reached: it stopped at once, a quarter of the run trained, and
+    summary.json reported it under the original settings. Accumulation, clipping and the
+    precision are refused like any result setting, whether the first attempt set them or left
+    them to Lightning; spelling out Lightning's own value is no change."""
+    args = [o for o in WHOLE if not o.startswith(("budget=", "trainer.max_epochs"))]
+    args += ["budget=full_schedule", "fraction=0.5", "trainer.max_epochs=4"]
+    _killed(make_cfg, monkeypatch, args, epoch=1)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    before = _stamp(last)
+    monkeypatch.setattr(train_stage, "clean_pool", _no_work)
+    for changed, was in (
+        ("+trainer.accumulate_grad_batches=2", "trainer.accumulate_grad_batches=1"),
+        ("+trainer.gradient_clip_val=1.0", "trainer.gradient_clip_val=None"),
+        ("trainer.precision=bf16-mixed", "trainer.precision=32-true"),
+    ):
+        with pytest.raises(UserError) as refused:
+            train_stage.run(validate(make_cfg([*args, changed, "ckpt_path=last"])))
+        message = str(refused.value)
+        assert message.startswith(f"ckpt_path=last: {last} is of a run with {was}, this run has ")
+        assert changed.lstrip("+") in message and "\n" not in message
+    assert _stamp(last) == before
+    monkeypatch.undo()
+    same = [*args, "+trainer.accumulate_grad_batches=1", "ckpt_path=last"]
+    summary = train_stage.run(validate(make_cfg(same)))
+    assert torch.load(last, weights_only=True)["global_step"] == 32  # the budget's steps
+    assert summary["stages"]["train"]["samples"] == 2 * 500  # two whole epochs of 16 steps
+    # The finished run's summary.json stands only for a resume with its settings too.
+    with pytest.raises(UserError, match=r"summary\.json is of a run with trainer\.accumulate"):
+        train_stage.run(
+            validate(make_cfg([*args, "+trainer.accumulate_grad_batches=2", "ckpt_path=last"]))
+        )
+
+
 def test_a_checkpoint_that_records_no_settings_resumes_as_before(make_cfg, monkeypatch, tmp_path):
     _killed(make_cfg, monkeypatch, WHOLE, epoch=1)
     last = tmp_path / "checkpoints" / "last.ckpt"

@@ -463,3 +463,44 @@ def test_a_step_budget_on_two_ddp_processes_trains_the_samples_of_one(tmp_path):
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 10 and ckpt["lr_schedulers"][0]["T_max"] == 10
     assert ckpt["lr_schedulers"][0]["_last_lr"][0] == pytest.approx(0)
+
+
+def test_validating_every_n_batches_of_a_pruned_epoch_is_refused_before_any_work(make_cfg):
+    """InfoBatch's pruned epochs of the 500-image pool train 13 or so of its 16 batches: a
+    validation every 14 batches of an epoch ended the fit with Lightning's traceback at the
+    first epoch it pruned, the full one before it trained. Refused with the checks before any
+    stage; every 14 batches across epochs (check_val_every_n_epoch=null) trains and
+    validates."""
+    args = [*FAST, "budget.epochs=all", "trainer.max_epochs=4", "+trainer.val_check_interval=14"]
+    with pytest.raises(UserError) as refused:
+        validate(make_cfg(args))
+    message = str(refused.value)
+    assert message.startswith("budget=infobatch prunes every epoch to fewer batches, so trainer.")
+    assert "trainer.val_check_interval=0.5" in message and "\n" not in message
+    across = make_cfg([*args, "+trainer.check_val_every_n_epoch=null"])
+    summary = train_stage.run(validate(across))
+    assert len(summary["stages"]["train"]["dynamic"]["pruned_share"]) == 4
+    assert summary["val_accuracy"] is not None
+
+
+def test_validating_every_n_batches_of_a_shorter_epoch_is_one_line(make_cfg, tmp_path):
+    """A 10% subset of the 500-image pool is 2 batches an epoch: a validation every 3 batches
+    was Lightning's traceback when the fit started. One line naming the epoch's batches, before
+    main training; the selected subset is kept for the run again with ckpt_path=last."""
+    args = [*FAST, "selector=random", "budget=subset", "fraction=0.1", "trainer.max_epochs=2"]
+    with pytest.raises(UserError) as refused:
+        train_stage.run(validate(make_cfg([*args, "+trainer.val_check_interval=3"])))
+    assert str(refused.value).startswith(
+        "trainer.val_check_interval=3 validates every 3 batches of an epoch, but main "
+        "training's epoch has 2 (50 images in batches of 32)"
+    )
+    assert f"ckpt_path=last hydra.run.dir={tmp_path} keeps its subset" in str(refused.value)
+    assert (tmp_path / "subset.npz").is_file() and not (tmp_path / "checkpoints").exists()
+    again = [*args, "+trainer.val_check_interval=2", "ckpt_path=last"]
+    summary = train_stage.run(validate(make_cfg(again)))
+    assert summary["stages"]["train"]["samples"] == 2 * 50 and summary["val_accuracy"] is not None
+    # The whole pool's 16 batches an epoch, and a trainer limited to 4 of them, alike.
+    whole = [*FAST, "budget=full", "+trainer.val_check_interval=8"]
+    validate(make_cfg(whole))  # the pool is not known before the data is read
+    with pytest.raises(UserError, match=r"main training's epoch has 4 \(500 images"):
+        train_stage.run(validate(make_cfg([*whole, "+trainer.limit_train_batches=4"])))

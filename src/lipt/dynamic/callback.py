@@ -35,6 +35,11 @@ from lipt.selection.types import LearnerHeads
 AUDIT_DIR = "dynamic"
 
 
+def epoch_number(item: tuple[str, float]) -> int:
+    """The epoch of a (str(epoch), share) entry of the ledger's pruned_share."""
+    return int(item[0])
+
+
 def audit_path(out_dir: Path, epoch: int, rank: int) -> Path:
     return Path(out_dir) / AUDIT_DIR / f"epoch_{epoch}.rank{rank}.npz"
 
@@ -196,7 +201,10 @@ class DynamicPruning(L.Callback):
             **self.method.settings(),
             "samples_full": full,
             "samples_saved": full - samples,
-            "pruned_share": {k: round(v, 6) for k, v in sorted(self.pruned_share.items())},
+            # by epoch, as numbers (as strings, "10" came before "2")
+            "pruned_share": {
+                k: round(v, 6) for k, v in sorted(self.pruned_share.items(), key=epoch_number)
+            },
         }
 
     def unique_samples(self) -> int:

@@ -170,6 +170,11 @@ def budget_plan(
         return EpochPlan(torch.arange(n), torch.ones(n))
     p = keep_probabilities(scores, share * n, floor * share)  # [N] float64
     kept = torch.rand(n, generator=generator, dtype=torch.float64) < p  # [N] bool
+    if not bool(kept.any()):
+        # An epoch without a row would end the whole fit (Lightning stops at an epoch without
+        # batches), its later and annealing epochs never trained: a budget of a few rows an
+        # epoch keeps one, drawn by its keep probability, weight 1 / p as any kept row's.
+        kept[torch.multinomial(p, 1, generator=generator)] = True
     rows = torch.nonzero(kept).flatten()
     return EpochPlan(rows, (1.0 / p[rows]).float())
 

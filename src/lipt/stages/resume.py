@@ -57,6 +57,21 @@ class Resume:
     stages: dict[str, dict[str, Any]] | None = None  # stages.json: what the earlier stages cost
 
 
+# The Trainer's arguments beside max_epochs that change what main training computes (how many
+# batches a step takes, where the fit ends, gradient clipping, the arithmetic's precision), with
+# the value Lightning gives each one the `trainer` node leaves out: a resume that adds one
+# (+trainer.accumulate_grad_batches=2 after a run without it) changes it as much as one that
+# sets another value.
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "accumulate_grad_batches": 1,
+    "gradient_clip_val": None,
+    "gradient_clip_algorithm": None,
+    "limit_train_batches": None,
+    "max_steps": -1,
+    "min_epochs": None,
+    "min_steps": None,
+    "precision": "32-true",
+}
 # The settings a run's results depend on, as summary.json's `config` records them: a finished
 # run's summary stands for a resume only where they are this run's. Others (loggers, folders,
 # workers, progress bars) may change between attempts.
@@ -78,6 +93,7 @@ RESULT_SETTINGS = (
     "optimizer",
     "scheduler",
     "trainer.max_epochs",
+    *(f"trainer.{key}" for key in TRAINER_DEFAULTS),
     "dataset.name",
     "dataset.val_size",
     "dataset.split_seed",
@@ -130,6 +146,8 @@ def settled(config: Mapping[str, Any]) -> dict[str, Any]:
             settings[key.rpartition(".")[0]] = str(value).rpartition(".")[2]
         else:
             settings[key] = value
+    for key, default in TRAINER_DEFAULTS.items():  # left out: Lightning's value
+        settings.setdefault(f"trainer.{key}", default)
     return settings
 
 

@@ -11,6 +11,7 @@ pool.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,12 +104,35 @@ def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedu
         world_size=world_size or 1,
         accumulate=int(trainer.get("accumulate_grad_batches", 1)),
     )
-    return budget.schedule(sizes)
+    schedule = budget.schedule(sizes)
+    if schedule.steps is None:
+        return schedule
+    # The Trainer runs the epochs the steps span on this pool, no more (budget=full_steps
+    # counts a subset's epochs): what the stage line and the bar announce, and a fit resumed
+    # from the budget's last checkpoint (killed in the test pass) has no epoch left to start,
+    # where it trained a batch past the budget before StopAtStep ended it.
+    batches = epoch_batches(trainer, sizes.pool, sizes.batch_size)
+    per_epoch = max(1, math.ceil(batches / sizes.accumulate))
+    return Schedule(min(schedule.epochs, math.ceil(schedule.steps / per_epoch)), schedule.steps)
+
+
+def epoch_batches(trainer: Mapping[str, Any], rows: int, batch_size: int) -> int:
+    """The training batches of an epoch of `rows` rows on each of the `trainer` node's
+    processes (DDP's sampler pads the last), as Lightning counts them: up to
+    trainer.limit_train_batches (a count, or a share of them)."""
+    batches = math.ceil(math.ceil(rows / (trainer_world_size(trainer) or 1)) / batch_size)
+    limit = trainer.get("limit_train_batches")
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return min(batches, limit)
+    if isinstance(limit, float):
+        return int(batches * limit)
+    return batches
 
 
 def check_countable_steps(run: Run) -> None:
     """Refuse a step budget on a trainer whose number of processes its node does not tell:
-    the budget counts each process's optimiser steps (lipt.run.rules asks it before any work)."""
+    the budget counts each process's optimiser steps (lipt.run.rules asks it before any work).
+    Also refuses what `check_validation_interval` refuses, which the node alone tells too."""
     budget, trainer = run.budget, run.node("trainer")
     steps = budget.counts_steps and not run.gives_way_to_saved_subset
     if steps and trainer_world_size(trainer) is None:
@@ -116,6 +140,56 @@ def check_countable_steps(run: Run) -> None:
             f"budget={budget.name} counts optimiser steps, and trainer.devices="
             f"{trainer.get('devices')} on accelerator {trainer.get('accelerator', 'auto')} does "
             "not say how many processes take them: give trainer.devices as a number"
+        )
+    check_validation_interval(run)
+
+
+def batches_between_validations(trainer: Mapping[str, Any]) -> int | None:
+    """N where the `trainer` node validates every N training batches of each epoch (an
+    integer trainer.val_check_interval above 1, with check_val_every_n_epoch not null), which
+    Lightning refuses for an epoch of fewer batches; None where it validates otherwise."""
+    every = trainer.get("val_check_interval")
+    if isinstance(every, bool) or not isinstance(every, int) or every <= 1:
+        return None  # a share of an epoch (0.5, 1.0), or every batch
+    return None if trainer.get("check_val_every_n_epoch", 1) is None else every
+
+
+def check_validation_interval(run: Run) -> None:
+    """Refuse a validation every N batches of an epoch under a pruning budget, whose epochs
+    shrink by the draw: Lightning stops the fit with an error at the first epoch of fewer than
+    N batches, the epochs before it trained."""
+    every = batches_between_validations(run.node("trainer"))
+    if every is not None and run.prunes:
+        raise UserError(
+            f"budget={run.budget.name} prunes every epoch to fewer batches, so trainer."
+            f"val_check_interval={every} (batches of an epoch) may outlast one, which Lightning "
+            "refuses mid-run; give it as a share of an epoch (trainer.val_check_interval=0.5), "
+            "or count batches across epochs (+trainer.check_val_every_n_epoch=null)"
+        )
+
+
+def check_validation_fits(run: Run, rows: int) -> None:
+    """Refuse a validation every N batches of an epoch that has fewer than N (Lightning's
+    refusal, with a traceback, when the fit starts): `rows` images an epoch, split between
+    the trainer's processes, in batches of batch_size, up to trainer.limit_train_batches.
+
+    Raises:
+        UserError: naming the epoch's batches and the ways to validate within them.
+    """
+    trainer = run.node("trainer")
+    every = batches_between_validations(trainer)
+    if every is None:
+        return
+    batch_size = run.settings.batch_size
+    batches = epoch_batches(trainer, rows, batch_size)
+    if every > batches:
+        selected = run.budget.trains_subset and run.settings.subset_path is None
+        kept = f" (ckpt_path=last hydra.run.dir={run.folder} keeps its subset)" if selected else ""
+        raise UserError(
+            f"trainer.val_check_interval={every} validates every {every} batches of an epoch, "
+            f"but main training's epoch has {batches} ({rows:,} images in batches of "
+            f"{batch_size}); give a smaller number, a share of an epoch "
+            f"(trainer.val_check_interval=0.5), or +trainer.check_val_every_n_epoch=null{kept}"
         )
 
 
@@ -132,6 +206,8 @@ def training_plan(
     """The plan for `model` on the data module's training set (`subset` of the pool, None: the
     whole pool), built in the order the objects consume nothing random."""
     settings, dm = run.settings, parts.dm
+    size = len(dm.pool_indices) if subset is None else len(subset[0])
+    check_validation_fits(run, size)
     # Dynamic pruning's weights restore a full epoch's loss sum: mean over the batch, and a
     # schedule over epochs, whose lengths vary (lipt.models.classifier.Classifier).
     dynamic_optim: dict[str, Any] = (
@@ -181,5 +257,4 @@ def training_plan(
         node = run.node("trainer")
         assert trainer.world_size == trainer_world_size(node), trainer.world_size
         assert trainer.accumulate_grad_batches == int(node.get("accumulate_grad_batches", 1))
-    size = len(dm.pool_indices) if subset is None else len(subset[0])
     return TrainingPlan(module, epochs, size, trainer, reselect, dynamic)
