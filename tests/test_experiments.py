@@ -164,6 +164,7 @@ def test_every_run_of_an_experiment_follows_the_paper(
             assert epochs == paper["epochs"], (approach, epochs)
             reselects = approach == "random_online" or approach in RESELECTING.get(name, ())
             assert cfg.reselect_every == (period if reselects else 0), (approach, job)
+            assert cfg.reselect_every < epochs, (approach, job)  # else never re-selected
             assert cfg.selector.get("repeats", 1) == (10 if approach == "grand_full" else 1)
             if approach == "full_steps":
                 assert cfg.selector.name == "none" and cfg.budget.steps == "subset"

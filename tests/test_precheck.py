@@ -56,6 +56,9 @@ AND_M = "add -m to run a job for each, or give one value"
     [
         (["seed=range(0,3)"], f"seed=range(0,3) sweeps 3 values: {AND_M}"),
         (["selector=glob(random*)"], f"selector=glob(random*) sweeps 2 values: {AND_M}"),
+        # a group's [a,b] merges both options into one config: no "a list is" for a group
+        (["selector=random,coverage"], f"selector=random,coverage sweeps 2 values: {AND_M}"),
+        (["+approach=random,coverage"], f"+approach=random,coverage sweeps 2 values: {AND_M}"),
         (
             ["fraction=interval(0.1,0.2)"],
             "fraction=interval(0.1,0.2) is a search interval: add -m with a sweeper that samples"
@@ -176,7 +179,14 @@ def test_hydra_interpolations_in_overrides_resolve_as_in_the_run(
         f"fraction='{tmp_path}' is invalid: input should be a valid number"
     )
     assert refusal([*quick, "fraction=${nope}"], False, capsys) == (
-        "fraction: Interpolation key 'nope' not found"
+        "fraction=${nope}: Interpolation key 'nope' not found"
+    )
+    # pretrain.optim.lr reads optimizer.lr, and fails first: the line names the user's override
+    assert refusal([*quick, "optimizer.lr=${nope}"], False, capsys) == (
+        "optimizer.lr=${nope}: Interpolation key 'nope' not found"
+    )
+    assert refusal([*quick, "optimizer.lr=${oc.selct:nope,0.1}"], False, capsys) == (
+        "optimizer.lr=${oc.selct:nope,0.1}: Unsupported interpolation type oc.selct"
     )
     assert list(tmp_path.iterdir()) == []
 
@@ -404,6 +414,133 @@ def test_ddp_on_several_processes_is_refused_in_a_local_multirun(capsys: Any) ->
     )
     assert precheck("train", ["trainer=ddp", "trainer.devices=1", "seed=0,1"], True) is None
     assert precheck("train", ["trainer=ddp"], False) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "start"),
+    [
+        (["trainer.strategy=ddp", "trainer.devices=1,2"], "trainer.strategy=ddp on 2 processes"),
+        (["trainer=default,ddp"], "trainer.strategy=ddp on 2 processes"),
+        (["trainer.strategy=auto,ddp", "trainer.devices=2"], "trainer.strategy="),
+        (
+            ["trainer.devices=2", "seed=0,1"],
+            "trainer.strategy=auto on 2 processes (trainer.devices=2) is Lightning's DDP",
+        ),
+        (["trainer.devices=1,2"], "trainer.strategy=auto on 2 processes"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else "",
+)
+def test_ddp_in_any_job_of_a_local_multirun_is_refused(
+    args: list[str], start: str, capsys: Any
+) -> None:
+    """Each job's trainer is checked, not only the command line's fixed values: a sweep of
+    trainer.devices or trainer.strategy (or of the trainer option) that makes one job DDP, or
+    devices=2 under strategy=auto (Lightning's DDP too), would run the whole sweep again in
+    rank 1."""
+    message = refusal([*args, "trainer.accelerator=cpu"], True, capsys)
+    assert message.startswith(start) and "whole sweep again" in message, message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["trainer.devices=1", "trainer.strategy=auto,ddp", "seed=0,1"],
+        ["trainer.devices=1,2", "trainer.strategy=ddp_spawn"],  # spawns: no command line again
+    ],
+)
+def test_a_local_multirun_whose_jobs_start_no_ddp_process_passes(args: list[str]) -> None:
+    from lipt.run.precheck import precheck
+
+    assert precheck("train", [*args, "trainer.accelerator=cpu"], True) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["optimized_metric=null"],
+            "the Optuna sweeper optimises the number each trial returns, but "
+            "optimized_metric=null returns the whole summary, which every trial would fail on "
+            "after training; set optimized_metric=val_accuracy (or use Hydra's basic sweeper)",
+        ),
+        (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 runs no trial; give 1 or more"),
+        (
+            ["hydra.sweeper.n_jobs=0"],
+            "hydra.sweeper.n_jobs=0 launches no trial at a time; give 1 or more",
+        ),
+        (
+            ["hydra.sweeper.direction=minimize"],
+            "hydra.sweeper.direction=minimize would choose the trial of the lowest val_accuracy; "
+            "use hydra.sweeper.direction=maximize",
+        ),
+        (
+            ["hydra.sweeper.direction=[maximize,minimize]"],
+            "hydra.sweeper.direction=['maximize', 'minimize'] optimises 2 objectives, but "
+            "optimized_metric=val_accuracy is one number; give one direction (maximize)",
+        ),
+        (
+            ["optimizer.lr=tag(log, interval(0.5, 0.01))"],
+            "optimizer.lr=tag(log, interval(0.5, 0.01)): an interval goes from its low end to its "
+            "high end; give interval(0.01, 0.5)",
+        ),
+        (  # the sweeper's own params: the same
+            ["++hydra.sweeper.params={optimizer.weight_decay: 'interval(0.1, 0.001)'}"],
+            "optimizer.weight_decay=interval(0.1, 0.001): an interval goes from its low end to "
+            "its high end; give interval(0.001, 0.1)",
+        ),
+    ],
+)
+def test_an_optuna_search_that_would_end_in_a_traceback_or_pick_the_worst_is_refused(
+    args: list[str], line: str, capsys: Any
+) -> None:
+    """Optuna asks each trial for one number and maximises it: a trial returning the whole
+    summary fails after training (every trial, then "No trials are completed yet"), so do no
+    trials or none at a time; a reversed interval fails as the study starts; minimize picks the
+    worst validation accuracy. Each is one line before any trial (also without dry_run)."""
+    assert refusal(["hparams_search=lr_wd", *FAST, *args], False, capsys) == line
+
+
+def test_an_optuna_search_as_shipped_passes() -> None:
+    from lipt.run.precheck import precheck
+
+    ok = ["hydra.sweeper.direction=[maximize]", "optimizer.lr=tag(log, interval(0.01, 0.5))"]
+    assert precheck("train", ["hparams_search=lr_wd", *FAST, *ok], False) is None
+
+
+GRAMMAR = "(Hydra's override grammar: https://hydra.cc/docs/advanced/override_grammar/basic)"
+
+
+@pytest.mark.parametrize(
+    ("arg", "multirun", "line"),
+    [
+        ("seed=[0,1", False, "seed=[0,1 cannot be read: no viable alternative at input '[0,1' "),
+        ("seed=0,,1", True, "seed=0,,1 cannot be read: extraneous input ',' "),
+        (
+            "optimizer.lr=${oops",
+            False,
+            "optimizer.lr=${oops cannot be read: mismatched input '{' expecting <EOF> ",
+        ),
+    ],
+)
+def test_an_override_hydra_cannot_parse_is_named_in_its_one_line(
+    arg: str, multirun: bool, line: str, capsys: Any
+) -> None:
+    """Hydra names the override on a line of its own, which one line would drop: the line
+    names it, with the parser's reason (not its list of every token it expected)."""
+    assert refusal([arg, "dry_run=true"], multirun, capsys) == line + GRAMMAR
+
+
+@pytest.mark.parametrize("config", ["+experiment=table2_cpu", "hparams_search=lr_wd"])
+def test_run_with_a_config_that_is_a_sweep_is_refused(config: str, capsys: Any) -> None:
+    """Hydra takes hydra.mode=MULTIRUN from the config over --run and runs the whole sweep (an
+    experiment's 72 jobs): --run asked for one run, so the run is refused, not the sweep run.
+    --run with hydra.mode=RUN given is a run, as Hydra runs it."""
+    from lipt.run.precheck import precheck
+
+    message = refusal([config, "dry_run=true"], False, capsys, run_flag=True)
+    assert message.startswith("--run asks for one run, but the config is a sweep"), message
+    assert "replace --run with -m" in message, message
+    assert precheck("train", ["hparams_search=lr_wd", "hydra.mode=RUN"], False, False, True) is None
 
 
 def test_cfg_prints_a_config_it_does_not_look_at_the_machine_for(tmp_path: Path) -> None:

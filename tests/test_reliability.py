@@ -73,6 +73,7 @@ CASES = [
     ("train.py", ["model=nope"], ["model"]),
     ("train.py", ["no_such_key=1"], ["no_such_key", "+key=value"]),
     ("train.py", ["trainer.max_epochs=abc"], ["trainer.max_epochs"]),
+    ("train.py", ["hparams_search=lr_wd", "trainer.max_epochs=abc"], ["trainer.max_epochs"]),
     (
         "train.py",
         ["scheduler=linear", "+trainer.max_time=00:00:10:00"],
@@ -118,6 +119,39 @@ CASES = [
     ("pretrain.py", ["clean=lipt"], ["select.py clean=lipt"]),
     # DDP's extra processes re-run the command line: under -m, the whole sweep again.
     ("train.py", ["-m", "trainer=ddp", "seed=0,1"], ["trainer.strategy=ddp", "whole sweep"]),
+    (  # in one job of the sweep only
+        "train.py",
+        ["-m", "trainer.strategy=ddp", "trainer.devices=1,2"],
+        ["trainer.strategy=ddp on 2 processes", "whole sweep"],
+    ),
+    (  # strategy auto on 2 devices is DDP
+        "train.py",
+        ["-m", "trainer.devices=2", "seed=0,1"],
+        ["trainer.strategy=auto on 2 processes", "Lightning's DDP", "whole sweep"],
+    ),
+    # An Optuna search that would train every trial, then end in Optuna's traceback, or that
+    # would choose the worst trial.
+    (
+        "train.py",
+        ["hparams_search=lr_wd", "optimized_metric=null"],
+        ["optimized_metric=null", "optimized_metric=val_accuracy"],
+    ),
+    ("train.py", ["hparams_search=lr_wd", "hydra.sweeper.n_trials=0"], ["n_trials=0", "no trial"]),
+    (
+        "train.py",
+        ["hparams_search=lr_wd", "hydra.sweeper.direction=minimize"],
+        ["direction=minimize", "lowest val_accuracy", "direction=maximize"],
+    ),
+    (
+        "train.py",
+        ["hparams_search=lr_wd", "optimizer.lr=tag(log, interval(0.5, 0.01))"],
+        ["optimizer.lr=tag(log, interval(0.5, 0.01))", "give interval(0.01, 0.5)"],
+    ),
+    # Hydra runs a config's sweep (hydra.mode=MULTIRUN) whole, --run or not.
+    ("train.py", ["--run", "+experiment=table2_cpu"], ["--run asks for one run", "-m"]),
+    # What Hydra cannot parse, or a ${...} that names no key: the override named.
+    ("train.py", ["seed=[0,1"], ["seed=[0,1 cannot be read", "override grammar"]),
+    ("train.py", ["optimizer.lr=${{nope}}"], ["optimizer.lr=${nope}:", "'nope' not found"]),
     # A dry run sets the data module up as the run does: what only the data refutes, refused.
     (
         "train.py",
@@ -159,6 +193,11 @@ CASES = [
         "train.py",
         ["selector=random", "pretrain=none", "subset_path={other_data}", "reselect_every=2"],
         ["reselect_every=2", "subset_path", "saved subset"],  # refused before it is read
+    ),
+    (
+        "train.py",
+        ["selector=random", "pretrain=none", "reselect_every=15"],
+        ["reselect_every=15", "trainer.max_epochs=15", "never re-selected"],
     ),
     ("train.py", ["+clean.action=drop"], ["clean.action=drop", "clean=none", "takes no"]),
     ("train.py", ["+selector.balance=true"], ["selector.balance=true", "selector=none"]),

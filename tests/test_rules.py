@@ -68,7 +68,7 @@ def test_reselect_every_in_another_stage_passes(make_cfg, stage):
     [
         ["selector=random", "pretrain=none", "reselect_every=2"],
         ["selector=coverage", "reselect_every=1"],
-        ["+approach=random_online"],  # its own reselect_every=20
+        ["+approach=random_online"],  # its own reselect_every=2, of the default 15 epochs
         ["+approach=paper", "reselect_every=5"],
         ["budget=lipt", "reselect_every=0"],
     ],
@@ -76,6 +76,55 @@ def test_reselect_every_in_another_stage_passes(make_cfg, stage):
 )
 def test_reselect_every_on_a_subset_this_run_selects_passes(make_cfg, overrides):
     validate(make_cfg(overrides), deep=False)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (["selector=coverage", "reselect_every=15"], ["reselect_every=15", "below 15"]),
+        (["selector=coverage", "reselect_every=40"], ["trainer.max_epochs=15", "never"]),
+        (
+            ["+approach=random_online", "trainer.max_epochs=2"],
+            ["reselect_every=2", "trainer.max_epochs=2", "below 2"],
+        ),
+        (["+approach=paper", "reselect_every=4", "trainer.max_epochs=4"], ["reselect_every=4"]),
+        (
+            ["selector=random", "pretrain=none", "reselect_every=1", "trainer.max_epochs=1"],
+            ["trainer.max_epochs=1", "more trainer.max_epochs", "reselect_every=0"],
+        ),
+    ],
+    ids=lambda o: " ".join(o) if isinstance(o, list) and "=" in o[0] else "",
+)
+def test_reselect_every_of_the_runs_epochs_or_more_is_refused(make_cfg, overrides, words):
+    """Re-selection comes after every R epochs but not after the last: a period of the run's
+    epochs or more never re-selects, and the run would train its first subset throughout."""
+    message = refusal(make_cfg, overrides)
+    for word in (*words, "never re-selected"):
+        assert word in message, message
+    shorter = [o for o in overrides if not o.startswith("trainer.max_epochs")]
+    validate(make_cfg([*shorter, "trainer.max_epochs=41"]), deep=False)  # one epoch more
+
+
+def test_a_smoke_run_that_its_steps_end_keeps_its_reselect_every(make_cfg):
+    """debug=fdr ends every fit after 2 steps (trainer.max_steps), in 1 epoch: a config that
+    re-selects is seen through as it is, not refused for the smoke run's epochs."""
+    validate(make_cfg(["debug=fdr", "selector=coverage", "reselect_every=5"]), deep=False)
+    validate(make_cfg(["debug=fdr", "+approach=random_online"]), deep=False)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["optimized_metric=val_accuracy", "trainer.max_epochs=abc"],
+        ["selector=random", "pretrain=none", "reselect_every=2", "trainer.max_epochs=abc"],
+    ],
+    ids=["optimized_metric", "reselect_every"],
+)
+def test_a_rule_that_reads_the_epochs_leaves_an_ill_typed_one_to_its_check(make_cfg, overrides):
+    """The rules across the top level run before the trainer's keys are checked: a word for
+    trainer.max_epochs is refused naming it, not int()'s traceback."""
+    message = refusal(make_cfg, overrides, deep=True)
+    assert message.startswith("trainer.max_epochs='abc' is invalid"), message
 
 
 def targetless_options() -> list[tuple[str, str]]:

@@ -134,7 +134,7 @@ def precheck(
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, OverrideParseException
     from omegaconf.errors import OmegaConfBaseException
 
     from lipt.run.config import validate
@@ -151,6 +151,7 @@ def precheck(
         generators.append(jobs)
         return jobs
 
+    given = list(args)
     try:
         from lipt.core.lock import check_unlocked  # before Hydra writes .hydra/ into it
 
@@ -186,12 +187,14 @@ def precheck(
         configs = []
         for cfg in composed:
             validate(cfg, deep=False)
+            declared.check_job(cfg)
             check_output_dir(cfg, declared.multirun)
             configs.append(cfg)
         # then what builds the Trainer, selector, ... (imports torch)
         runs = [validate(cfg) for cfg in configs]
         for cfg in opened(compose_jobs(config_name, jobs, kept)):  # the rules across keys
             validate(cfg, build=False)
+            declared.check_job(cfg)
         if not any(run.settings.dry_run for run in runs):
             return None
         from lipt.run.preflight import build_everything
@@ -203,14 +206,51 @@ def precheck(
     except (HydraException, OmegaConfBaseException, UserError) as e:
         message = one_line(e)
         key = e.full_key if isinstance(e, OmegaConfBaseException) else None
-        if key and key not in message:  # OmegaConf names it on a line of its own
+        typed = interpolating_override(message, given)
+        if typed is not None:  # where the key that failed only reads the user's ${...}
+            message = f"{typed}: {message}"
+        elif key and key not in message:  # OmegaConf names it on a line of its own
             message = f"{key}: {message}"
+        if isinstance(e, OverrideParseException):  # Hydra names the override on another line
+            message = f"{e.override} cannot be read: {parse_reason(e.message)} ({GRAMMAR})"
         fail(message + ("" if isinstance(e, UserError) else override_hint(e)))
     finally:
         for generator in generators:  # left mid-way by a refusal: their Hydra context ends now
             generator.close()
         GlobalHydra.instance().clear()
         HydraConfig.instance().cfg = hydra_config  # Hydra sets the run's own
+
+
+# Where Hydra's override grammar is told: how a value with a comma, a bracket or ${...} is written.
+GRAMMAR = "Hydra's override grammar: https://hydra.cc/docs/advanced/override_grammar/basic"
+
+
+def interpolating_override(message: str, args: list[str]) -> str | None:
+    """The override of `args` whose `${...}` names the key or resolver OmegaConf did not find
+    (`message`), if one does: a key that interpolates it (pretrain.optim.lr reads optimizer.lr)
+    may be the one OmegaConf names."""
+    found = re.search(
+        r"Interpolation key '([^']+)' not found|Unsupported interpolation type (\S+)", message
+    )
+    if found is None:
+        return None
+    name = re.escape(found[1] or found[2])
+    for arg in args:
+        if re.search(r"\$\{\s*" + name + r"\s*[}:]", arg.partition("=")[2]):
+            return arg
+    return None
+
+
+def parse_reason(message: str) -> str:
+    """The parser's reason in Hydra's message of an override it cannot read, without the line
+    that repeats the override, the link, or the parser's list of the tokens it expected."""
+    lines = [
+        line
+        for line in message.splitlines()
+        if line.strip() and not line.startswith(("Error parsing override", "See https://"))
+    ]
+    reason = lines[0] if lines else message.splitlines()[0]
+    return re.sub(r" expecting \{[^}]*\}", "", reason)
 
 
 def check_values(cfg: DictConfig) -> None:

@@ -137,7 +137,8 @@ def _budget(run: Run) -> None:
 
 def _reselect(run: Run) -> None:
     """Re-selection re-runs the selector during main training, on the subset this run selected
-    (lipt.stages.select.reselection): never on a saved subset or on the whole pool."""
+    (lipt.stages.select.reselection): never on a saved subset or on the whole pool, and every R
+    epochs but not after the last, so a period of the run's epochs or more re-selects never."""
     settings, budget = run.settings, run.budget
     every, stage = settings.reselect_every, settings.stage
     if every == 0 or stage != "train":  # train.py's key, in a pipeline's shared overrides
@@ -152,6 +153,19 @@ def _reselect(run: Run) -> None:
             f"budget={budget.name} trains the whole pool, so reselect_every={every} has no "
             f"subset to re-select; choose a selector, which trains its subset (e.g. "
             f"selector=coverage in place of budget={budget.name}), or use reselect_every=0"
+        )
+    trainer = run.node("trainer")
+    epochs, max_steps = trainer.get("max_epochs"), trainer.get("max_steps")
+    if type(max_steps) is int and max_steps > 0:
+        return  # ended by its steps (debug=fdr's smoke run): its epochs do not bound it
+    if type(epochs) is int and 1 <= epochs <= every:  # an ill-typed one: the trainer's check
+        below = (
+            f"a reselect_every below {epochs} (e.g. {max(1, epochs // 10)}), " if epochs > 1 else ""
+        )
+        raise UserError(
+            f"reselect_every={every} re-selects after every {every} epochs, but "
+            f"trainer.max_epochs={epochs} ends the run first, so the subset is never "
+            f"re-selected; use {below}more trainer.max_epochs, or reselect_every=0"
         )
 
 
@@ -208,14 +222,16 @@ def _optimized_metric(run: Run) -> None:
         raise UserError(f"optimized_metric is train.py's; drop it for {stage}.py")
     trainer = run.node("trainer")
     limit, every = trainer.get("limit_val_batches"), trainer.get("check_val_every_n_epoch")
-    epochs = run.main_epochs  # validated every N epochs, the first at epoch N
+    # validated every N epochs, the first at epoch N; an ill-typed max_epochs is the trainer's
+    # check (after this one)
+    epochs = trainer.get("max_epochs")
     for key, value, empty, fix in (
         ("dataset.val_size", run.dataset.val_size, no_validation_rows(run), "larger"),
         ("trainer.limit_val_batches", limit, type(limit) in (int, float) and limit == 0, "larger"),
         (
             "trainer.check_val_every_n_epoch",
             every,
-            type(every) is int and every > epochs,
+            type(every) is int and type(epochs) is int and every > epochs,
             "smaller",
         ),
     ):

@@ -74,6 +74,15 @@ class DeclaredSweep:
     show_config: bool = False
     # --run given: the user asked for one job by name.
     run_flag: bool = False
+    # A multirun whose jobs a local launcher runs (Hydra's basic or joblib launcher, not SLURM).
+    local_multirun: bool = False
+
+    def check_job(self, cfg: DictConfig) -> None:
+        """What one job of this sweep may not do beside the run's own checks (each job's
+        config, a swept trainer.devices or trainer.strategy included): Lightning's DDP in a
+        local multirun (check_ddp_in_multirun)."""
+        if self.local_multirun and "trainer" in cfg:
+            check_ddp_in_multirun(cfg.trainer)
 
     def with_reference(self, jobs: list[list[str]]) -> list[list[str]]:
         """`jobs` and the reference jobs the frontier sweeper adds to them."""
@@ -119,6 +128,13 @@ def declared_sweep(
         raise misread_params_refusal(line, found, declared=sweeper.get("params") is not None)
     check_frontier_settings(sweeper, cfg.hydra.get("callbacks"))
     launcher = cfg.hydra.get("launcher")
+    if run_flag and cfg.hydra.mode == RunMode.MULTIRUN:  # Hydra runs the sweep all the same
+        raise UserError(
+            "--run asks for one run, but the config is a sweep (hydra.mode=MULTIRUN, as "
+            "+experiment=... and hparams_search=... set it), which Hydra runs whole all the "
+            "same; replace --run with -m (for one of its jobs, give each key it sweeps one "
+            "value, e.g. seed=0)"
+        )
     multirun = not show_config and (multirun or cfg.hydra.mode == RunMode.MULTIRUN)
     if multirun and "pretrain" in cfg:  # before any job: its learners are other jobs' work
         callbacks = cfg.hydra.get("callbacks") or {}
@@ -135,6 +151,8 @@ def declared_sweep(
         check_slurm_launcher(launcher, multirun)
     target = str(sweeper.get("_target_", ""))
     basic = target.endswith((".BasicSweeper", ".FrontierSweeper"))
+    if multirun and target.endswith(".OptunaSweeper"):
+        check_optuna_sweeper(sweeper, cfg.get("optimized_metric"))
     with_hydra = copy.deepcopy(cfg)
     if not multirun:
         if len(fixed) < len(args):  # refused by check_sweeps
@@ -166,27 +184,69 @@ def declared_sweep(
         multirun=True,
         composed=with_hydra,
         basic=basic,
+        local_multirun=not is_slurm_launcher(launcher),
     )
 
 
 def check_ddp_in_multirun(trainer: DictConfig) -> None:
     """Lightning starts DDP's extra processes by running the command line again (its
     subprocess launcher): under -m that is the whole sweep again in each of them, whose jobs
-    wait on each other. A SLURM launcher's tasks are the processes instead (srun starts
+    wait on each other. `strategy: auto` on several processes is DDP too (Lightning's choice
+    outside a notebook). A SLURM launcher's tasks are the processes instead (srun starts
     them)."""
     strategy = str(trainer.get("strategy", "auto"))
-    if not strategy.startswith("ddp") or strategy.startswith(("ddp_spawn", "ddp_fork")):
+    auto = strategy == "auto"
+    if not auto and (
+        not strategy.startswith("ddp") or strategy.startswith(("ddp_spawn", "ddp_fork"))
+    ):
         return
     from lipt.stages.training_plan import trainer_world_size  # Lightning: for DDP alone
 
     processes = trainer_world_size(trainer)
-    if processes != 1:
+    if processes == 1 or (auto and (processes is None or processes < 2)):
+        return
+    what = (
+        f"trainer.strategy=auto on {processes} processes (trainer.devices="
+        f"{trainer.get('devices')}) is Lightning's DDP: it"
+        if auto
+        else f"trainer.strategy={strategy} on {processes or 'several'} processes"
+    )
+    raise UserError(
+        f"{what} starts each extra one by running the command again, which under -m runs the "
+        "whole sweep again; run the jobs one at a time (python train.py trainer=ddp seed=0 "
+        "...), or submit the sweep with hydra/launcher=slurm hydra.launcher.tasks_per_node="
+        "<the processes>"
+    )
+
+
+def check_optuna_sweeper(sweeper: DictConfig, metric: Any) -> None:
+    """An Optuna search (hparams_search=lr_wd) asks each trial for one number and maximises it:
+    settings under which it would train every trial and end in Optuna's traceback (a job that
+    returns the whole summary, no trial to run or none at a time), or choose the worst trial."""
+    for key in ("n_trials", "n_jobs"):
+        value = sweeper.get(key)
+        if type(value) is int and value < 1:
+            what = "runs no trial" if key == "n_trials" else "launches no trial at a time"
+            raise UserError(f"hydra.sweeper.{key}={value} {what}; give 1 or more")
+    if metric is None:
         raise UserError(
-            f"trainer.strategy={strategy} on {processes or 'several'} processes starts each "
-            "extra one by running the command again, which under -m runs the whole sweep "
-            "again; run the jobs one at a time (python train.py trainer=ddp seed=0 ...), or "
-            "submit the sweep with hydra/launcher=slurm hydra.launcher.tasks_per_node=<the "
-            "processes>"
+            "the Optuna sweeper optimises the number each trial returns, but "
+            "optimized_metric=null returns the whole summary, which every trial would fail on "
+            "after training; set optimized_metric=val_accuracy (or use Hydra's basic sweeper)"
+        )
+    directions = sweeper.get("direction")
+    if not isinstance(directions, str) and directions is not None:
+        directions = [str(d) for d in directions]
+        if len(directions) != 1:
+            raise UserError(
+                f"hydra.sweeper.direction={directions} optimises {len(directions)} objectives, "
+                f"but optimized_metric={metric} is one number; give one direction (maximize)"
+            )
+        (directions,) = directions
+    if directions is not None and str(directions).lower().endswith("minimize"):
+        raise UserError(
+            f"hydra.sweeper.direction={directions} would choose the trial of the lowest "
+            f"{metric}; use hydra.sweeper.direction=maximize"
         )
 
 
@@ -401,6 +461,12 @@ def check_sweeps(args: list[str], declared: DeclaredSweep) -> tuple[list[str], l
                     )
                 line = f"{key}={','.join(values)}"  # the jobs Hydra's sweeper makes of it
             elif o.is_interval_sweep():
+                low, high = o.value().start, o.value().end  # type: ignore[union-attr]
+                if low is not None and high is not None and low > high:
+                    raise UserError(
+                        f"{line}: an interval goes from its low end to its high end; give "
+                        f"interval({high}, {low})"
+                    )
                 if not declared.multirun:
                     fix = "add -m with a sweeper that samples it (e.g. hparams_search=lr_wd), or "
                     raise UserError(
@@ -422,9 +488,15 @@ def check_sweeps(args: list[str], declared: DeclaredSweep) -> tuple[list[str], l
                 n = f"{len(values)} value{'s' if len(values) != 1 else ''}"
                 as_list = f" (a list is {key}=[{line.split('=', 1)[1]}])"
                 fix = declared.one_job_fix("add -m to run a job for each, or give one value")
+                # a group's [a,b] merges both options into one: no list of values
+                is_group = bool(loader.get_group_options(o.key_or_group))
                 raise UserError(
                     f"{o.input_line} sweeps {n}: {fix}"
-                    + (as_list if o.value_type == ValueType.SIMPLE_CHOICE_SWEEP else "")
+                    + (
+                        as_list
+                        if o.value_type == ValueType.SIMPLE_CHOICE_SWEEP and not is_group
+                        else ""
+                    )
                 )
             out.append(line)
         return out
