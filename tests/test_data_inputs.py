@@ -95,6 +95,20 @@ def test_a_symlink_loop_in_a_class_folder_is_refused(make_cfg, tmp_path):
         tree_module(make_cfg, root)
 
 
+def test_a_symlink_loop_through_a_folder_outside_the_tree_is_refused(make_cfg, tmp_path):
+    """A loop that leaves the class folder: cat/x links to a folder elsewhere, which links back
+    to cat. No link points above its own path, yet the walk listed cat's images again at every
+    turn of the loop (21 copies of one image)."""
+    root = write_tree(tmp_path / "tree")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, root / "train" / "cat" / "x")
+    os.symlink(root / "train" / "cat", elsewhere / "back")
+    link = root / "train" / "cat" / "x" / "back"
+    with pytest.raises(UserError, match=rf"^{link} links to {root / 'train' / 'cat'}, a folder"):
+        tree_module(make_cfg, root)
+
+
 def test_linked_class_folders_and_files_are_read(make_cfg, tmp_path):
     """Links that make no loop are followed, as torchvision follows them: a class folder that is
     a link, an image that is a link, a subfolder linking to a folder elsewhere."""
@@ -144,11 +158,12 @@ def test_every_format_torchvisions_image_folder_lists_is_read(make_cfg, tmp_path
     assert len(tree_module(make_cfg, only, "dataset.val_size=0").train_source) == 3
 
 
-@pytest.mark.parametrize("ext", [".png", ".tif"])
+@pytest.mark.parametrize("ext", [".png", ".tif", ".pgm"])
 def test_16_bit_images_are_read_as_8_bit_pixels(make_cfg, tmp_path, ext):
     """A 16-bit PNG decoded as uint16, which the subset picture could not put beside the 8-bit
     images (a traceback after selection, on every resume); a 16-bit TIFF was clipped to white
-    by PIL's convert. Both read as their top 8 bits, the uint8 the readers promise."""
+    by PIL's convert, as was a 16-bit PGM (PIL opens it as 32-bit integers). Each reads as its
+    top 8 bits, the uint8 the readers promise."""
     from PIL import Image
 
     root = write_tree(tmp_path / "tree")

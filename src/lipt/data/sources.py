@@ -246,16 +246,18 @@ FOLDER_CHANNELS = (1, 3)  # grey or RGB
 
 def _walk(folder: Path) -> Iterator[tuple[str, list[str], list[str]]]:
     """os.walk(folder) following links, as torchvision's ImageFolder does; UserError for a link
-    back to a folder above it, a loop along which the walk would list the tree's images again
-    and again under this class (until the path grows too long)."""
+    back to a folder the walk is already in (the real folder of `folder` or of any folder on the
+    way down, through other links too), a loop along which the walk would list the same images
+    again and again under this class (until the path grows too long)."""
     for top, dirs, names in os.walk(folder, followlinks=True):
-        here = os.path.realpath(top)
+        way = Path(top).relative_to(folder).parts
+        above = {os.path.realpath(folder.joinpath(*way[:depth])) for depth in range(len(way) + 1)}
         for name in dirs:
             link = os.path.join(top, name)
             if not os.path.islink(link):
                 continue
             target = os.path.realpath(link)
-            if os.path.commonpath([here, target]) == target:
+            if any(os.path.commonpath([folder_above, target]) == target for folder_above in above):
                 raise UserError(
                     f"{link} links to {target}, a folder above it: a loop that would read the "
                     "images above it again and again as this class; remove the link"
@@ -286,9 +288,10 @@ def decode_file(path: Path, channels: int) -> Tensor:
             from PIL import Image
 
             with Image.open(path) as opened:
-                if opened.mode.startswith("I;16"):  # 16-bit grey: PIL's convert would clip it
-                    grey16 = np.asarray(opened, dtype=np.uint16) >> 8
-                    img = torch.from_numpy(grey16.astype(np.uint8)).unsqueeze(0)
+                # 16-bit grey (a 16-bit PGM opens as 32-bit "I"): PIL's convert would clip it
+                if opened.mode.startswith("I;16") or opened.mode == "I":
+                    deep = np.asarray(opened).astype(np.int64).clip(0, 65535) >> 8
+                    img = torch.from_numpy(deep.astype(np.uint8)).unsqueeze(0)
                 else:
                     pixels = np.asarray(opened.convert("L" if channels == 1 else "RGB"))
                     img = torch.from_numpy(pixels.copy())

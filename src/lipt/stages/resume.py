@@ -146,9 +146,29 @@ def settled(config: Mapping[str, Any]) -> dict[str, Any]:
             settings[key.rpartition(".")[0]] = str(value).rpartition(".")[2]
         else:
             settings[key] = value
-    for key, default in TRAINER_DEFAULTS.items():  # left out: Lightning's value
-        settings.setdefault(f"trainer.{key}", default)
+    if "trainer" in config:
+        for key, default in TRAINER_DEFAULTS.items():  # left out (or null): Lightning's value
+            value = same_as_lightning(key, settings.get(f"trainer.{key}"))
+            settings[f"trainer.{key}"] = default if value is None else value
     return settings
+
+
+# Spellings Lightning takes for one setting: precision's aliases, and values that mean "off".
+PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
+NO_LIMIT = {"gradient_clip_val": (0, 0.0), "limit_train_batches": (1.0,)}
+
+
+def same_as_lightning(key: str, value: Any) -> Any:
+    """`value` of trainer.`key` in the one spelling Lightning reads it as: precision 32 is
+    "32-true", a clip of 0 no clipping (None), a limit of 1.0 of the batches no limit (None);
+    None stays None (the key is left out)."""
+    if value is None:
+        return None
+    if key == "precision":
+        return PRECISION_ALIASES.get(str(value), str(value))
+    if key in NO_LIMIT and not isinstance(value, bool) and value in NO_LIMIT[key]:
+        return None
+    return value
 
 
 # The key the data set's name goes by in a record (as in subset.npz's meta): it digests an
