@@ -64,6 +64,16 @@ ACCEPTED = [
     ["logger=tensorboard", "+logger.tensorboard.flush_secs=30"],  # SummaryWriter's own key
     ["logger=wandb", "+logger.wandb.tags=[a,b]"],  # wandb.init's
     ["pretrain=none", "selector=random", "dataset.val_size=0"],  # no soup to score
+    # a loss read the right way up; the trainer's least epochs beside an epoch budget
+    ["callbacks.model_checkpoint.monitor=val/loss", "callbacks.model_checkpoint.mode=min"],
+    ["budget=infobatch", "pretrain=none", "+trainer.min_epochs=1"],
+    # validated within the 2 epochs InfoBatch trains at 10% of 15
+    [
+        "budget=infobatch",
+        "pretrain=none",
+        "optimized_metric=val_accuracy",
+        "+trainer.check_val_every_n_epoch=2",
+    ],
 ]
 
 REFUSED = [
@@ -117,7 +127,7 @@ REFUSED = [
     (["dataset.data_dir=/no/such/dir"], ["dataset.data_dir", "/no/such/dir"]),
     (["dataset=cifar10", "dataset.data_dir={empty}"], ["CIFAR-10 files missing"]),
     (["dataset=imagenet", "dataset.data_dir={empty}"], ["train/ and val/"]),
-    (["subset_path={empty}"], ["subset_path", "does not exist"]),
+    (["subset_path={empty}"], ["subset_path", "is a folder, not a file", "subset.npz"]),
     (["dataset._target_=lipt.data.Nothing"], ["dataset._target_", "cannot be imported"]),
     (["~dataset._target_"], ["dataset has no _target_", "lipt.data.DataModule"]),
     (["budget=infobatch", "budget.ratio=1"], ["budget.ratio", "less than 1"]),
@@ -141,6 +151,54 @@ REFUSED = [
     (
         ["optimized_metric=val_accuracy", "+trainer.limit_val_batches=0"],
         ["optimized_metric", "trainer.limit_val_batches=0"],
+    ),
+    # the epochs the budget trains, not trainer.max_epochs: InfoBatch's 2 of 15 at 10%, a step
+    # budget's on the pool as read (full_schedule: ceil(0.1 x 15))
+    (
+        [
+            "optimized_metric=val_accuracy",
+            "budget=infobatch",
+            "pretrain=none",
+            "+trainer.check_val_every_n_epoch=5",
+        ],
+        [
+            "trainer.check_val_every_n_epoch=5 validates nothing in the 2 epochs budget=infobatch "
+            "trains; set a smaller trainer.check_val_every_n_epoch (2 or less)"
+        ],
+    ),
+    (
+        [
+            "optimized_metric=val_accuracy",
+            "budget=full_schedule",
+            "pretrain=none",
+            "+trainer.check_val_every_n_epoch=3",
+        ],
+        ["check_val_every_n_epoch=3 validates nothing in the 2 epochs budget=full_schedule"],
+    ),
+    # a step budget stops the fit itself, which the trainer's least epochs or steps overrule
+    (
+        ["budget=full_schedule", "pretrain=none", "+trainer.min_epochs=6"],
+        ["trainer.min_epochs=6", "budget=full_schedule", "drop trainer.min_epochs"],
+    ),
+    (
+        ["budget=full_steps", "pretrain=none", "+trainer.min_steps=100"],
+        ["trainer.min_steps=100", "budget=full_steps", "drop trainer.min_steps"],
+    ),
+    # the best checkpoint, and early stopping, by the lowest loss and the highest accuracy
+    (
+        ["callbacks.model_checkpoint.monitor=val/loss"],
+        [
+            "callbacks.model_checkpoint.monitor=val/loss with mode=max takes the highest "
+            "val/loss for the best; set callbacks.model_checkpoint.mode=min"
+        ],
+    ),
+    (
+        ["callbacks.early_stopping.monitor=train/loss_epoch"],
+        ["callbacks.early_stopping.monitor=train/loss_epoch", "mode=min"],
+    ),
+    (  # EarlyStopping's own mode, min, where the node sets none
+        ["~callbacks.early_stopping.mode"],
+        ["callbacks.early_stopping.monitor=val/acc with mode=min takes the lowest", "mode=max"],
     ),
     # a step budget's processes: refused before pre-training, not when main training is planned
     (
@@ -392,3 +450,46 @@ def test_the_dataset_node_builds_the_data_module_its_target_names(make_cfg):
     assert dm.batch_size == 32 and dm.mean == list(cfg.dataset.mean)
     assert dm.num_classes == cfg.dataset.num_classes and dm.val_size == cfg.dataset.val_size
     assert len(dm.pool_indices) == cfg.dataset.num_train - cfg.dataset.val_size
+
+
+def test_a_data_dir_is_a_folder_and_one_to_download_into_is_made_first(
+    make_cfg, tmp_path, fashion_mnist_dir, monkeypatch
+):
+    """dataset.data_dir naming a file was "does not exist"; a folder not made yet, with
+    dataset.download=true (what Fashion-MNIST's message offers: "a DIR to download into"), was
+    refused the same way, without saying how. A file is named a file; a missing folder is
+    refused (a misspelt one is not filled with a download), saying to create it, and once made
+    the download fills it (torchvision's, stood in for here: no network in tests)."""
+    import shutil
+
+    import torchvision.datasets
+
+    a_file = tmp_path / "labels.txt"
+    a_file.write_text("not a folder\n")
+    with pytest.raises(UserError) as refused:
+        validate(make_cfg([f"dataset.data_dir={a_file}"]), deep=False)
+    assert str(refused.value) == (
+        f"dataset.data_dir={a_file} is a file, not a folder; point it at the fashion_mnist data"
+    )
+    new = tmp_path / "data" / "fashion-mnist"
+    for download, then in (("true", ""), ("false", " and set dataset.download=true")):
+        with pytest.raises(UserError) as refused:
+            validate(make_cfg([f"dataset.data_dir={new}", f"dataset.download={download}"]))
+        assert str(refused.value) == (
+            f"dataset.data_dir={new} does not exist; point it at the fashion_mnist data, or "
+            f"create it (mkdir -p {new}){then} to download the data into it"
+        )
+    with pytest.raises(UserError, match=r"dataset.data_dir=/no/such/dir does not exist; point"):
+        validate(make_cfg(["dataset=cifar10", "dataset.data_dir=/no/such/dir"]), deep=False)
+    assert not new.exists()
+
+    def download(root: str, train: bool, download: bool) -> None:  # as torchvision's lays it out
+        raw = Path(root) / "FashionMNIST" / "raw"
+        raw.mkdir(parents=True, exist_ok=True)
+        for path in fashion_mnist_dir.glob(f"{'train' if train else 't10k'}-*"):
+            shutil.copy(path, raw / path.name)
+
+    monkeypatch.setattr(torchvision.datasets, "FashionMNIST", download)
+    new.mkdir(parents=True)  # as the message says
+    dm = build_datamodule(validate(make_cfg([f"dataset.data_dir={new}", "dataset.val_size=50"])))
+    assert len(dm.pool_indices) == 250 and (new / "FashionMNIST" / "raw").is_dir()

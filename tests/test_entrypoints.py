@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -92,3 +93,24 @@ def test_the_hydra_groups_are_chosen_as_config_md_and_their_comments_spell_it():
                 for override in spelled:
                     cfg = compose("train", [override], return_hydra_config=True)
                     assert "sweep_table" in cfg.hydra.callbacks, override
+
+
+def test_each_job_of_a_multirun_keeps_its_caches_in_its_own_folder(tmp_path, monkeypatch):
+    """A multirun's jobs run in one process: each job points wandb's and XDG's caches into its
+    own folder (wandb's debug logs of job 1 landed in job 0's), and a place the user chose is
+    kept for every job."""
+    from lipt.run import cli
+
+    names = ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "XDG_CACHE_HOME")
+    for name in (*names, "XDG_CONFIG_HOME"):
+        monkeypatch.setenv(name, "")  # so that monkeypatch restores it, set by the test or not
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(cli, "CACHES_SET", {}, raising=False)  # as a new process has it
+    users = str(tmp_path / "my-config")
+    monkeypatch.setenv("XDG_CONFIG_HOME", users)
+    for job in ("0", "1"):
+        cli.keep_caches_in(tmp_path / job)
+        for name in names:
+            assert os.environ[name].startswith(str(tmp_path / job / ".cache") + "/"), name
+        assert os.environ["XDG_CONFIG_HOME"] == users
+    assert os.environ["WANDB_DATA_DIR"] == str(tmp_path / "1" / ".cache" / "wandb-data")

@@ -67,6 +67,7 @@ def bad_files(tmp_path: Path) -> dict[str, Path]:
 
 
 LIPT_CLEAN = ["pretrain=jigsaw", "selector=random", "clean=lipt"]
+STEP_BUDGET = ["budget=full_steps", "trainer.max_epochs=15", "optimized_metric=val_accuracy"]
 CASES = [
     # (script, overrides, words the message must contain); {name} is a bad_files path
     ("train.py", ["selector=nope"], ["selector"]),
@@ -86,6 +87,12 @@ CASES = [
     ("train.py", ["fraction=abc"], ["fraction", "a valid number"]),
     ("train.py", ["-m", "fraction=0.1,2"], ["fraction"]),
     ("train.py", ["dataset.data_dir=/no/such/dir"], ["/no/such/dir", "dataset.data_dir"]),
+    ("train.py", ["dataset.data_dir={corrupt_ckpt}"], ["corrupt.ckpt is a file, not a folder"]),
+    (  # a folder to download into is made first: a misspelt one is not filled
+        "train.py",
+        ["dataset.data_dir={empty_dir}/new", "dataset.download=true"],
+        ["empty/new does not exist", "create it (mkdir -p ", "to download the data into it"],
+    ),
     ("train.py", ["subset_path=/no/such.npz"], ["subset_path"]),
     ("train.py", ["pretrain=jigsaw", "pretrain.num_learners=0"], ["pretrain.num_learners"]),
     ("pretrain.py", ["pretrain=jigsaw", "pretrain.num_learners=0"], ["pretrain.num_learners"]),
@@ -137,6 +144,16 @@ CASES = [
         ["optimized_metric=null", "optimized_metric=val_accuracy"],
     ),
     ("train.py", ["hparams_search=lr_wd", "hydra.sweeper.n_trials=0"], ["n_trials=0", "no trial"]),
+    (  # validated every 5 epochs of the 2 InfoBatch trains at 10% of 15: never
+        "train.py",
+        [
+            "budget=infobatch",
+            "pretrain=none",
+            "optimized_metric=val_accuracy",
+            "+trainer.check_val_every_n_epoch=5",
+        ],
+        ["check_val_every_n_epoch=5 validates nothing in the 2 epochs budget=infobatch trains"],
+    ),
     (
         "train.py",
         ["hparams_search=lr_wd", "hydra.sweeper.direction=minimize"],
@@ -219,6 +236,17 @@ CASES = [
         ["trainer.default_root_dir=", "hydra.run.dir"],
     ),
     ("train.py", ["+trainer.logger=false"], ["trainer.logger=false", "logger=none"]),
+    # Settings that would make the run other than it says.
+    (  # Lightning trains on past a step budget's stop until the trainer's least epochs
+        "train.py",
+        ["budget=full_schedule", "pretrain=none", "+trainer.min_epochs=6"],
+        ["trainer.min_epochs=6", "budget=full_schedule", "drop trainer.min_epochs"],
+    ),
+    (  # the best checkpoint would be the highest loss
+        "train.py",
+        ["callbacks.model_checkpoint.monitor=val/loss"],
+        ["monitor=val/loss with mode=max", "callbacks.model_checkpoint.mode=min"],
+    ),
     (
         "train.py",
         ["+trainer.enable_checkpointing=false"],
@@ -324,6 +352,18 @@ CASES = [
         "pretrain.py",
         [*FAST, "pretrain=jigsaw", "pretrain.batches_per_learner=100"],
         ["pretrain.batches_per_learner"],
+    ),
+    slow_case(  # a step budget's epochs, told by the pool's size: 2 of 15 at 10% here
+        "optimized-metric-step-budget",
+        "train.py",
+        [*FAST, *STEP_BUDGET, "+trainer.check_val_every_n_epoch=5"],
+        ["5 validates nothing in the 2 epochs budget=full_steps trains on this pool (500 images)"],
+    ),
+    slow_case(
+        "optimized-metric-step-budget-dry-run",
+        "train.py",
+        [*FAST, *STEP_BUDGET, "+trainer.check_val_every_n_epoch=5", "dry_run=true"],
+        ["5 validates nothing in the 2 epochs budget=full_steps trains on this pool (500 images)"],
     ),
     slow_case(
         "corrupt-data-dir",

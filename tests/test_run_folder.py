@@ -148,9 +148,14 @@ def test_a_refused_run_removes_only_the_folder_made_for_it(tmp_path):
     assert (users / "notes.log").read_text() == "the user's\n"
 
 
-def test_sigterm_ends_a_run_with_one_line_on_how_to_resume_and_exit_code_143(tmp_path):
-    """Lightning's SIGTERM handler ends the fit with a SystemExit whose code is 0: a run stopped
-    so says how to resume and exits 143, as a process SIGTERM ended does."""
+@pytest.mark.parametrize(
+    ("stop", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["sigterm", "ctrl-c"]
+)
+def test_a_signal_ends_a_run_with_one_line_on_how_to_resume_and_its_exit_code(tmp_path, stop, code):
+    """Lightning ends the fit on SIGTERM with a SystemExit whose code is 0, and on Ctrl-C
+    (SIGINT) with code 1, its note in the log file only: a run stopped either way says how to
+    resume and exits 128 + the signal, as a process the signal ended does; its last epoch's
+    checkpoint is kept."""
     folder = tmp_path / "run"
     args = [*FAST, "trainer.max_epochs=1000", f"hydra.run.dir={folder}"]
     proc = subprocess.Popen(
@@ -159,16 +164,19 @@ def test_sigterm_ends_a_run_with_one_line_on_how_to_resume_and_exit_code_143(tmp
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Python raises KeyboardInterrupt only where SIGINT was not ignored when it started (a
+        # job a shell ran in the background ignores it)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     last = folder / "checkpoints" / "last.ckpt"  # an epoch done: the fit is under way
     deadline = time.monotonic() + 120
     while not last.is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(stop)
     _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 143, stderr[-2000:]
+    assert proc.returncode == code, stderr[-2000:]
     assert stderr.strip().splitlines()[-1] == (
-        f"stopped by SIGTERM; resume with ckpt_path=last hydra.run.dir={folder}"
+        f"stopped by {stop.name}; resume with ckpt_path=last hydra.run.dir={folder}"
     )
     assert "Traceback" not in stderr and not (folder / "summary.json").exists()
     assert last.is_file()

@@ -483,6 +483,45 @@ def test_validating_every_n_batches_of_a_pruned_epoch_is_refused_before_any_work
     assert summary["val_accuracy"] is not None
 
 
+def test_an_optimized_metric_is_held_to_the_epochs_a_step_budget_trains(make_cfg, tmp_path):
+    """budget=full_steps at 10% of 15 epochs trains a 50-image subset's 15 x 2 optimiser steps
+    on the 500-image pool's 16 batches an epoch: 2 epochs, which the config alone does not tell.
+    A validation every 5 epochs never ran, and the run ended, trained, with "summary.json has
+    no number there". Refused once the pool is read, before the fit; every 2 epochs, the run
+    trains and reports its validation accuracy."""
+    args = [
+        *FAST,
+        "budget=full_steps",
+        "fraction=0.1",
+        "trainer.max_epochs=15",
+        "optimized_metric=val_accuracy",
+    ]
+    run = validate(make_cfg([*args, "+trainer.check_val_every_n_epoch=5"]))
+    with pytest.raises(UserError) as refused:
+        train_stage.run(run)
+    assert str(refused.value) == (
+        "optimized_metric=val_accuracy needs a validation result, but "
+        "trainer.check_val_every_n_epoch=5 validates nothing in the 2 epochs budget=full_steps "
+        "trains on this pool (500 images); set trainer.check_val_every_n_epoch=2 or less"
+    )
+    assert not (tmp_path / "checkpoints").exists()
+    summary = train_stage.run(validate(make_cfg([*args, "+trainer.check_val_every_n_epoch=2"])))
+    assert summary["stages"]["train"]["samples"] == 500 + 14 * 32  # 30 steps: 16, then 14
+    assert summary["val_accuracy"] is not None
+
+
+def test_a_step_budget_beside_the_trainers_least_epochs_is_refused_not_overspent(make_cfg):
+    """Lightning ignores a stop before trainer.min_epochs (or min_steps): a full_schedule run of
+    29 steps with +trainer.min_epochs=6 trained its 2 epochs' 32, the cosine past its end.
+    Refused before any work; without it the budget's steps train."""
+    args = [*FAST, "budget=full_schedule", "fraction=0.3", "trainer.max_epochs=6"]
+    for least in ("+trainer.min_epochs=6", "+trainer.min_steps=30"):
+        with pytest.raises(UserError, match=r"^trainer\.min_(epochs|steps)=\d+ keeps training"):
+            validate(make_cfg([*args, least]))
+    summary = train_stage.run(validate(make_cfg(args)))
+    assert summary["stages"]["train"]["samples"] == 28 * 32 + 20  # round(0.3 x 6 x 16) steps
+
+
 def test_validating_every_n_batches_of_a_shorter_epoch_is_one_line(make_cfg, tmp_path):
     """A 10% subset of the 500-image pool is 2 batches an epoch: a validation every 3 batches
     was Lightning's traceback when the fit started. One line naming the epoch's batches, before

@@ -368,7 +368,9 @@ def test_wandb_run_gets_the_merge_table_class_histogram_and_picture(
 
 
 @pytest.mark.slow
-def test_wandb_sweep_logs_the_report_tables_and_plots(tmp_path):
+def test_wandb_sweep_logs_the_report_tables_and_plots(tmp_path, monkeypatch):
+    # a run of this process (an earlier test's) leaves wandb's service here for children to use
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)
     args = ["-m", "selector=random,el2n", "pretrain=none", *BASE[:-1], "logger=wandb"]
     code, raw = run_script("train.py", args, tmp_path, terminal=False)
     assert code == 0, raw[-3000:]
@@ -380,6 +382,11 @@ def test_wandb_sweep_logs_the_report_tables_and_plots(tmp_path):
     assert media >= {"accuracy", "stage", "results"}, media
     assert f"(tables and plots in {sweep.relative_to(tmp_path)}/report)" in raw
     assert "anonymous setting" not in raw  # wandb's notice about Lightning's anonymous=None
+    # wandb's service (its debug logs) started anew in each job's folder, where job 1's were
+    # job 0's, and the report's in the sweep's
+    for folder in (sweep / "0", sweep / "1", sweep):
+        logs = list((folder / ".cache" / "wandb").rglob("core-debug-*.log"))
+        assert len(logs) == 1, (folder, logs)
 
 
 def test_the_end_of_a_run_says_what_its_budget_bought(tmp_path):

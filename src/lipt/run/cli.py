@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +64,8 @@ def launch(config_name: str, stage_module: str) -> None:
         try:
             with released_after(output_dir):
                 summary = stage(validate(cfg))
+            if is_multirun():  # the next job's wandb runs from its own folder
+                end_wandb_service()
             console.report_result(summary, output_dir)
             return task_result(cfg, summary)
         except UserError as e:
@@ -72,7 +75,14 @@ def launch(config_name: str, stage_module: str) -> None:
                 remove_if_only_bookkeeping(output_dir)
             fail(one_line(e))
         except SIGTERMException:  # Lightning's handler ends the fit with SystemExit(None): 0
-            stopped_by_sigterm(str(cfg.get("stage")), output_dir)
+            stopped_by_signal(signal.SIGTERM, str(cfg.get("stage")), output_dir)
+        except KeyboardInterrupt:  # Ctrl-C outside a fit
+            stopped_by_signal(signal.SIGINT, str(cfg.get("stage")), output_dir)
+        except SystemExit as e:
+            # Lightning answers Ctrl-C in a fit with sys.exit(1), its note in the log only
+            if isinstance(e.__context__, KeyboardInterrupt):
+                stopped_by_signal(signal.SIGINT, str(cfg.get("stage")), output_dir)
+            raise
 
     started = time.time()  # after precheck's probes: a run folder Hydra makes is changed later
     try:
@@ -153,10 +163,16 @@ def private_matplotlib_dir() -> None:
         atexit.register(shutil.rmtree, path, ignore_errors=True)
 
 
+# The variables keep_caches_in set, with the value it gave each: a multirun's jobs run in one
+# process, and each job moves what lipt chose (not what the user did) into its own folder.
+CACHES_SET: dict[str, str] = {}
+
+
 def keep_caches_in(run_dir: Path) -> None:
     """Libraries lipt uses keep caches and debug logs under $HOME (wandb, XDG users); a run
     writes only to its own folder, so point them there unless the user chose a place
-    (matplotlib's: private_matplotlib_dir)."""
+    (matplotlib's: private_matplotlib_dir). Each job of a multirun gets its own: a value lipt
+    set for an earlier job is replaced, one the user set is kept."""
     cache = run_dir / ".cache"
     for name, sub in (
         ("WANDB_CACHE_DIR", "wandb"),
@@ -165,7 +181,25 @@ def keep_caches_in(run_dir: Path) -> None:
         ("XDG_CACHE_HOME", "xdg"),
         ("XDG_CONFIG_HOME", "xdg-config"),
     ):
-        os.environ.setdefault(name, str(cache / sub))
+        current = os.environ.get(name)
+        if current is None or current == CACHES_SET.get(name):
+            os.environ[name] = CACHES_SET[name] = str(cache / sub)
+
+
+def end_wandb_service() -> None:
+    """wandb reads its folders once per process, when its first run starts its service (which
+    writes its debug logs under WANDB_CACHE_DIR): a multirun job that used wandb ends it, so
+    that the next job's starts anew in that job's folder (keep_caches_in)."""
+    import logging
+
+    wandb = sys.modules.get("wandb")
+    teardown = getattr(wandb, "teardown", None)
+    if not callable(teardown):
+        return
+    try:
+        teardown()
+    except (Exception, SystemExit) as e:  # wandb exits when its service did: the sweep goes on
+        logging.getLogger(__name__).warning("wandb's service ended with %r", e)
 
 
 def made_for_this_job(run_dir: Path, since: float) -> bool:
@@ -180,19 +214,18 @@ def made_for_this_job(run_dir: Path, since: float) -> bool:
     return run_dir.stat().st_mtime >= since and {p.name for p in run_dir.iterdir()} <= ours
 
 
-def stopped_by_sigterm(stage: str, run_dir: Path) -> NoReturn:
-    """One line on how to resume, and exit code 143 (128 + SIGTERM, as a shell reports it)."""
-    import signal
-
+def stopped_by_signal(signum: signal.Signals, stage: str, run_dir: Path) -> NoReturn:
+    """One line on how to resume, and the exit code a shell reports for the signal: 143 for
+    SIGTERM, 130 for SIGINT (Ctrl-C)."""
     from hydra.core.hydra_config import HydraConfig
 
     folder = f"hydra.sweep.dir={HydraConfig.get().sweep.dir}" if is_multirun() else None
     again = "ckpt_path=last " if stage == "train" else ""  # learners are reused by any stage
     print(
-        f"stopped by SIGTERM; resume with {again}{folder or f'hydra.run.dir={run_dir}'}",
+        f"stopped by {signum.name}; resume with {again}{folder or f'hydra.run.dir={run_dir}'}",
         file=sys.stderr,
     )
-    sys.exit(128 + signal.SIGTERM)
+    sys.exit(128 + signum)
 
 
 def remove_if_only_bookkeeping(run_dir: Path) -> None:

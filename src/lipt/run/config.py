@@ -39,10 +39,23 @@ def _built_budget(cfg: Mapping[str, Any]) -> Budget:
 
 def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
     exists = path.is_dir() if want_dir else path.is_file()
+    if not exists and path.exists():
+        kind = "a file, not a folder" if want_dir else "a folder, not a file"
+        raise UserError(f"{key}={path} is {kind}; {what}")
     if not exists:
         raise UserError(f"{key}={path} does not exist; {what}")
     if not os.access(path, os.R_OK | (os.X_OK if want_dir else 0)):
         raise UserError(f"{key}={path} is not readable; fix its permissions")
+
+
+def _check_data_dir(path: Path, dataset: DatasetSettings) -> None:
+    """dataset.data_dir: a readable folder. One to download into (a reader that downloads) must
+    be there too: a misspelt folder is refused, not filled with a download."""
+    fix = f"point it at the {dataset.name} data"
+    if not path.exists() and "download" in dataset.load:
+        then = "" if dataset.load["download"] is True else " and set dataset.download=true"
+        fix = f"{fix}, or create it (mkdir -p {path}){then} to download the data into it"
+    _readable_path("dataset.data_dir", path, fix, want_dir=True)
 
 
 def check_train_labels(path_text: str, num_classes: int) -> None:
@@ -130,12 +143,7 @@ def validate(cfg: DictConfig, deep: bool = True, build: bool = True) -> Run:
     run = run_of(cfg)
     values, top, dataset = run.config, run.settings, run.dataset
     if dataset.data_dir is not None:
-        _readable_path(
-            "dataset.data_dir",
-            Path(dataset.data_dir).expanduser(),
-            f"point it at the {dataset.name} data",
-            want_dir=True,
-        )
+        _check_data_dir(Path(dataset.data_dir).expanduser(), dataset)
     if dataset.train_labels is not None:
         check_train_labels(dataset.train_labels, dataset.num_classes)
     if top.subset_path is not None:

@@ -34,6 +34,7 @@ from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.pictures import log_sweep_report
 from lipt.report.render import MARKDOWN_COLUMNS
 from lipt.report.sweep import aggregate, load_summaries, varying_keys
+from lipt.run.cli import keep_caches_in
 from lipt.run.config import run_of
 from lipt.run.slurm import is_slurm_launcher
 from lipt.run.sweep_overrides import (
@@ -72,6 +73,7 @@ class SweepTable(Callback):
         lines = [f"sweep of {len(runs)} runs: {shown(sweep)}"]
         for cells in [header, *rows]:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
+        keep_caches_in(sweep)  # the report's wandb run keeps its caches in the sweep's folder
         report = log_sweep_report(config, sweep)  # with logger=wandb: also into wandb
         made = f"in {shown(report)}" if report else f"with make report SWEEP={shown(sweep)}"
         lines.append(f"  (tables and plots {made})")

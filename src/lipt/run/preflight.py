@@ -289,9 +289,12 @@ def preflight(cfg: DictConfig) -> None:
 def build_everything(run: Run, loaded: dict[str, Any]) -> None:
     """`dry_run=true`: past the checks above, build what the run builds first (the data module,
     its data read and split, labels replaced, as the run sets it up; the model and its
-    Lightning module) without training or writing anything. `loaded` holds the settings of the
-    data and models this dry run built already (a data module is checked, not kept)."""
+    Lightning module) without training or writing anything; a step budget's epochs on the pool
+    as read are held to `optimized_metric`'s validations. `loaded` holds the settings of the
+    data and models this dry run built already (a data module is checked, not kept: its pool's
+    size is)."""
     from lipt.stages.build import build_classifier, build_datamodule, build_model
+    from lipt.stages.training_plan import check_validated_within, schedule_of
 
     def key(*values: Any) -> str:
         return json.dumps(values, sort_keys=True, default=str)
@@ -301,8 +304,12 @@ def build_everything(run: Run, loaded: dict[str, Any]) -> None:
     model = key(run.node("model"), run.node("optimizer"), run.node("scheduler"), seed)
     try:
         if data not in loaded:
-            build_datamodule(run)  # the split and the labels: what only the data can refute
-            loaded[data] = None
+            # the split and the labels: what only the data can refute
+            loaded[data] = len(build_datamodule(run).pool_indices)
+        metric, clean = run.settings.optimized_metric, run.node("clean")
+        if metric is not None and "_target_" not in clean:  # a step budget's epochs, this pool
+            pool = loaded[data]
+            check_validated_within(run, schedule_of(run, pool, pool).epochs, pool)
         if model not in loaded:
             with _quiet():
                 loaded[model] = build_classifier(run, build_model(run, seed))

@@ -13,8 +13,12 @@ subset) passes: one list of overrides is often given to pretrain.py, select.py a
 
 from __future__ import annotations
 
+import inspect
+import math
 from pathlib import Path
 
+from lipt.budget import Subset
+from lipt.core.budget import PoolSizes
 from lipt.core.errors import UserError
 from lipt.core.settings import DatasetSettings
 from lipt.run.groups import as_typed
@@ -43,8 +47,8 @@ def check_settings(run: Run) -> None:
 
 def check_groups_together(run: Run) -> None:
     """The rules across group keys: pre-training's, label cleaning's, the schedule's, a step
-    budget's trainer and the model's shapes."""
-    for rule in (_learner_jobs, _jigsaw, _clean, _schedule, _steps, _model, _trainer):
+    budget's trainer, the model's shapes and what the callbacks monitor."""
+    for rule in (_learner_jobs, _jigsaw, _clean, _schedule, _steps, _model, _trainer, _callbacks):
         rule(run)
 
 
@@ -221,25 +225,61 @@ def _optimized_metric(run: Run) -> None:
     if stage != "train":
         raise UserError(f"optimized_metric is train.py's; drop it for {stage}.py")
     trainer = run.node("trainer")
-    limit, every = trainer.get("limit_val_batches"), trainer.get("check_val_every_n_epoch")
-    # validated every N epochs, the first at epoch N; an ill-typed max_epochs is the trainer's
-    # check (after this one)
-    epochs = trainer.get("max_epochs")
-    for key, value, empty, fix in (
-        ("dataset.val_size", run.dataset.val_size, no_validation_rows(run), "larger"),
-        ("trainer.limit_val_batches", limit, type(limit) in (int, float) and limit == 0, "larger"),
-        (
-            "trainer.check_val_every_n_epoch",
-            every,
-            type(every) is int and type(epochs) is int and every > epochs,
-            "smaller",
-        ),
+    limit = trainer.get("limit_val_batches")
+    for key, value, empty in (
+        ("dataset.val_size", run.dataset.val_size, no_validation_rows(run)),
+        ("trainer.limit_val_batches", limit, type(limit) in (int, float) and limit == 0),
     ):
         if empty:
             raise UserError(
                 f"optimized_metric={metric} needs a validation result, but {key}={value} "
-                f"validates nothing; set a {fix} {key}"
+                f"validates nothing; set a larger {key}"
             )
+    _validated_within(run, epochs_at_most(run))
+
+
+def _validated_within(run: Run, epochs: int | None) -> None:
+    """Refuse `optimized_metric` where main training's `epochs` (at most; None: the config does
+    not tell) end before its first validation: every trainer.check_val_every_n_epoch epochs,
+    the first at epoch N, where a step budget stops in it too (lipt.stages.training_plan checks
+    a step budget's epochs again once the pool is read)."""
+    metric, every = (
+        run.settings.optimized_metric,
+        run.node("trainer").get("check_val_every_n_epoch"),
+    )
+    if metric is None or type(every) is not int or epochs is None or every <= epochs:
+        return
+    fewer = epochs != run.main_epochs
+    trains = f" in the {epochs} epoch{'s' * (epochs != 1)} budget={run.budget.name} trains"
+    raise UserError(
+        f"optimized_metric={metric} needs a validation result, but "
+        f"trainer.check_val_every_n_epoch={every} validates nothing{trains if fewer else ''}; "
+        f"set a smaller trainer.check_val_every_n_epoch{f' ({epochs} or less)' if fewer else ''}"
+    )
+
+
+def epochs_at_most(run: Run) -> int | None:
+    """The most epochs main training runs, as far as the config tells before the data is read
+    (None: it does not; an ill-typed trainer.max_epochs is the trainer's check, after this
+    one): the budget's epochs (InfoBatch's, those `fraction` buys), a step budget's those its
+    steps span: at most ceil(fraction x max_epochs) for full_schedule on the pool as read, at
+    most trainer.max_epochs for full_steps (its steps depend on the pool's size:
+    lipt.stages.training_plan checks them once the data is read)."""
+    epochs = run.node("trainer").get("max_epochs")
+    if type(epochs) is not int or epochs < 1:
+        return None
+    budget = Subset() if run.gives_way_to_saved_subset else run.budget
+    fraction = float(run.settings.fraction)
+    if not budget.counts_steps:  # epochs that no pool size changes
+        sizes = PoolSizes(
+            pool=1, pool_before_cleaning=1, batch_size=1, max_epochs=epochs, fraction=fraction
+        )
+        return budget.schedule(sizes).epochs
+    if getattr(budget, "steps", None) != "schedule":
+        return epochs  # full_steps: min(max_epochs, what its steps span)
+    # full_schedule: round(fraction x E x S) steps of S an epoch span ceil(fraction x E) epochs
+    # at most, where cleaning leaves the pool as read; a cleaned pool's epochs are more
+    return math.ceil(fraction * epochs) if "_target_" not in run.node("clean") else None
 
 
 def no_validation_rows(run: Run) -> bool:
@@ -367,10 +407,27 @@ def _schedule(run: Run) -> None:
 
 
 def _steps(run: Run) -> None:
-    """A step budget counts the trainer's processes: the node must tell how many."""
-    from lipt.stages.training_plan import check_countable_steps  # Lightning
+    """A step budget counts the trainer's processes: the node must tell how many; and a step
+    budget ends the fit itself, where the trainer's least epochs or steps would not let it.
+    A validation every N batches cannot outlast a pruned epoch."""
+    from lipt.stages.training_plan import (  # Lightning
+        check_countable_steps,
+        check_validation_interval,
+    )
 
     check_countable_steps(run)
+    check_validation_interval(run)
+    budget, trainer = run.budget, run.node("trainer")
+    if not budget.counts_steps or run.gives_way_to_saved_subset:
+        return
+    for key in ("min_epochs", "min_steps"):
+        least = trainer.get(key)
+        if least is not None:
+            raise UserError(
+                f"trainer.{key}={as_typed(least)} keeps training past the optimiser steps "
+                f"budget={budget.name} stops at (Lightning ignores a stop before it), beyond "
+                f"the schedule's end; drop trainer.{key}"
+            )
 
 
 def _model(run: Run) -> None:
@@ -403,3 +460,30 @@ def _trainer(run: Run) -> None:
             "trainer.enable_checkpointing=false: main training keeps a rolling last.ckpt, which "
             "ckpt_path=last resumes from; drop trainer.enable_checkpointing"
         )
+
+
+def _callbacks(run: Run) -> None:
+    """A callback that keeps or stops on a metric the model logs reads it the right way up:
+    the lowest loss and the highest accuracy are the best (mode, the class's default where
+    unset). A metric the model does not log is lipt.run.preflight's to refuse."""
+    from lipt.models.classifier import LOGGED_METRICS  # torch, as check_groups imported it
+    from lipt.run.groups import locate
+
+    for name, node in (run.node("callbacks") or {}).items():
+        if not isinstance(node, dict) or "_target_" not in node:
+            continue
+        monitor, mode = str(node.get("monitor")), node.get("mode")
+        if monitor not in LOGGED_METRICS:
+            continue
+        if mode is None:
+            parameter = inspect.signature(locate(str(node["_target_"]))).parameters.get("mode")
+            if parameter is None or not isinstance(parameter.default, str):
+                continue
+            mode = parameter.default
+        best = "min" if "loss" in monitor else "max" if "acc" in monitor else None
+        if best is not None and mode != best:
+            worst = "highest" if best == "min" else "lowest"
+            raise UserError(
+                f"callbacks.{name}.monitor={monitor} with mode={mode} takes the {worst} "
+                f"{monitor} for the best; set callbacks.{name}.mode={best}"
+            )

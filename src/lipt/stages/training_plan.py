@@ -91,12 +91,17 @@ def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedu
         UserError: for a step budget on a trainer whose number of processes the node does not
             tell.
     """
+    return schedule_of(run, len(dm.pool_indices), pool_before_cleaning)
+
+
+def schedule_of(run: Run, pool: int, pool_before_cleaning: int) -> Schedule:
+    """`main_schedule` on a pool of `pool` rows (`pool_before_cleaning` as read)."""
     check_countable_steps(run)
     budget = Subset() if run.gives_way_to_saved_subset else run.budget
     settings, trainer = run.settings, run.node("trainer")
     world_size = trainer_world_size(trainer)
     sizes = PoolSizes(
-        pool=len(dm.pool_indices),
+        pool=pool,
         pool_before_cleaning=pool_before_cleaning,
         batch_size=settings.batch_size,
         max_epochs=run.main_epochs,
@@ -131,8 +136,7 @@ def epoch_batches(trainer: Mapping[str, Any], rows: int, batch_size: int) -> int
 
 def check_countable_steps(run: Run) -> None:
     """Refuse a step budget on a trainer whose number of processes its node does not tell:
-    the budget counts each process's optimiser steps (lipt.run.rules asks it before any work).
-    Also refuses what `check_validation_interval` refuses, which the node alone tells too."""
+    the budget counts each process's optimiser steps (lipt.run.rules asks it before any work)."""
     budget, trainer = run.budget, run.node("trainer")
     steps = budget.counts_steps and not run.gives_way_to_saved_subset
     if steps and trainer_world_size(trainer) is None:
@@ -141,7 +145,6 @@ def check_countable_steps(run: Run) -> None:
             f"{trainer.get('devices')} on accelerator {trainer.get('accelerator', 'auto')} does "
             "not say how many processes take them: give trainer.devices as a number"
         )
-    check_validation_interval(run)
 
 
 def batches_between_validations(trainer: Mapping[str, Any]) -> int | None:
@@ -166,6 +169,29 @@ def check_validation_interval(run: Run) -> None:
             "refuses mid-run; give it as a share of an epoch (trainer.val_check_interval=0.5), "
             "or count batches across epochs (+trainer.check_val_every_n_epoch=null)"
         )
+
+
+def check_validated_within(run: Run, epochs: int, pool: int) -> None:
+    """Refuse `optimized_metric` where main training's `epochs` on a pool of `pool` rows end
+    before its first validation (every trainer.check_val_every_n_epoch epochs, the first at
+    epoch N, where a step budget stops in it too): a step budget's epochs, which lipt.run.rules
+    bounds from the config alone, as this pool's size makes them.
+
+    Raises:
+        UserError: naming the epochs and the validation period, before main training.
+    """
+    metric, every = (
+        run.settings.optimized_metric,
+        run.node("trainer").get("check_val_every_n_epoch"),
+    )
+    if metric is None or type(every) is not int or every <= epochs:
+        return
+    raise UserError(
+        f"optimized_metric={metric} needs a validation result, but "
+        f"trainer.check_val_every_n_epoch={every} validates nothing in the {epochs} epoch"
+        f"{'s' * (epochs != 1)} budget={run.budget.name} trains on this pool ({pool:,} images); "
+        f"set trainer.check_val_every_n_epoch={epochs} or less"
+    )
 
 
 def check_validation_fits(run: Run, rows: int) -> None:
@@ -215,6 +241,7 @@ def training_plan(
     )
     schedule = main_schedule(run, dm, pool_before_cleaning)
     steps, epochs = schedule.steps, schedule.epochs
+    check_validated_within(run, epochs, len(dm.pool_indices))
     module = parts.classifier(model, total_steps=steps, **dynamic_optim)
     reselect = reselection(run, parts, out, subset)
     callbacks: list[L.Callback] = [
