@@ -83,10 +83,12 @@ def test_the_sweeper_applies_the_approach_before_the_experiment():
     """The order this file relies on: a key the experiment sets globally beats the preset, so
     per-approach settings go through `protocol`, which the preset or the experiment reads."""
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        (job, *_) = sweep_jobs(["+experiment=table2_cpu", "+approach=random_online"])
-        assert job.index("+approach=random_online") < job.index("+experiment=table2_cpu")
+        (job, *_) = sweep_jobs(["+experiment=table2", "+approach=random_online"])
+        assert job.index("+approach=random_online") < job.index("+experiment=table2")
         cfg = compose("train", overrides=job)
-        assert cfg.reselect_every == 2  # the experiment's protocol, not the preset's 20
+        assert (
+            cfg.reselect_every == 20
+        )  # the experiment's protocol (200 epochs), not the preset's 2
         for approach, epochs in (("glister_full", 2), ("grand_full", 1)):
             (job, *_) = sweep_jobs(["+experiment=table2_cpu", f"+approach={approach}"])
             assert compose("train", overrides=job).pretrain.epochs == epochs, approach

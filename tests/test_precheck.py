@@ -427,6 +427,9 @@ def test_ddp_on_several_processes_is_refused_in_a_local_multirun(capsys: Any) ->
             "trainer.strategy=auto on 2 processes (trainer.devices=2) is Lightning's DDP",
         ),
         (["trainer.devices=1,2"], "trainer.strategy=auto on 2 processes"),
+        # FSDP and DeepSpeed start their processes with DDP's launcher
+        (["trainer.strategy=fsdp", "trainer.devices=2", "seed=0,1"], "trainer.strategy=fsdp on 2"),
+        (["trainer.strategy=deepspeed_stage_2", "trainer.devices=2", "seed=0,1"], "trainer.st"),
     ],
     ids=lambda a: " ".join(a) if isinstance(a, list) else "",
 )
@@ -446,6 +449,7 @@ def test_ddp_in_any_job_of_a_local_multirun_is_refused(
     [
         ["trainer.devices=1", "trainer.strategy=auto,ddp", "seed=0,1"],
         ["trainer.devices=1,2", "trainer.strategy=ddp_spawn"],  # spawns: no command line again
+        ["trainer.devices=2", "trainer.strategy=ddp_notebook", "seed=0,1"],  # forks
     ],
 )
 def test_a_local_multirun_whose_jobs_start_no_ddp_process_passes(args: list[str]) -> None:

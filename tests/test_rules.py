@@ -105,6 +105,18 @@ def test_reselect_every_of_the_runs_epochs_or_more_is_refused(make_cfg, override
     validate(make_cfg([*shorter, "trainer.max_epochs=41"]), deep=False)  # one epoch more
 
 
+def test_an_experiments_period_too_long_for_the_run_names_its_protocol_key(make_cfg):
+    """An experiment sets each approach's period through protocol.reselect_every.<approach>:
+    shortened to 2 epochs, table 1's GraNd job is refused naming that key, which the command
+    line can set (reselect_every itself, the experiment's interpolation, cannot be)."""
+    job = ["+approach=grand_full", "+experiment=table1_cpu", "trainer.max_epochs=2"]
+    message = refusal(make_cfg, job)
+    assert message.startswith("protocol.reselect_every.grand_full=2 re-selects after every 2"), (
+        message
+    )
+    validate(make_cfg([*job, "protocol.reselect_every.grand_full=1"]), deep=False)
+
+
 def test_a_smoke_run_that_its_steps_end_keeps_its_reselect_every(make_cfg):
     """debug=fdr ends every fit after 2 steps (trainer.max_steps), in 1 epoch: a config that
     re-selects is seen through as it is, not refused for the smoke run's epochs."""

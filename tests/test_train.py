@@ -465,22 +465,56 @@ def test_a_step_budget_on_two_ddp_processes_trains_the_samples_of_one(tmp_path):
     assert ckpt["lr_schedulers"][0]["_last_lr"][0] == pytest.approx(0)
 
 
-def test_validating_every_n_batches_of_a_pruned_epoch_is_refused_before_any_work(make_cfg):
-    """InfoBatch's pruned epochs of the 500-image pool train 13 or so of its 16 batches: a
-    validation every 14 batches of an epoch ended the fit with Lightning's traceback at the
-    first epoch it pruned, the full one before it trained. Refused with the checks before any
-    stage; every 14 batches across epochs (check_val_every_n_epoch=null) trains and
-    validates."""
-    args = [*FAST, "budget.epochs=all", "trainer.max_epochs=4", "+trainer.val_check_interval=14"]
+def test_validating_every_n_batches_a_pruned_epoch_may_lack_is_refused_before_training(
+    make_cfg, tmp_path
+):
+    """InfoBatch's pruned epochs of the 500-image pool train 13 or so of its 16 batches, and as
+    few as 8 (all but one row below the mean, half of them dropped): a validation every 14
+    batches of an epoch ended the fit with Lightning's traceback at the first epoch it pruned,
+    the full one before it trained. Refused in one line before main training; every 8 batches
+    (what the fewest rows hold) trains, and so does every 14 across epochs
+    (check_val_every_n_epoch=null)."""
+    args = [*FAST, "budget.epochs=all", "trainer.max_epochs=4"]
     with pytest.raises(UserError) as refused:
-        validate(make_cfg(args))
-    message = str(refused.value)
-    assert message.startswith("budget=infobatch prunes every epoch to fewer batches, so trainer.")
-    assert "trainer.val_check_interval=0.5" in message and "\n" not in message
-    across = make_cfg([*args, "+trainer.check_val_every_n_epoch=null"])
-    summary = train_stage.run(validate(across))
+        train_stage.run(validate(make_cfg([*args, "+trainer.val_check_interval=14"])))
+    assert str(refused.value) == (
+        "trainer.val_check_interval=14 validates every 14 batches of an epoch, but main "
+        "training's epoch has 8 (as few as 250 of the 500 images budget=infobatch prunes it to, "
+        "in batches of 32); give a smaller number, a share of an epoch "
+        "(+trainer.val_check_interval=0.5), or +trainer.check_val_every_n_epoch=null"
+    )
+    assert not (tmp_path / "checkpoints").exists()
+    within = train_stage.run(validate(make_cfg([*args, "+trainer.val_check_interval=8"])))
+    assert len(within["stages"]["train"]["dynamic"]["pruned_share"]) == 4
+    across = [*args, "+trainer.val_check_interval=14", "+trainer.check_val_every_n_epoch=null"]
+    summary = train_stage.run(validate(make_cfg([*across, f"paths.output_dir={tmp_path / 'b'}"])))
     assert len(summary["stages"]["train"]["dynamic"]["pruned_share"]) == 4
     assert summary["val_accuracy"] is not None
+
+
+def test_lipts_budget_validates_every_few_batches_its_epochs_hold(make_cfg, tmp_path):
+    """budget=lipt keeps about half of the pool's 16 batches in a pruned epoch at fraction 0.5:
+    a validation every 2 batches trains (a blanket refusal of any batch interval under pruning
+    refused it), one every 12 is refused as soon as the pool is read, before the jigsaw
+    learners train."""
+    jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
+    args = [*FAST, *jigsaw, "merge.ratios=3", "budget=lipt", "fraction=0.5"]
+    args += ["trainer.max_epochs=2"]
+    summary = train_stage.run(validate(make_cfg([*args, "+trainer.val_check_interval=2"])))
+    assert summary["val_accuracy"] is not None
+    with pytest.raises(UserError, match=r"^trainer\.val_check_interval=12 .* \(as few as \d+ of "):
+        train_stage.run(
+            validate(
+                make_cfg(
+                    [
+                        *args,
+                        "+trainer.val_check_interval=12",
+                        f"paths.output_dir={tmp_path / 'b'}",
+                    ]
+                )
+            )
+        )
+    assert list((tmp_path / "b").iterdir()) == [], list((tmp_path / "b").iterdir())
 
 
 def test_an_optimized_metric_is_held_to_the_epochs_a_step_budget_trains(make_cfg, tmp_path):

@@ -190,6 +190,26 @@ def ensemble_losses(
     return -torch.log((1.0 - difficulty).clamp_min(1e-6)).float()
 
 
+# A draw this many standard deviations below its expected count is taken as not happening (a
+# chance of about 3 in 100,000 an epoch): a Poisson-binomial count's variance is at most its mean.
+DRAW_DEVIATIONS = 4.0
+
+
+def infobatch_fewest_rows(n: int, ratio: float) -> int:
+    """The fewest of `n` rows an InfoBatch epoch keeps, surely: every row at or above the mean
+    (one at least) and (1 - ratio) of the others, at most n - 1 of which are below it."""
+    return 1 + int((1.0 - ratio) * (n - 1))
+
+
+def budget_fewest_rows(n: int, num_epochs: int, budget: float, delta: float) -> int:
+    """The fewest of `n` rows an epoch of lipt's budget keeps, but for a draw DRAW_DEVIATIONS
+    standard deviations below its expected count q x n (`budget_schedule`), one at least
+    (`budget_plan`)."""
+    _, share = budget_schedule(num_epochs, budget, delta)
+    expected = share * n
+    return min(n, max(1, math.floor(expected - DRAW_DEVIATIONS * math.sqrt(expected))))
+
+
 @dataclass(frozen=True)
 class InfoBatch(Checked):
     """InfoBatch as published (budget=infobatch, lipt.budget.InfoBatchEpochs): its cost follows
@@ -218,6 +238,9 @@ class InfoBatch(Checked):
 
     def settings(self) -> dict[str, float]:
         return {"ratio": self.ratio, "delta": self.delta}
+
+    def fewest_rows(self, n: int, num_epochs: int) -> int:
+        return infobatch_fewest_rows(n, self.ratio)
 
 
 @dataclass(frozen=True)
@@ -248,6 +271,9 @@ class LiptBudget(Checked):
 
     def settings(self) -> dict[str, float]:
         return {"budget": self.budget, "delta": self.delta, "floor": self.floor}
+
+    def fewest_rows(self, n: int, num_epochs: int) -> int:
+        return budget_fewest_rows(n, num_epochs, self.budget, self.delta)
 
 
 PruningMethod = InfoBatch | LiptBudget

@@ -5,12 +5,9 @@ draws no random numbers (samples are evenly spaced, not drawn)."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,31 +87,6 @@ def subset_figure(dm: DataModule, indices: Tensor) -> Any:
     return figure
 
 
-# Where the command line keeps wandb's data in a run folder (lipt.run.cli.keep_caches_in):
-# <run>/.cache/wandb-data. wandb stages a logged table's files under <data>/artifacts/staging,
-# and an offline run's record points at them until `wandb sync` uploads them.
-WANDB_DATA = "WANDB_DATA_DIR"
-WANDB_DATA_IN_RUN = (".cache", "wandb-data")
-
-
-@contextlib.contextmanager
-def wandb_staging_in(folder: Path) -> Iterator[None]:
-    """wandb's staged files in `folder`'s own data folder while the block logs. The command
-    line sets the variable once per process, to its first run folder, so the later jobs of a
-    multirun (and the sweep's report run) would stage their tables in the first job's folder,
-    and a job synced or moved without it would lose them. A data folder the user chose (one not
-    in a run folder's layout), or none, is kept."""
-    chosen = os.environ.get(WANDB_DATA)
-    if chosen is None or Path(chosen).parts[-2:] != WANDB_DATA_IN_RUN:
-        yield
-        return
-    os.environ[WANDB_DATA] = str(folder.joinpath(*WANDB_DATA_IN_RUN))
-    try:
-        yield
-    finally:
-        os.environ[WANDB_DATA] = chosen
-
-
 def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path) -> None:
     """Into the run's wandb run: the merge report as a table, the class histogram (as a wandb
     bar chart), subset.png, and the learners' held-out accuracies as a plot."""
@@ -158,8 +130,7 @@ def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path)
     if (out / SUBSET_PICTURE).is_file():
         payload["subset/picture"] = wandb.Image(str(out / SUBSET_PICTURE))
     if payload:
-        with wandb_staging_in(out):
-            run.log(payload)
+        run.log(payload)  # staged in this run's folder (lipt.run.cli.keep_caches_in)
 
 
 def log_sweep_report(config: Any, sweep: Path) -> Path | None:
@@ -182,23 +153,23 @@ def log_sweep_report(config: Any, sweep: Path) -> Path | None:
         rows = list(csv.reader(f))
     columns: list[str | int] = list(rows[0])
     data = table_data(rows[1:])  # numbers as numbers
-    with wandb_staging_in(sweep):  # the report run's table in the sweep's folder
-        run = wandb.init(
-            project=node.get("project", "lipt"),
-            group=shown(sweep),  # as lipt.stages.build.sweep_name names the sweep's runs
-            name="report",
-            dir=str(sweep),
-            mode="offline" if node.get("offline", True) else "online",
-            reinit=True,
-        )
-        run.log(
-            {
-                "report/results": wandb.Table(columns=columns, data=data),
-                "report/accuracy_vs_data": wandb.Image(str(out / "accuracy_vs_data.png")),
-                "report/stage_times": wandb.Image(str(out / "stage_times.png")),
-            }
-        )
-        run.finish()
+    # staged in the sweep's folder: the sweep's callback points the caches there
+    run = wandb.init(
+        project=node.get("project", "lipt"),
+        group=shown(sweep),  # as lipt.stages.build.sweep_name names the sweep's runs
+        name="report",
+        dir=str(sweep),
+        mode="offline" if node.get("offline", True) else "online",
+        reinit=True,
+    )
+    run.log(
+        {
+            "report/results": wandb.Table(columns=columns, data=data),
+            "report/accuracy_vs_data": wandb.Image(str(out / "accuracy_vs_data.png")),
+            "report/stage_times": wandb.Image(str(out / "stage_times.png")),
+        }
+    )
+    run.finish()
     return out
 
 

@@ -294,7 +294,11 @@ def build_everything(run: Run, loaded: dict[str, Any]) -> None:
     data and models this dry run built already (a data module is checked, not kept: its pool's
     size is)."""
     from lipt.stages.build import build_classifier, build_datamodule, build_model
-    from lipt.stages.training_plan import check_validated_within, schedule_of
+    from lipt.stages.training_plan import (
+        check_validated_within,
+        check_whole_pool_validation,
+        schedule_of,
+    )
 
     def key(*values: Any) -> str:
         return json.dumps(values, sort_keys=True, default=str)
@@ -306,10 +310,11 @@ def build_everything(run: Run, loaded: dict[str, Any]) -> None:
         if data not in loaded:
             # the split and the labels: what only the data can refute
             loaded[data] = len(build_datamodule(run).pool_indices)
-        metric, clean = run.settings.optimized_metric, run.node("clean")
-        if metric is not None and "_target_" not in clean:  # a step budget's epochs, this pool
-            pool = loaded[data]
-            check_validated_within(run, schedule_of(run, pool, pool).epochs, pool)
+        metric, pool = run.settings.optimized_metric, loaded[data]
+        if "_target_" not in run.node("clean"):  # the pool main training reads, as read
+            if metric is not None:  # a step budget's epochs on this pool
+                check_validated_within(run, schedule_of(run, pool, pool).epochs, pool)
+            check_whole_pool_validation(run, pool)  # the whole pool's epochs, or pruned ones
         if model not in loaded:
             with _quiet():
                 loaded[model] = build_classifier(run, build_model(run, seed))

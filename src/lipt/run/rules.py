@@ -163,14 +163,23 @@ def _reselect(run: Run) -> None:
     if type(max_steps) is int and max_steps > 0:
         return  # ended by its steps (debug=fdr's smoke run): its epochs do not bound it
     if type(epochs) is int and 1 <= epochs <= every:  # an ill-typed one: the trainer's check
-        below = (
-            f"a reselect_every below {epochs} (e.g. {max(1, epochs // 10)}), " if epochs > 1 else ""
-        )
+        key = _reselect_key(run)
+        below = f"a {key} below {epochs} (e.g. {max(1, epochs // 10)}), " if epochs > 1 else ""
         raise UserError(
-            f"reselect_every={every} re-selects after every {every} epochs, but "
+            f"{key}={every} re-selects after every {every} epochs, but "
             f"trainer.max_epochs={epochs} ends the run first, so the subset is never "
-            f"re-selected; use {below}more trainer.max_epochs, or reselect_every=0"
+            f"re-selected; use {below}more trainer.max_epochs, or {key}=0"
         )
+
+
+def _reselect_key(run: Run) -> str:
+    """The key a user sets reselect_every by: an experiment's period for the job's approach
+    (`reselect_every: ${oc.select:protocol.reselect_every.${approach},0}`), else its own."""
+    approach = run.config.get("approach")
+    periods = (run.config.get("protocol") or {}).get("reselect_every") or {}
+    if isinstance(approach, str) and periods.get(approach) == run.settings.reselect_every:
+        return f"protocol.reselect_every.{approach}"
+    return "reselect_every"
 
 
 def _main_training(run: Run) -> None:
@@ -408,15 +417,10 @@ def _schedule(run: Run) -> None:
 
 def _steps(run: Run) -> None:
     """A step budget counts the trainer's processes: the node must tell how many; and a step
-    budget ends the fit itself, where the trainer's least epochs or steps would not let it.
-    A validation every N batches cannot outlast a pruned epoch."""
-    from lipt.stages.training_plan import (  # Lightning
-        check_countable_steps,
-        check_validation_interval,
-    )
+    budget ends the fit itself, where the trainer's least epochs or steps would not let it."""
+    from lipt.stages.training_plan import check_countable_steps  # Lightning
 
     check_countable_steps(run)
-    check_validation_interval(run)
     budget, trainer = run.budget, run.node("trainer")
     if not budget.counts_steps or run.gives_way_to_saved_subset:
         return

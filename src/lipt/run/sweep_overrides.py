@@ -188,17 +188,21 @@ def declared_sweep(
     )
 
 
+# DDP's strategies that start their processes from this one (spawned or forked), not by running
+# the command line again.
+IN_PROCESS_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
+
+
 def check_ddp_in_multirun(trainer: DictConfig) -> None:
     """Lightning starts DDP's extra processes by running the command line again (its
     subprocess launcher): under -m that is the whole sweep again in each of them, whose jobs
     wait on each other. `strategy: auto` on several processes is DDP too (Lightning's choice
-    outside a notebook). A SLURM launcher's tasks are the processes instead (srun starts
-    them)."""
+    outside a notebook), and so are FSDP and DeepSpeed (the same launcher). A SLURM launcher's
+    tasks are the processes instead (srun starts them)."""
     strategy = str(trainer.get("strategy", "auto"))
     auto = strategy == "auto"
-    if not auto and (
-        not strategy.startswith("ddp") or strategy.startswith(("ddp_spawn", "ddp_fork"))
-    ):
+    relaunched = strategy.startswith(("ddp", "fsdp", "deepspeed"))
+    if not auto and (not relaunched or strategy.startswith(IN_PROCESS_STRATEGIES)):
         return
     from lipt.stages.training_plan import trainer_world_size  # Lightning: for DDP alone
 

@@ -42,7 +42,7 @@ from lipt.stages.results import Trained, with_cleaning
 from lipt.stages.resume import Resume, finished_summary, resume_of
 from lipt.stages.run import Run
 from lipt.stages.summary import subset_class_counts, summary_payload
-from lipt.stages.training_plan import TrainingPlan, training_plan
+from lipt.stages.training_plan import TrainingPlan, check_whole_pool_validation, training_plan
 from lipt.stages.training_set import TrainingSet, training_set_of
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,7 @@ def run(run: Run) -> dict[str, Any]:
     machine_before = (core_ticks(), load_average())  # was the machine shared? (summary.json)
     parts = build_parts(run)  # each built once, handed down
     dm = parts.dm
+    check_whole_pool_validation(run, len(dm.pool_indices))  # before any stage trains
     resume = resume_of(run, dm, out)  # checked before cleaning re-merges a soup
     # Label cleaning (the `clean` group) changes the pool or its labels before selection.
     cleaned = clean_pool(run, parts, out, resume=run.settings.ckpt_path == "last")

@@ -157,20 +157,6 @@ def batches_between_validations(trainer: Mapping[str, Any]) -> int | None:
     return None if trainer.get("check_val_every_n_epoch", 1) is None else every
 
 
-def check_validation_interval(run: Run) -> None:
-    """Refuse a validation every N batches of an epoch under a pruning budget, whose epochs
-    shrink by the draw: Lightning stops the fit with an error at the first epoch of fewer than
-    N batches, the epochs before it trained."""
-    every = batches_between_validations(run.node("trainer"))
-    if every is not None and run.prunes:
-        raise UserError(
-            f"budget={run.budget.name} prunes every epoch to fewer batches, so trainer."
-            f"val_check_interval={every} (batches of an epoch) may outlast one, which Lightning "
-            "refuses mid-run; give it as a share of an epoch (trainer.val_check_interval=0.5), "
-            "or count batches across epochs (+trainer.check_val_every_n_epoch=null)"
-        )
-
-
 def check_validated_within(run: Run, epochs: int, pool: int) -> None:
     """Refuse `optimized_metric` where main training's `epochs` on a pool of `pool` rows end
     before its first validation (every trainer.check_val_every_n_epoch epochs, the first at
@@ -196,8 +182,10 @@ def check_validated_within(run: Run, epochs: int, pool: int) -> None:
 
 def check_validation_fits(run: Run, rows: int) -> None:
     """Refuse a validation every N batches of an epoch that has fewer than N (Lightning's
-    refusal, with a traceback, when the fit starts): `rows` images an epoch, split between
-    the trainer's processes, in batches of batch_size, up to trainer.limit_train_batches.
+    refusal, with a traceback, when the fit starts, or mid-run at the first pruned epoch that
+    short): `rows` images an epoch, as few as a pruning budget keeps of them
+    (`fewest_rows`), split between the trainer's processes, in batches of batch_size, up to
+    trainer.limit_train_batches.
 
     Raises:
         UserError: naming the epoch's batches and the ways to validate within them.
@@ -206,17 +194,30 @@ def check_validation_fits(run: Run, rows: int) -> None:
     every = batches_between_validations(trainer)
     if every is None:
         return
+    pruning = run.budget.pruning(float(run.settings.fraction)) if run.prunes else None
+    kept = rows if pruning is None else pruning.fewest_rows(rows, run.main_epochs)
     batch_size = run.settings.batch_size
-    batches = epoch_batches(trainer, rows, batch_size)
+    batches = epoch_batches(trainer, kept, batch_size)
     if every > batches:
         selected = run.budget.trains_subset and run.settings.subset_path is None
-        kept = f" (ckpt_path=last hydra.run.dir={run.folder} keeps its subset)" if selected else ""
+        again = f" (ckpt_path=last hydra.run.dir={run.folder} keeps its subset)" if selected else ""
+        prunes = f"as few as {kept:,} of the {rows:,} images budget={run.budget.name} prunes it to,"
+        images = f"{rows:,} images" if pruning is None else prunes
         raise UserError(
             f"trainer.val_check_interval={every} validates every {every} batches of an epoch, "
-            f"but main training's epoch has {batches} ({rows:,} images in batches of "
-            f"{batch_size}); give a smaller number, a share of an epoch "
-            f"(trainer.val_check_interval=0.5), or +trainer.check_val_every_n_epoch=null{kept}"
+            f"but main training's epoch has {batches} ({images} in batches of {batch_size}); "
+            "give a smaller number, a share of an epoch (+trainer.val_check_interval=0.5), or "
+            f"+trainer.check_val_every_n_epoch=null{again}"
         )
+
+
+def check_whole_pool_validation(run: Run, pool: int) -> None:
+    """`check_validation_fits` for a budget that trains the whole pool of `pool` rows, pruned or
+    not, as soon as the data is read: before cleaning and pre-training (training_plan checks
+    the pool cleaning leaves again)."""
+    whole = not run.budget.trains_subset and not run.gives_way_to_saved_subset
+    if run.settings.stage == "train" and whole:
+        check_validation_fits(run, pool)
 
 
 def training_plan(
