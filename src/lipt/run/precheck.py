@@ -117,6 +117,24 @@ def compose_jobs(
             yield cfg
 
 
+def refusal_line(e: Exception, given: list[str]) -> str:
+    """The one line a refusal of the command line `given` prints: the key or override it names
+    first where Hydra or OmegaConf name it on a line of their own, a hint for Hydra's errors."""
+    from hydra.errors import OverrideParseException
+    from omegaconf.errors import OmegaConfBaseException
+
+    message = one_line(e)
+    key = e.full_key if isinstance(e, OmegaConfBaseException) else None
+    typed = interpolating_override(message, given)
+    if typed is not None:  # where the key that failed only reads the user's ${...}
+        message = f"{typed}: {message}"
+    elif key and key not in message:  # OmegaConf names it on a line of its own
+        message = f"{key}: {message}"
+    if isinstance(e, OverrideParseException):  # Hydra names the override on another line
+        message = f"{e.override} cannot be read: {parse_reason(e.message)} ({GRAMMAR})"
+    return message + ("" if isinstance(e, UserError) else override_hint(e))
+
+
 def precheck(
     config_name: str,
     args: list[str],
@@ -134,7 +152,7 @@ def precheck(
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
-    from hydra.errors import HydraException, OverrideParseException
+    from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from lipt.run.config import validate
@@ -204,16 +222,7 @@ def precheck(
             build_everything(run, loaded)
         return max(len(jobs), 1)
     except (HydraException, OmegaConfBaseException, UserError) as e:
-        message = one_line(e)
-        key = e.full_key if isinstance(e, OmegaConfBaseException) else None
-        typed = interpolating_override(message, given)
-        if typed is not None:  # where the key that failed only reads the user's ${...}
-            message = f"{typed}: {message}"
-        elif key and key not in message:  # OmegaConf names it on a line of its own
-            message = f"{key}: {message}"
-        if isinstance(e, OverrideParseException):  # Hydra names the override on another line
-            message = f"{e.override} cannot be read: {parse_reason(e.message)} ({GRAMMAR})"
-        fail(message + ("" if isinstance(e, UserError) else override_hint(e)))
+        fail(refusal_line(e, given))
     finally:
         for generator in generators:  # left mid-way by a refusal: their Hydra context ends now
             generator.close()
