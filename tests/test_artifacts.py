@@ -83,3 +83,34 @@ def test_atomic_write_leaves_old_file_when_interrupted(tmp_path, monkeypatch):
         atomic_write_bytes(path, b"new")
     assert path.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temp file left
+
+
+def test_a_saved_subset_is_refused_beside_another_fraction_or_selector(make_cfg, tmp_path):
+    """train.py subset_path=... trains the subset as select.py chose it, so a `fraction` or a
+    `selector` that is not the subset's would only mislabel the run's summary.json (and a
+    sweep's report): refused in one line before main training, the run folder left empty."""
+    from lipt.run.config import validate
+    from lipt.stages import select as select_stage
+    from lipt.stages import train as train_stage
+    from lipt.stages.build import build_datamodule
+    from tests.helpers import FAST
+
+    picks = [*FAST, "selector=random_balanced", "budget=subset", "fraction=0.2"]
+    select_stage.run(validate(make_cfg(picks, config_name="select")))
+    saved = tmp_path / "subset.npz"
+    run2 = tmp_path / "second"
+    given = [*FAST, f"subset_path={saved}", f"paths.output_dir={run2}"]
+    cases = [
+        ([], r"is a fraction=0\.2 subset, but this run has fraction=0\.1.*pass fraction=0\.2"),
+        (["fraction=0.2", "selector=glister"], r"selected by selector=random_balanced, but .*"),
+    ]
+    for overrides, needle in cases:
+        with pytest.raises(UserError, match=needle) as caught:
+            train_stage.run(validate(make_cfg([*given, *overrides])))
+        assert "\n" not in str(caught.value)
+        assert not (run2 / "checkpoints").exists()  # refused before main training
+    # the subset's own labels (or no selector at all) load it
+    for overrides in (["fraction=0.2"], ["fraction=0.2", "selector=random_balanced"]):
+        run = validate(make_cfg([*given, *overrides]))
+        indices, _ = select_stage.load_checked_subset(build_datamodule(run), saved, run)
+        assert len(indices) == 100  # 20% of the synthetic pool's 500

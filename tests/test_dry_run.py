@@ -222,3 +222,32 @@ def test_init_from_pretrained_passes_where_the_run_pre_trains(make_cfg) -> None:
         cleaned_by_the_soup,
     ):
         validate(make_cfg(["init_from=pretrained", *overrides]), deep=False)
+
+
+@pytest.mark.slow
+def test_a_dry_run_checks_the_saved_subset_and_soup_a_run_reads(tmp_path: Path) -> None:
+    """A dry run passed what its real run refuses at once: train.py's subset_path of another
+    split or fraction, select.py's ckpt_path of another model width. Each is now read and
+    checked as the run checks it; the same files with the run's settings pass."""
+    soup, chosen = tmp_path / "soup", tmp_path / "chosen"
+    args = [o for o in FAST if o != "pretrain=none"]
+    jigsaw = ["pretrain.num_learners=3", "pretrain.local_epochs=1", "merge.ratios=3"]
+    made = run_entry("pretrain.py", [*args, *jigsaw, f"hydra.run.dir={soup}"], timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    ckpt = f"ckpt_path={soup / 'pretrain.ckpt'}"
+    picked = run_entry(
+        "select.py", [*args, "selector=coverage", ckpt, f"hydra.run.dir={chosen}"], timeout=300
+    )
+    assert picked.returncode == 0, picked.stderr[-2000:]
+    subset = f"subset_path={chosen / 'subset.npz'}"
+    for script, extra, words in (
+        ("train.py", [subset, "dataset.split_seed=1"], "has indices in the validation split"),
+        ("train.py", [subset, "fraction=0.3"], "is a fraction=0.1 subset"),
+        ("select.py", ["selector=coverage", ckpt, "model.width=16"], "(model.width=8, this"),
+    ):
+        out = run_entry(script, [*args, *extra, "dry_run=true"], timeout=300)
+        assert out.returncode == 2 and words in out.stderr, (extra, out.stderr[-2000:])
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    for script, extra in (("train.py", [subset]), ("select.py", ["selector=coverage", ckpt])):
+        out = run_entry(script, [*args, *extra, "dry_run=true"], timeout=300)
+        assert out.returncode == 0, (extra, out.stderr[-2000:])

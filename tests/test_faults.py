@@ -213,6 +213,28 @@ def test_a_sweep_whose_job_died_merges_the_rest_and_a_rerun_trains_only_it(
     assert _equal(_soup(sweep), _soup(tmp_path / "clean"))  # bit for bit
 
 
+def test_a_sweep_with_a_truncated_learner_says_so_and_a_rerun_trains_it_again(
+    jigsaw_cfg, tmp_path, caplog
+):
+    """A learner file cut short (a copy that stopped, a disk that filled outside lipt) is named
+    as unreadable, not as a job that never ran; the same sweep again replaces it."""
+    cfg = jigsaw_cfg("sweep")
+    folder = tmp_path / "sweep" / "learners"
+    for i in range(N):
+        _job(cfg, i, folder)
+    whole = torch.load(folder / "learner_2.ckpt", weights_only=True)["state_dict"]
+    length = (folder / "learner_2.ckpt").stat().st_size
+    (folder / "learner_2.ckpt").write_bytes((folder / "learner_2.ckpt").read_bytes()[: length // 3])
+    with caplog.at_level(logging.WARNING, logger="lipt.jigsaw"):
+        summary = jigsaw_stage.merge_learner_dir(run_of(cfg), folder, tmp_path / "sweep")
+    assert "jigsaw learners [2] have an unreadable checkpoint in" in caplog.text, caplog.text
+    assert "have no checkpoint" not in caplog.text
+    assert summary["stages"]["pretrain"]["learners_missing"] == 1
+    _job(cfg, 2, folder)  # the same sweep's job again
+    again = torch.load(folder / "learner_2.ckpt", weights_only=True)["state_dict"]
+    assert all(torch.equal(again[k], v) for k, v in whole.items())  # trained again, the same
+
+
 @pytest.mark.slow
 def test_soup_callback_names_the_missing_ids_and_refuses_too_few(tmp_path):
     sweep = tmp_path / "sweep"

@@ -125,6 +125,13 @@ def test_stage_writes_learners_with_disjoint_shards_and_counts_samples(
     soup = _load(tmp_path / "pretrain.ckpt")
     model = load_pretrained(run_of(cfg), build_parts(run_of(cfg), dm), tmp_path / "pretrain.ckpt")
     assert all(torch.equal(model.state_dict()[k], v) for k, v in soup["state_dict"].items())
+    # One learner's checkpoint is no soup, and records no split to check: refused, naming the
+    # soup and the merge.
+    learner_0 = tmp_path / "learners" / "learner_0.ckpt"
+    with pytest.raises(
+        UserError, match=r"one jigsaw learner's checkpoint, not the soup;.*merge_from"
+    ):
+        load_pretrained(run_of(cfg), build_parts(run_of(cfg), dm), learner_0)
     # ... and the learners' heads, for the coverage selector's ensemble (no second training).
     heads = heads_from_payload(soup)
     assert heads is not None and len(heads) == n
@@ -540,6 +547,47 @@ def test_a_pretrain_checkpoint_of_another_split_is_refused(make_cfg, tmp_path, o
     other = run_of(_soup_without_training(make_cfg, override))
     with pytest.raises(UserError, match=needle):
         load_pretrained(other, build_parts(other), ckpt)
+
+
+def test_a_pretrain_checkpoint_of_another_model_is_refused_naming_the_key(make_cfg, tmp_path):
+    """model.width=16 beside a soup of width 8: the setting and both values, not torch's
+    "Error(s) in loading state_dict for ConvNet:" with nothing after it."""
+    pretrain_run(run_of(_soup_without_training(make_cfg)))
+    ckpt = tmp_path / "pretrain.ckpt"
+    wider = run_of(_soup_without_training(make_cfg, "model.width=16"))
+    with pytest.raises(UserError) as caught:
+        load_pretrained(wider, build_parts(wider), ckpt)
+    message = str(caught.value)
+    assert "model.width=8, this run 16" in message and "\n" not in message, message
+    # a checkpoint that records no model: torch's first reason, not its empty heading
+    payload = _load(ckpt)
+    del payload["model"]
+    torch.save(payload, ckpt)
+    with pytest.raises(UserError, match=r"does not fit model=lipt\.models\.ConvNet \(\w"):
+        load_pretrained(wider, build_parts(wider), ckpt)
+
+
+def test_main_trainings_checkpoint_is_no_pretrain_checkpoint(make_cfg, tmp_path):
+    """select.py ckpt_path=<a train.py run>/checkpoints/last.ckpt: said so, where it was
+    "pre-trained on None"."""
+    pretrain_run(run_of(_soup_without_training(make_cfg)))
+    soup = _load(tmp_path / "pretrain.ckpt")
+    # Lightning's layout: the Classifier's keys under model., its version, epoch and loops
+    lightning = {
+        "epoch": 0,
+        "global_step": 16,
+        "pytorch-lightning_version": "2.6.6",
+        "state_dict": {f"model.{k}": v for k, v in soup["state_dict"].items()},
+        "loops": {},
+        "callbacks": {},
+        "optimizer_states": [],
+        "lr_schedulers": [],
+    }
+    last = tmp_path / "last.ckpt"
+    torch.save(lightning, last)
+    run = run_of(_soup_without_training(make_cfg))
+    with pytest.raises(UserError, match=r"is a checkpoint of main training \(train\.py\), not"):
+        load_pretrained(run, build_parts(run), last)
 
 
 def test_a_pretrain_checkpoint_that_records_no_split_is_loaded_with_a_warning(

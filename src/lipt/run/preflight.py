@@ -286,13 +286,30 @@ def preflight(cfg: DictConfig) -> None:
             _BUILT.add(done)
 
 
+def check_saved_inputs(run: Run) -> None:
+    """What a run reads that an earlier stage saved, checked as the run checks it: train.py's
+    `subset_path` against this data, split, fraction and selector; select.py's `ckpt_path`
+    against this data, split and model (the data module is built again for it)."""
+    from lipt.stages.build import build_datamodule, build_parts
+    from lipt.stages.pretrain import load_pretrained
+    from lipt.stages.select import load_checked_subset
+
+    settings = run.settings
+    if settings.stage == "train" and settings.subset_path is not None:
+        load_checked_subset(build_datamodule(run), Path(settings.subset_path), run)
+    if settings.stage == "select" and settings.ckpt_path is not None:
+        with _quiet():
+            load_pretrained(run, build_parts(run), Path(settings.ckpt_path))
+
+
 def build_everything(run: Run, loaded: dict[str, Any]) -> None:
     """`dry_run=true`: past the checks above, build what the run builds first (the data module,
     its data read and split, labels replaced, as the run sets it up; the model and its
     Lightning module) without training or writing anything; a step budget's epochs on the pool
-    as read are held to `optimized_metric`'s validations. `loaded` holds the settings of the
-    data and models this dry run built already (a data module is checked, not kept: its pool's
-    size is)."""
+    as read are held to `optimized_metric`'s validations; a saved subset or pre-trained model
+    the run reads is checked against them (`check_saved_inputs`). `loaded` holds the settings
+    of the data and models this dry run built already (a data module is checked, not kept: its
+    pool's size is)."""
     from lipt.stages.build import build_classifier, build_datamodule, build_model
     from lipt.stages.training_plan import (
         check_validated_within,
@@ -318,6 +335,7 @@ def build_everything(run: Run, loaded: dict[str, Any]) -> None:
         if model not in loaded:
             with _quiet():
                 loaded[model] = build_classifier(run, build_model(run, seed))
+        check_saved_inputs(run)
     except UserError:
         raise
     except Exception as e:  # a file that does not parse, a model that cannot be built

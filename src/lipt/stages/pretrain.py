@@ -123,6 +123,7 @@ def load_pretrained(
             does not fit the model.
     """
     payload = load_checkpoint(path) if payload is None else payload
+    check_is_pretrain_checkpoint(path, payload)
     data_name = parts.dm.data_name
     if payload.get("data") != data_name:
         raise UserError(
@@ -130,14 +131,57 @@ def load_pretrained(
             "pass a checkpoint for this data set"
         )
     check_split(path, payload.get("split"), data_split(parts.dm))
+    here = run.node("model")
+    differ = model_difference(payload.get("model"), here)
+    if differ:
+        raise UserError(
+            f"{path} was pre-trained with another model ({differ}); pass the model settings "
+            "it was pre-trained with, or pre-train again with this run's"
+        )
     model = parts.initial_model(run.settings.seed)
     try:
         model.load_state_dict(payload["state_dict"], strict=True)
     except RuntimeError as e:
-        first = str(e).splitlines()[0]
-        target = run.node("model")["_target_"]
-        raise UserError(f"{path} does not fit model={target} ({first})") from e
+        # torch's first line only names the class: its first reason says what differs
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        reason = lines[1] if len(lines) > 1 else lines[0] if lines else type(e).__name__
+        raise UserError(f"{path} does not fit model={here['_target_']} ({reason})") from e
     return model
+
+
+# `model` keys that leave the weights' names and shapes as they are.
+MODEL_KEYS_OUTSIDE_WEIGHTS = frozenset({"channels_last", "compile"})
+
+
+def model_difference(saved: Any, here: Mapping[str, Any]) -> str:
+    """The `model` settings a checkpoint records (pretrain.ckpt's `model`) that differ from this
+    run's, as `model.width=8, this run 16` ("" where none do, or it records none)."""
+    if not isinstance(saved, Mapping):
+        return ""
+    keys = sorted((set(saved) | set(here)) - MODEL_KEYS_OUTSIDE_WEIGHTS)
+    return ", ".join(
+        f"model.{key}={saved.get(key)!r}, this run {here.get(key)!r}"
+        for key in keys
+        if saved.get(key) != here.get(key)
+    )
+
+
+def check_is_pretrain_checkpoint(path: Path, payload: Mapping[str, Any]) -> None:
+    """Refuse the checkpoints that are not a pre-training's soup: main training's Lightning
+    checkpoint (last.ckpt, best.ckpt) and one jigsaw learner's (learners/learner_<i>.ckpt),
+    which records no data split to be checked against this run's."""
+    if "pytorch-lightning_version" in payload:
+        raise UserError(
+            f"ckpt_path={path} is a checkpoint of main training (train.py), not of a "
+            "pre-training; give the pretrain.ckpt that pretrain.py (or a learner multirun's soup "
+            "callback) wrote"
+        )
+    if "learner" in payload and "recipe" in payload:
+        raise UserError(
+            f"ckpt_path={path} is one jigsaw learner's checkpoint, not the soup; give the "
+            "pretrain.ckpt of its run, or merge the learners into one with pretrain.py "
+            f"pretrain.merge_from={path.parent}"
+        )
 
 
 def check_split(path: Path, saved: dict[str, Any] | None, here: dict[str, Any]) -> None:

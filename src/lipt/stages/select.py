@@ -206,11 +206,37 @@ def reselection(
     return Reselection(settings.reselect_every, parts.dm, out_dir=out, meta=meta, choose=choose)
 
 
-def load_checked_subset(dm: DataModule, path: Path) -> tuple[Tensor, Tensor]:
-    """A subset file's indices and weights, refused unless it fits this run's data and split."""
+def load_checked_subset(
+    dm: DataModule, path: Path, run: Run | None = None
+) -> tuple[Tensor, Tensor]:
+    """A subset file's indices and weights, refused unless it fits this run's data and split
+    (and, given `run`, the `fraction` and `selector` its summary.json will record)."""
     indices, weights, meta = load_subset(path)
     check_subset_fits(dm, path, indices, weights, meta)
+    if run is not None:
+        check_subset_labels(run, path, meta)
     return indices, weights
+
+
+def check_subset_labels(run: Run, path: Path, meta: dict[str, Any]) -> None:
+    """A saved subset (subset_path) trains as it was selected, whatever `fraction` and
+    `selector` say; they label the run (summary.json's config, a sweep's report), so they are
+    refused where they are not the subset's (a file that records none is not checked)."""
+    recorded = meta.get("fraction")
+    fraction = float(run.settings.fraction)
+    if isinstance(recorded, int | float) and float(recorded) != fraction:
+        raise UserError(
+            f"{path} is a fraction={recorded:g} subset, but this run has fraction={fraction:g}, "
+            f"which a saved subset does not change; pass fraction={recorded:g}, or select a "
+            f"fraction={fraction:g} subset (select.py fraction={fraction:g})"
+        )
+    chosen, made_by = run.selector, meta.get("selector")
+    if chosen is not None and isinstance(made_by, str) and chosen.name != made_by:
+        raise UserError(
+            f"{path} was selected by selector={made_by}, but this run has "
+            f"selector={chosen.name}, which a saved subset does not run; pass "
+            f"selector={made_by} or drop selector"
+        )
 
 
 def check_subset_fits(

@@ -74,7 +74,7 @@ def obtain_subset(
     model pre-trained in this run already, by label cleaning)."""
     settings, dm = run.settings, parts.dm
     if settings.subset_path:
-        return TrainingSet(load_checked_subset(dm, Path(settings.subset_path)))
+        return TrainingSet(load_checked_subset(dm, Path(settings.subset_path), run))
     if not run.trains_subset:
         return TrainingSet(None)
     saved = out / SUBSET_FILE
