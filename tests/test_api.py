@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -196,6 +199,97 @@ def test_a_pool_loader_that_repeats_an_index_is_refused_naming_it():
     # The model's path refuses it too (lipt.selection.gradients.model_outputs).
     with pytest.raises(ValueError, match="twice"):
         lipt.select(Model(), repeating, 0.1, "el2n")
+
+
+class Counted(Model):
+    """The user's module, counting the batches its forward ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.batches += 1
+        return super().forward(x)
+
+
+class Broken(Model):
+    """A module whose embeddings are NaN for the items whose first input is above 2.5 (a
+    diverged layer or a bad input row does this)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.net.body(x)  # [B, 64]
+        h = torch.where((x[:, 0] > 2.5)[:, None], torch.full_like(h, float("nan")), h)
+        return self.net.head(h)
+
+
+def test_outputs_no_selector_can_rank_are_refused_naming_the_item():
+    data = data_module(True, val_size=0.1)
+    bad = torch.nonzero(blobs()[0][:, 0] > 2.5).flatten()  # the resident path's inputs
+    pool_bad = sorted(set(bad.tolist()) & set(data.pool_indices.tolist()))
+    assert len(pool_bad) > 0
+    # every selector that ranks: a NaN row was ranked silently (CRAIG's greedy never ended)
+    for selector in ("el2n", "coverage", "glister"):
+        with pytest.raises(ValueError, match=rf"NaN or infinite for {len(pool_bad)} item\(s\) "):
+            lipt.select(Broken(), data, 0.1, selector)
+    with pytest.raises(ValueError, match=rf"\(dataset index {pool_bad[0]} first\)"):
+        lipt.select(Broken(), data, 0.1, "el2n")
+    # a label past the head's outputs (an IndexError deep in a selector, or another class's
+    # logit for a negative one)
+    x, y = blobs()
+    for label, shown in ((CLASSES, CLASSES), (-1, -1)):
+        labels = y.clone()
+        labels[7] = label
+        loader = DataLoader(TensorDataset(x, labels, torch.arange(len(y))), batch_size=128)
+        with pytest.raises(
+            ValueError,
+            match=rf"^the pool has 1 label\(s\) outside the head's {CLASSES} classes "
+            rf"\(dataset index 7: label {shown}\); give the head one output per class",
+        ):
+            lipt.select(Model(), loader, 0.1, "grand")
+
+
+def test_a_selector_that_matches_the_validation_split_needs_one_before_the_model_runs():
+    no_val = data_module(True)
+    module = Counted()
+    for selector in ("glister", partial(lipt.SELECTORS["gradmatch"], target="val")):
+        with pytest.raises(ValueError, match=r"matches the validation split, which is empty"):
+            lipt.select(module, no_val, 0.1, selector)
+        with pytest.raises(ValueError, match=r"matches the validation split, which is empty"):
+            lipt.Reselection(2, no_val, 0.1, selector)
+    assert module.batches == 0
+    # GradMatch matching the pool needs none; `val=` batches are a validation split
+    assert len(lipt.select(module, no_val, 0.1, "gradmatch")) == 120
+    x, y = blobs(200, seed=1)
+    val = DataLoader(TensorDataset(x, y, torch.arange(200)), batch_size=64)
+    subset = lipt.select(module, no_val, 0.1, "glister", val=val)
+    assert len(subset) == 120 and subset.diagnostics["pool_as_target"] == 0
+
+
+def test_a_selectors_bound_settings_are_held_to_their_ranges_before_the_model_runs():
+    data = data_module(True, val_size=0.1)
+    module = Counted()
+    glister, gradmatch, coverage = (lipt.SELECTORS[k] for k in ("glister", "gradmatch", "coverage"))
+    refused = {
+        partial(gradmatch, lam=float("nan")): r"select_gradmatch\.lam=nan is invalid: .*finite",
+        partial(glister, chunk_size=0): r"select_glister\.chunk_size=0 is invalid: .* 1$",
+        partial(coverage, class_tilt=100): r"select_coverage\.class_tilt=100 is invalid: .*20",
+        partial(coverage, kmeans=3): r"select_coverage\.kmeans is not a setting here",
+        partial(glister, eta="0.1"): r"select_glister\.eta='0\.1' is invalid",
+    }
+    for selector, message in refused.items():
+        with pytest.raises(ValueError, match=rf"^({message})"):
+            lipt.select(module, data, 0.1, selector)
+        with pytest.raises(ValueError, match=rf"^({message})"):
+            lipt.Reselection(2, data, 0.1, selector)
+    assert module.batches == 0
+    # numpy's numbers are settings and budgets as Python's are: the same subset
+    tuned = partial(coverage, class_tilt=np.float64(0.25), kmeans_iters=np.int64(3))
+    plain = partial(coverage, class_tilt=0.25, kmeans_iters=3)
+    for budget in (np.int64(108), np.float64(0.1)):
+        subset = lipt.select(module, data, budget, tuned, seed=2)
+        same = lipt.select(module, data, 108, plain, seed=2)
+        assert torch.equal(subset.indices, same.indices) and len(subset) == 108
 
 
 def test_the_embeddings_are_the_head_input_read_by_a_forward_hook():
@@ -494,3 +588,22 @@ def test_the_readme_example_runs_as_written():
 
 if __name__ == "__main__":
     ddp_main(Path(sys.argv[1]), bool(int(sys.argv[2])))
+
+
+def test_lipts_packages_are_reached_from_import_lipt_alone():
+    """The docs bind a selector's knobs as functools.partial(lipt.selection.select_gradmatch,
+    ...) after `import lipt`: in a fresh interpreter that was an AttributeError until something
+    else had imported the package. Every package of src/lipt is reached so, and none of them
+    at `import lipt` itself (which stays light)."""
+    packages = sorted(
+        p.name for p in (ROOT / "src" / "lipt").iterdir() if (p / "__init__.py").is_file()
+    )
+    code = (
+        "import functools, sys, lipt\n"
+        f"packages = {packages!r}\n"
+        "assert not [p for p in packages if f'lipt.{p}' in sys.modules], sys.modules.keys()\n"
+        "functools.partial(lipt.selection.select_gradmatch, target='val')\n"
+        "assert all(getattr(lipt, p).__name__ == f'lipt.{p}' for p in packages)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -66,7 +66,16 @@ __all__ = [
 ]
 
 
+# lipt's packages, imported on first use too: `lipt.selection.select_gradmatch` after `import lipt`
+PACKAGES = frozenset(
+    {"budget", "cleaning", "core", "data", "dynamic", "jigsaw", "models", "report", "run"}
+    | {"selection", "stages", "warmup"}
+)
+
+
 def __getattr__(name: str) -> Any:
+    if name in PACKAGES:
+        return importlib.import_module(f"lipt.{name}")
     if name not in _API:
         raise AttributeError(f"module 'lipt' has no attribute {name!r}")
     value = getattr(importlib.import_module(_API[name]), name)

@@ -9,14 +9,19 @@ from pool rows into dataset positions, with the subset's profile.
 
 from __future__ import annotations
 
+import functools
+import numbers
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from lipt.core.errors import UserError
+from lipt.core.schema import check_mapping, parameters
 from lipt.selection.ccs import select_ccs
 from lipt.selection.common import Selector, select_balanced
 from lipt.selection.coverage import select_coverage
@@ -46,6 +51,8 @@ SELECTORS: dict[str, Selector] = {
     "ccs": select_ccs,
     "coverage": select_coverage,
 }
+# What the selection passes a selector itself; its other parameters are its settings.
+SELECTOR_CALL = ("inputs", "budget", "generator")
 # Selectors that use labels only: the pool is never run through a model for them.
 LABELS_ONLY: tuple[Callable[..., Any], ...] = (select_random,)
 
@@ -72,8 +79,10 @@ def budget_of(budget: int | float, pool_size: int) -> int:
     Raises:
         ValueError: a budget that selects nothing or more than the pool.
     """
-    if isinstance(budget, bool) or not isinstance(budget, int | float):
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Real):
         raise ValueError(f"budget must be a count or a share of the pool, not {budget!r}")
+    # numpy's integers and floats are counts and shares as Python's are
+    budget = int(budget) if isinstance(budget, numbers.Integral) else float(budget)
     count = round(budget * pool_size) if isinstance(budget, float) else budget
     if isinstance(budget, float) and not 0.0 < budget <= 1.0:
         raise ValueError(f"a budget share must be in (0, 1], got {budget}")
@@ -92,7 +101,45 @@ def selector_of(selector: str | Selector) -> Selector:
         return SELECTORS[selector]
     if not callable(selector):
         raise ValueError(f"selector must be a name or a function, not {type(selector).__name__}")
+    if isinstance(selector, functools.partial) and selector.func in SELECTORS.values():
+        # lipt's own selector with its knobs bound: held to the ranges its config's keys are
+        # (lipt.core.schema), before any model runs rather than after the pass over the pool
+        declared, open_keys = parameters(selector.func, skip=SELECTOR_CALL)
+        name = selector.func.__name__
+        if selector.args:
+            raise ValueError(f"bind {name}'s settings by keyword: functools.partial({name}, k=v)")
+        knobs = {
+            k: v.item() if isinstance(v, np.generic) else v for k, v in selector.keywords.items()
+        }
+        check_mapping(name, knobs, declared, open_keys)
     return selector
+
+
+def matches_held_out(selector: Selector) -> bool:
+    """True for selectors whose target is the validation split: GLISTER, and GradMatch with
+    `target="val"` (also inside a functools.partial)."""
+    fn = getattr(selector, "func", selector)
+    keywords = getattr(selector, "keywords", {})
+    return fn is select_glister or (fn is select_gradmatch and keywords.get("target") == "val")
+
+
+def check_held_out(selector: Selector, data: Any, val: Iterable[Any] | None) -> None:
+    """A selector that matches the validation split needs one (else the pool would silently
+    stand in for it): `val` batches, or a data module's non-empty validation split.
+
+    Raises:
+        ValueError: no validation rows to match.
+    """
+    if not matches_held_out(selector) or val is not None:
+        return
+    if len(getattr(data, "val_indices", ())) > 0:
+        return
+    fn = getattr(selector, "func", selector)
+    name = getattr(fn, "__name__", "the selector").removeprefix("select_")
+    raise ValueError(
+        f"{name} matches the validation split, which is empty here: give the data a "
+        "validation split (PoolDataModule(..., val_size=0.1)) or val= batches of (x, y, idx)"
+    )
 
 
 def needs_model(selector: Selector) -> bool:
@@ -121,6 +168,10 @@ def rank_pool(
     pools = [model_outputs(m, pool(), device, head) for m in models]
     val_outputs = None if val is None else model_outputs(models[0], val, device, head)
     linear = resolve_head(models[0], head)
+    for i, outputs in enumerate(pools):
+        check_outputs(outputs, "the pool" if i == 0 else f"the pool (model {i})")
+    if val_outputs is not None:
+        check_outputs(val_outputs, "the validation split")
     return SelectionInputs(
         pool=pools[0],
         val=val_outputs,
@@ -129,6 +180,35 @@ def rank_pool(
         classifier_bias=None if linear.bias is None else linear.bias.detach().float().cpu(),
         learner_heads=learner_heads,
     )
+
+
+def check_outputs(outputs: PoolOutputs, where: str) -> None:
+    """Refuse what no selector can rank: a label outside the head's classes (it would index
+    another class's logit, or none) and a logit or embedding that is NaN or infinite (a
+    selector would pick by it silently, or never finish).
+
+    Raises:
+        UserError: naming the first such dataset index and how many there are.
+    """
+    classes = outputs.num_classes
+    bad = (outputs.targets < 0) | (outputs.targets >= classes)  # [N]
+    if bool(bad.any()):
+        first = int(torch.nonzero(bad)[0, 0])
+        raise UserError(
+            f"{where} has {int(bad.sum())} label(s) outside the head's {classes} classes "
+            f"(dataset index {int(outputs.indices[first])}: label "
+            f"{int(outputs.targets[first])}); give the head one output per class "
+            f"(labels 0..{classes - 1})"
+        )
+    finite = outputs.logits.isfinite().all(1) & outputs.embeddings.isfinite().all(1)  # [N]
+    if not bool(finite.all()):
+        first = int(torch.nonzero(~finite)[0, 0])
+        raise UserError(
+            f"the model's outputs on {where} are NaN or infinite for {int((~finite).sum())} "
+            f"item(s) (dataset index {int(outputs.indices[first])} first): no selector can "
+            "rank them; check those inputs and the model (a diverged training, an overflow "
+            "in low precision)"
+        )
 
 
 def labels_of_pool(pool: Iterable[Any]) -> PoolOutputs:
@@ -227,11 +307,15 @@ def select(
     default selector, coverage, ensembles with it. The same `seed` gives the same subset.
 
     Raises:
-        ValueError: before any model runs, for a bad budget, selector, head or data.
+        ValueError: before any model runs, for a bad budget, selector, head or data, or a
+            selector that matches the validation split (GLISTER, GradMatch's target="val")
+            without one; after the pass over the pool, for a label outside the head's classes
+            or outputs that are NaN or infinite.
     """
     fn = selector_of(selector)
     batches = pool_batches(data)
     budget = budget_of(budget, pool_size_of(data, batches))
+    check_held_out(fn, data, val)
     models = [] if model is None else [model] if isinstance(model, nn.Module) else list(model)
     if not needs_model(fn):
         return pick(SelectionInputs(pool=labels_of_pool(batches())), budget, fn, seed, balance)
