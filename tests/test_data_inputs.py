@@ -266,3 +266,16 @@ def test_numpy_bools_and_negative_integers_are_no_class_index():
         data = [(torch.zeros(2), label)]
         with pytest.raises(ValueError, match="not a class index"):
             check_labelled(data, "train")
+
+
+def test_a_32_bit_integer_tiff_keeps_its_8_bit_values(tmp_path):
+    """PIL opens a 16-bit PGM and a 32-bit integer TIFF alike (mode "I"): only the PGM is read
+    as 16 bits and shifted to its top 8; a TIFF of values 0..255 keeps them (it read as black
+    when both were shifted)."""
+    from PIL import Image
+
+    from lipt.data.sources import decode_file
+
+    values = np.arange(64, dtype=np.int32).reshape(8, 8) * 4
+    Image.fromarray(values, mode="I").save(tmp_path / "wide.tif")
+    assert torch.equal(decode_file(tmp_path / "wide.tif", 1)[0], torch.from_numpy(values).byte())

@@ -271,6 +271,8 @@ def test_a_resume_that_changes_how_main_training_steps_is_refused_before_any_wor
         ("+trainer.accumulate_grad_batches=2", "trainer.accumulate_grad_batches=1"),
         ("+trainer.gradient_clip_val=1.0", "trainer.gradient_clip_val=None"),
         ("trainer.precision=bf16-mixed", "trainer.precision=32-true"),
+        # an int is a count of batches: 1 is one batch an epoch, not 1.0 (all of them)
+        ("+trainer.limit_train_batches=1", "trainer.limit_train_batches=None"),
     ):
         with pytest.raises(UserError) as refused:
             train_stage.run(validate(make_cfg([*args, changed, "ckpt_path=last"])))

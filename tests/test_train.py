@@ -550,8 +550,9 @@ def test_a_step_budget_beside_the_trainers_least_epochs_is_refused_not_overspent
     Refused before any work; without it the budget's steps train."""
     args = [*FAST, "budget=full_schedule", "fraction=0.3", "trainer.max_epochs=6"]
     for least in ("+trainer.min_epochs=6", "+trainer.min_steps=30"):
-        with pytest.raises(UserError, match=r"^trainer\.min_(epochs|steps)=\d+ keeps training"):
+        with pytest.raises(UserError, match=r"^trainer\.min_(epochs|steps)=\d+ may keep train"):
             validate(make_cfg([*args, least]))
+    validate(make_cfg([*args, "+trainer.min_epochs=0", "+trainer.min_steps=0"]))  # no least
     summary = train_stage.run(validate(make_cfg(args)))
     assert summary["stages"]["train"]["samples"] == 28 * 32 + 20  # round(0.3 x 6 x 16) steps
 

@@ -288,8 +288,10 @@ def decode_file(path: Path, channels: int) -> Tensor:
             from PIL import Image
 
             with Image.open(path) as opened:
-                # 16-bit grey (a 16-bit PGM opens as 32-bit "I"): PIL's convert would clip it
-                if opened.mode.startswith("I;16") or opened.mode == "I":
+                # 16-bit grey (a 16-bit PGM opens as 32-bit "I", which a 32-bit TIFF is too, of
+                # its own range): PIL's convert would clip it
+                pgm16 = opened.mode == "I" and opened.format == "PPM"
+                if opened.mode.startswith("I;16") or pgm16:
                     deep = np.asarray(opened).astype(np.int64).clip(0, 65535) >> 8
                     img = torch.from_numpy(deep.astype(np.uint8)).unsqueeze(0)
                 else:

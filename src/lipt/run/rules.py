@@ -426,9 +426,9 @@ def _steps(run: Run) -> None:
         return
     for key in ("min_epochs", "min_steps"):
         least = trainer.get(key)
-        if least is not None:
+        if least is not None and least != 0:  # 0: no least, Lightning's own
             raise UserError(
-                f"trainer.{key}={as_typed(least)} keeps training past the optimiser steps "
+                f"trainer.{key}={as_typed(least)} may keep training past the optimiser steps "
                 f"budget={budget.name} stops at (Lightning ignores a stop before it), beyond "
                 f"the schedule's end; drop trainer.{key}"
             )

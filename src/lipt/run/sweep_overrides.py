@@ -217,9 +217,9 @@ def check_ddp_in_multirun(trainer: DictConfig) -> None:
     )
     raise UserError(
         f"{what} starts each extra one by running the command again, which under -m runs the "
-        "whole sweep again; run the jobs one at a time (python train.py trainer=ddp seed=0 "
-        "...), or submit the sweep with hydra/launcher=slurm hydra.launcher.tasks_per_node="
-        "<the processes>"
+        f"whole sweep again; run the jobs one at a time (python train.py trainer.strategy="
+        f"{strategy if not auto else 'ddp'} seed=0 ...), or submit the sweep with "
+        "hydra/launcher=slurm hydra.launcher.tasks_per_node=<the processes>"
     )
 
 

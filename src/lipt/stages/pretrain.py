@@ -180,7 +180,7 @@ def check_is_pretrain_checkpoint(path: Path, payload: Mapping[str, Any]) -> None
         raise UserError(
             f"ckpt_path={path} is one jigsaw learner's checkpoint, not the soup; give the "
             "pretrain.ckpt of its run, or merge the learners into one with pretrain.py "
-            f"pretrain.merge_from={path.parent}"
+            f"pretrain.merge_from={path.parent} and the learner jobs' overrides"
         )
 
 

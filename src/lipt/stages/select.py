@@ -225,10 +225,11 @@ def check_subset_labels(run: Run, path: Path, meta: dict[str, Any]) -> None:
     recorded = meta.get("fraction")
     fraction = float(run.settings.fraction)
     if isinstance(recorded, int | float) and float(recorded) != fraction:
+        recorded = float(recorded)  # printed as typed back: 0.33333333, not :g's 0.333333
         raise UserError(
-            f"{path} is a fraction={recorded:g} subset, but this run has fraction={fraction:g}, "
-            f"which a saved subset does not change; pass fraction={recorded:g}, or select a "
-            f"fraction={fraction:g} subset (select.py fraction={fraction:g})"
+            f"{path} is a fraction={recorded!r} subset, but this run has fraction={fraction!r}, "
+            f"which a saved subset does not change; pass fraction={recorded!r}, or select a "
+            f"fraction={fraction!r} subset (select.py fraction={fraction!r})"
         )
     chosen, made_by = run.selector, meta.get("selector")
     if chosen is not None and isinstance(made_by, str) and chosen.name != made_by:
