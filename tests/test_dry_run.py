@@ -225,10 +225,13 @@ def test_init_from_pretrained_passes_where_the_run_pre_trains(make_cfg) -> None:
 
 
 @pytest.mark.slow
-def test_a_dry_run_checks_the_saved_subset_and_soup_a_run_reads(tmp_path: Path) -> None:
+def test_a_dry_run_checks_the_saved_subset_and_soup_a_run_reads(
+    tmp_path: Path, make_cfg, monkeypatch
+) -> None:
     """A dry run passed what its real run refuses at once: train.py's subset_path of another
     split or fraction, select.py's ckpt_path of another model width. Each is now read and
-    checked as the run checks it; the same files with the run's settings pass."""
+    checked as the run checks it, on the one data module the dry run builds; the same files
+    with the run's settings pass."""
     soup, chosen = tmp_path / "soup", tmp_path / "chosen"
     args = [o for o in FAST if o != "pretrain=none"]
     jigsaw = ["pretrain.num_learners=3", "pretrain.local_epochs=1", "merge.ratios=3"]
@@ -251,3 +254,11 @@ def test_a_dry_run_checks_the_saved_subset_and_soup_a_run_reads(tmp_path: Path) 
     for script, extra in (("train.py", [subset]), ("select.py", ["selector=coverage", ckpt])):
         out = run_entry(script, [*args, *extra, "dry_run=true"], timeout=300)
         assert out.returncode == 0, (extra, out.stderr[-2000:])
+    from lipt.run.preflight import build_everything
+    from lipt.stages import build
+
+    built: list[str] = []
+    read = build.build_datamodule
+    monkeypatch.setattr(build, "build_datamodule", lambda run: built.append("dm") or read(run))
+    build_everything(validate(make_cfg([*args, subset])), {})
+    assert built == ["dm"]  # the data read once, for the data checks and the subset's alike

@@ -18,7 +18,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,6 +26,9 @@ from lipt.core import console
 from lipt.core.errors import UserError
 from lipt.core.settings import SelectorSettings
 from lipt.stages.run import Run
+
+if TYPE_CHECKING:
+    from lipt.data.datamodule import DataModule  # torch: imported where a dry run builds
 
 
 def resolved(node: Any) -> Any:
@@ -286,20 +289,28 @@ def preflight(cfg: DictConfig) -> None:
             _BUILT.add(done)
 
 
-def check_saved_inputs(run: Run) -> None:
-    """What a run reads that an earlier stage saved, checked as the run checks it: train.py's
-    `subset_path` against this data, split, fraction and selector; select.py's `ckpt_path`
-    against this data, split and model (the data module is built again for it)."""
-    from lipt.stages.build import build_datamodule, build_parts
+def reads_saved_inputs(run: Run) -> bool:
+    """Whether the run reads what an earlier stage saved: train.py's `subset_path`, select.py's
+    `ckpt_path`."""
+    settings = run.settings
+    subset = settings.stage == "train" and settings.subset_path is not None
+    return subset or (settings.stage == "select" and settings.ckpt_path is not None)
+
+
+def check_saved_inputs(run: Run, dm: DataModule) -> None:
+    """What a run reads that an earlier stage saved, checked as the run checks it, on the data
+    module `dm` built for it: train.py's `subset_path` against this data, split, fraction and
+    selector; select.py's `ckpt_path` against this data, split and model."""
+    from lipt.stages.build import build_parts
     from lipt.stages.pretrain import load_pretrained
     from lipt.stages.select import load_checked_subset
 
     settings = run.settings
     if settings.stage == "train" and settings.subset_path is not None:
-        load_checked_subset(build_datamodule(run), Path(settings.subset_path), run)
+        load_checked_subset(dm, Path(settings.subset_path), run)
     if settings.stage == "select" and settings.ckpt_path is not None:
         with _quiet():
-            load_pretrained(run, build_parts(run), Path(settings.ckpt_path))
+            load_pretrained(run, build_parts(run, dm), Path(settings.ckpt_path))
 
 
 def build_everything(run: Run, loaded: dict[str, Any]) -> None:
@@ -324,9 +335,11 @@ def build_everything(run: Run, loaded: dict[str, Any]) -> None:
     seed = run.settings.seed
     model = key(run.node("model"), run.node("optimizer"), run.node("scheduler"), seed)
     try:
-        if data not in loaded:
+        saved = reads_saved_inputs(run)
+        if data not in loaded or saved:
             # the split and the labels: what only the data can refute
-            loaded[data] = len(build_datamodule(run).pool_indices)
+            dm = build_datamodule(run)
+            loaded[data] = len(dm.pool_indices)
         metric, pool = run.settings.optimized_metric, loaded[data]
         if "_target_" not in run.node("clean"):  # the pool main training reads, as read
             if metric is not None:  # a step budget's epochs on this pool
@@ -335,7 +348,8 @@ def build_everything(run: Run, loaded: dict[str, Any]) -> None:
         if model not in loaded:
             with _quiet():
                 loaded[model] = build_classifier(run, build_model(run, seed))
-        check_saved_inputs(run)
+        if saved:
+            check_saved_inputs(run, dm)
     except UserError:
         raise
     except Exception as e:  # a file that does not parse, a model that cannot be built
