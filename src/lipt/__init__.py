@@ -10,6 +10,7 @@ they are imported on first use, so `import lipt` (and checking a config) stays l
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -67,10 +68,7 @@ __all__ = [
 
 
 # lipt's packages, imported on first use too: `lipt.selection.select_gradmatch` after `import lipt`
-PACKAGES = frozenset(
-    {"budget", "cleaning", "core", "data", "dynamic", "jigsaw", "models", "report", "run"}
-    | {"selection", "stages", "warmup"}
-)
+PACKAGES = frozenset(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg)
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from lipt.cleaning.inputs import as_cpu_tensor, check_class_indices
+from lipt.cleaning.inputs import as_cpu_tensor, class_labels, rows_summing_to_one
 from lipt.core.artifacts import atomic_write_bytes, write_json
 
 # The issue types asked of Datalab by default: those the embeddings and probabilities answer.
@@ -95,15 +95,11 @@ def datalab_issues(
             "per item"
         )
     classes = probs.shape[1]
-    check_class_indices(
-        labels, classes, f"probs {tuple(probs.shape)}", "give probs a column per class"
-    )
-    labels = labels.long()
+    labels = class_labels(labels, probs)
     from cleanlab import Datalab  # pandas, scikit-learn and datasets: only when asked
     from datasets import ClassLabel, Dataset, Features
 
-    p = probs.double()
-    pred_probs = (p / p.sum(1, keepdim=True)).numpy()  # rows summing to one, as cleanlab checks
+    pred_probs = rows_summing_to_one(probs)
     # One process, as lipt.cleaning.find_issues: cleanlab's pool fails in a sweep's workers.
     label_kwargs = {"find_label_issues_kwargs": {"filter_by": filter_by, "n_jobs": 1}}
     asked: dict[str, dict[str, Any]] = {kind: {} for kind in issue_types}

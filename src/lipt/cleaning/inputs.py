@@ -17,6 +17,7 @@ from torch.utils.data import TensorDataset
 
 from lipt.data import DataModule
 from lipt.data.pool import PoolDataModule, check_labelled
+from lipt.selection.types import nonfinite_rows
 
 # cleanlab.filter.find_label_issues's `filter_by` rules.
 FilterBy = Literal[
@@ -24,8 +25,6 @@ FilterBy = Literal[
 ]
 # The dtypes of class-index labels.
 INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-# Rows checked at a time for non-finite values: a bounded bool buffer on a large input tensor.
-CHUNK_ROWS = 4096
 
 # lipt.jigsaw_pretrain's keywords that `jigsaw=` may set (head, seed and accelerator are
 # find_label_issues's own).
@@ -159,15 +158,19 @@ def as_cpu_tensor(values: Any, name: str) -> Tensor:
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def nonfinite_rows(values: Tensor) -> Tensor:
-    """[K] int64, ascending: the rows of `values` [N, ...] holding a NaN or an infinity (none
-    for an integer tensor)."""
-    if not (values.is_floating_point() or values.is_complex()) or values.shape[0] == 0:
-        return torch.empty(0, dtype=torch.int64)
-    finite = torch.cat(
-        [chunk.reshape(len(chunk), -1).isfinite().all(1) for chunk in values.split(CHUNK_ROWS)]
-    )  # [N]
-    return torch.nonzero(~finite).flatten().cpu()
+def class_labels(labels: Tensor, probs: Tensor) -> Tensor:
+    """`labels` [N], checked as class indices of `probs`' [N, C] columns, as int64 (a uint8
+    tensor would index as a mask)."""
+    check_class_indices(
+        labels, probs.shape[1], f"probs {tuple(probs.shape)}", "give probs a column per class"
+    )
+    return labels.long()
+
+
+def rows_summing_to_one(probs: Tensor) -> np.ndarray:
+    """`probs` [N, C] in float64, each row divided by its sum, as cleanlab checks them."""
+    p = probs.double()
+    return (p / p.sum(1, keepdim=True)).numpy()
 
 
 def check_finite(

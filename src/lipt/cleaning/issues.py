@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lipt.cleaning.inputs import as_cpu_tensor, check_class_indices, check_finite
+from lipt.cleaning.inputs import as_cpu_tensor, check_finite, class_labels, rows_summing_to_one
 from lipt.selection.coverage import ensemble_probs
 from lipt.selection.gradients import model_outputs
 from lipt.selection.types import LearnerHeads, PoolOutputs
@@ -208,18 +208,13 @@ def find_issues(
             f"probs [N, C] must have a row per label, got probs {tuple(probs.shape)} for "
             f"labels {tuple(labels.shape)}"
         )
-    check_class_indices(
-        labels, probs.shape[1], f"probs {tuple(probs.shape)}", "give probs a column per class"
-    )
+    labels = class_labels(labels, probs)
     check_finite(
         probs, "probs", "row", "give each row out-of-sample class probabilities, or drop the row"
     )
-    labels = labels.long()  # a uint8 tensor would index as a mask
-    p = probs.double()
-    rows_sum_to_one = (p / p.sum(1, keepdim=True)).numpy()  # as cleanlab checks them
     ranked = find_label_issues(
         labels.numpy(),
-        rows_sum_to_one,
+        rows_summing_to_one(probs),
         filter_by=filter_by,
         return_indices_ranked_by="self_confidence",
         # cleanlab's own process pool reads module globals its workers lack when lipt runs in a

@@ -159,6 +159,12 @@ class ModelOptions(Checked):
     compile: bool = False  # torch.compile the forward pass
 
 
+def matches_validation(selector: str, target: Any) -> bool:
+    """Whether a selector's target is the validation split: GLISTER, and GradMatch with
+    target="val" (each needs one: the pool would silently stand in for it)."""
+    return selector == "glister" or (selector == "gradmatch" and target == "val")
+
+
 @dataclass(frozen=True)
 class SelectorSettings(Checked):
     """A selector option's lipt keys (`selector.*`), beside its function's parameters, and what
@@ -185,7 +191,7 @@ class SelectorSettings(Checked):
         if node is None or "_target_" not in node:
             return None
         name = node.get("name")
-        held_out = name == "glister" or (name == "gradmatch" and node.get("target") == "val")
+        held_out = matches_validation(str(name), node.get("target"))
         declared = cls.keys()
         own = {k: v for k, v in node.items() if k in declared}
         try:

@@ -250,12 +250,17 @@ def _walk(folder: Path) -> Iterator[tuple[str, list[str], list[str]]]:
     way down, through other links too), a loop along which the walk would list the same images
     again and again under this class (until the path grows too long)."""
     for top, dirs, names in os.walk(folder, followlinks=True):
+        links = [
+            os.path.join(top, name) for name in dirs if os.path.islink(os.path.join(top, name))
+        ]
         way = Path(top).relative_to(folder).parts
-        above = {os.path.realpath(folder.joinpath(*way[:depth])) for depth in range(len(way) + 1)}
-        for name in dirs:
-            link = os.path.join(top, name)
-            if not os.path.islink(link):
-                continue
+        # the real folders on the way down, resolved only where a link may loop back to one
+        above = (
+            {os.path.realpath(folder.joinpath(*way[:d])) for d in range(len(way) + 1)}
+            if links
+            else set()
+        )
+        for link in links:
             target = os.path.realpath(link)
             if any(os.path.commonpath([folder_above, target]) == target for folder_above in above):
                 raise UserError(

@@ -245,15 +245,6 @@ def _scoring_device(accelerator: str) -> torch.device:
     return device
 
 
-class _LearnerClassifier(Classifier):
-    """lipt's Classifier for a learner of the user's data: its labels may be any integer
-    tensor (int32 from numpy, say), which cross-entropy takes only as int64."""
-
-    def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
-        x, y, idx, w = batch
-        return super().training_step((x, y.long(), idx, w), batch_idx)
-
-
 def _paper_classifier(classes: int) -> Callable[..., Classifier]:
     """The context's `classifier` for a `classes`-way model: (model, **optim) -> a learner's
     Lightning module."""
@@ -269,9 +260,7 @@ def _paper_classifier(classes: int) -> Callable[..., Classifier]:
         sgd = {"lr": lr, "weight_decay": weight_decay}
         optimizer = functools.partial(PAPER_SGD, **{k: v for k, v in sgd.items() if v is not None})
         schedule = LEARNER_SCHEDULES[scheduler] if scheduler is not None else None
-        return _LearnerClassifier(
-            model, classes, optimizer=optimizer, scheduler=schedule, **options
-        )
+        return Classifier(model, classes, optimizer=optimizer, scheduler=schedule, **options)
 
     return classifier
 
@@ -326,7 +315,8 @@ def jigsaw_pretrain(
     check_parts(prune=prune, merge=merge, augment=augment)
     init = _common_init(factory, seed)
     head, classes = head_name(init, head)
-    check_forward(init, data, head, classes, _scoring_device(accelerator))
+    device = _scoring_device(accelerator)
+    check_forward(init, data, head, classes, device)
     ctx = PretrainContext(
         data_name=type(data).__name__,
         num_classes=classes,
@@ -335,7 +325,7 @@ def jigsaw_pretrain(
         run_seed=seed,
         fraction=1.0,
         main_epochs=1,
-        device=_scoring_device(accelerator),
+        device=device,
         run_dir=_no_run_dir,
         classifier=_paper_classifier(classes),
         trainer=lambda **overrides: learner_trainer(accelerator, **overrides),

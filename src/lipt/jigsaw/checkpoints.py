@@ -128,10 +128,6 @@ def learner_payload(
     }
 
 
-# How `load_learner` says a learner's checkpoint is not there (not: there, but unreadable).
-NO_CHECKPOINT = "no checkpoint at"
-
-
 class OtherRecipeError(UserError):
     """A learner checkpoint made by another recipe than this run's (`diff`: the settings that
     differ)."""
@@ -152,7 +148,7 @@ def load_learner(path: Path, learner: int, shard: Tensor, expected: dict[str, An
         UserError: the checkpoint was made by another recipe (seed, data, n, M, K, ...).
     """
     if not path.is_file():
-        return Learner(learner, shard, status="missing", error=f"{NO_CHECKPOINT} {path}")
+        return Learner(learner, shard, status="missing", error=f"no checkpoint at {path}")
     try:
         payload = load_checkpoint(path)
     except UserError as e:

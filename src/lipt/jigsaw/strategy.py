@@ -35,7 +35,7 @@ from lipt.core.errors import UserError
 from lipt.core.seeding import torch_threads
 from lipt.data import DataModule
 from lipt.jigsaw.api import train_and_merge
-from lipt.jigsaw.checkpoints import NO_CHECKPOINT, learner_dir, load_learners, train_or_reuse
+from lipt.jigsaw.checkpoints import learner_dir, learner_file, load_learners, train_or_reuse
 from lipt.jigsaw.context import PretrainContext, Pretrained
 from lipt.jigsaw.learner import Learner, learner_shard
 from lipt.jigsaw.merge import learner_ids_by_status, merge_learners, soup_result
@@ -122,9 +122,9 @@ def merge_saved(
     """The soup of the learner checkpoints in `folder`, merged exactly as `pretrain_jigsaw`
     merges; samples and unique samples are those the saved learners recorded."""
     learners = load_learners(ctx, settings, dm, seed, folder)
-    missing = set(learner_ids_by_status(learners)["missing"])
-    absent = [le.id for le in learners if le.id in missing and not path_exists(le)]
-    unreadable = [le.id for le in learners if le.id in missing and le.id not in absent]
+    missing = learner_ids_by_status(learners)["missing"]  # no file there, or an unreadable one
+    absent = [i for i in missing if not (folder / learner_file(i)).is_file()]
+    unreadable = [i for i in missing if i not in absent]
     if absent:
         log.warning(
             "jigsaw learners %s have no checkpoint in %s (their jobs died or did not run); "
@@ -143,11 +143,6 @@ def merge_saved(
         soup, report = merge_learners(ctx, settings, dm, init, seed, learners)
     report["learner_dir"] = str(folder)
     return soup_result(soup, learners, report, ctx.head, trained_here=False)
-
-
-def path_exists(learner: Learner) -> bool:
-    """Whether a learner `load_learner` found missing had a file there (an unreadable one)."""
-    return not (learner.error or "").startswith(NO_CHECKPOINT)
 
 
 def train_learner_group(

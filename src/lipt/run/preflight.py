@@ -306,11 +306,12 @@ def check_saved_inputs(run: Run, dm: DataModule) -> None:
     from lipt.stages.select import load_checked_subset
 
     settings = run.settings
-    if settings.stage == "train" and settings.subset_path is not None:
-        load_checked_subset(dm, Path(settings.subset_path), run)
-    if settings.stage == "select" and settings.ckpt_path is not None:
+    assert reads_saved_inputs(run), "no saved input to check"
+    if settings.stage == "train":
+        load_checked_subset(dm, Path(str(settings.subset_path)), run)
+    else:
         with _quiet():
-            load_pretrained(run, build_parts(run, dm), Path(settings.ckpt_path))
+            load_pretrained(run, build_parts(run, dm), Path(str(settings.ckpt_path)))
 
 
 def build_everything(run: Run, loaded: dict[str, Any]) -> None:

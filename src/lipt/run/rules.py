@@ -17,7 +17,6 @@ import inspect
 import math
 from pathlib import Path
 
-from lipt.budget import Subset
 from lipt.core.budget import PoolSizes
 from lipt.core.errors import UserError
 from lipt.core.settings import DatasetSettings
@@ -252,13 +251,10 @@ def _validated_within(run: Run, epochs: int | None) -> None:
     not tell) end before its first validation: every trainer.check_val_every_n_epoch epochs,
     the first at epoch N, where a step budget stops in it too (lipt.stages.training_plan checks
     a step budget's epochs again once the pool is read)."""
-    metric, every = (
-        run.settings.optimized_metric,
-        run.node("trainer").get("check_val_every_n_epoch"),
-    )
-    if metric is None or type(every) is not int or epochs is None or every <= epochs:
+    every = None if epochs is None else run.unvalidated_period(epochs)
+    if epochs is None or every is None:
         return
-    fewer = epochs != run.main_epochs
+    metric, fewer = run.settings.optimized_metric, epochs != run.main_epochs
     trains = f" in the {epochs} epoch{'s' * (epochs != 1)} budget={run.budget.name} trains"
     raise UserError(
         f"optimized_metric={metric} needs a validation result, but "
@@ -277,7 +273,7 @@ def epochs_at_most(run: Run) -> int | None:
     epochs = run.node("trainer").get("max_epochs")
     if type(epochs) is not int or epochs < 1:
         return None
-    budget = Subset() if run.gives_way_to_saved_subset else run.budget
+    budget = run.main_budget
     fraction = float(run.settings.fraction)
     if not budget.counts_steps:  # epochs that no pool size changes
         sizes = PoolSizes(
@@ -422,7 +418,7 @@ def _steps(run: Run) -> None:
 
     check_countable_steps(run)
     budget, trainer = run.budget, run.node("trainer")
-    if not budget.counts_steps or run.gives_way_to_saved_subset:
+    if not run.main_budget.counts_steps:
         return
     for key in ("min_epochs", "min_steps"):
         least = trainer.get(key)

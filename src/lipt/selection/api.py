@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from lipt.core.errors import UserError
 from lipt.core.schema import check_mapping, parameters
+from lipt.core.settings import matches_validation
 from lipt.selection.ccs import select_ccs
 from lipt.selection.common import Selector, select_balanced
 from lipt.selection.coverage import select_coverage
@@ -36,7 +37,7 @@ from lipt.selection.scores import (
     select_random,
     select_uncertainty,
 )
-from lipt.selection.types import LearnerHeads, PoolOutputs, SelectionInputs
+from lipt.selection.types import LearnerHeads, PoolOutputs, SelectionInputs, nonfinite_rows
 
 # The selectors by the names of their configs (configs/selector/); `random_balanced` is
 # `random` with `balance=True`.
@@ -119,8 +120,10 @@ def matches_held_out(selector: Selector) -> bool:
     """True for selectors whose target is the validation split: GLISTER, and GradMatch with
     `target="val"` (also inside a functools.partial)."""
     fn = getattr(selector, "func", selector)
+    if fn not in (select_glister, select_gradmatch):
+        return False
     keywords = getattr(selector, "keywords", {})
-    return fn is select_glister or (fn is select_gradmatch and keywords.get("target") == "val")
+    return matches_validation(fn.__name__.removeprefix("select_"), keywords.get("target"))
 
 
 def check_held_out(selector: Selector, data: Any, val: Iterable[Any] | None) -> None:
@@ -200,11 +203,12 @@ def check_outputs(outputs: PoolOutputs, where: str) -> None:
             f"{int(outputs.targets[first])}); give the head one output per class "
             f"(labels 0..{classes - 1})"
         )
-    finite = outputs.logits.isfinite().all(1) & outputs.embeddings.isfinite().all(1)  # [N]
-    if not bool(finite.all()):
-        first = int(torch.nonzero(~finite)[0, 0])
+    # [K] rows, ascending, chunk by chunk: no [N, D] mask of a large pool's embeddings
+    rows = torch.cat([nonfinite_rows(outputs.logits), nonfinite_rows(outputs.embeddings)]).unique()
+    if len(rows):
+        first = int(rows[0])
         raise UserError(
-            f"the model's outputs on {where} are NaN or infinite for {int((~finite).sum())} "
+            f"the model's outputs on {where} are NaN or infinite for {len(rows)} "
             f"item(s) (dataset index {int(outputs.indices[first])} first): no selector can "
             "rank them; check those inputs and the model (a diverged training, an overflow "
             "in low precision)"

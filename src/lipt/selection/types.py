@@ -12,6 +12,20 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
+# Rows checked at a time for non-finite values: a bounded bool buffer on a large tensor.
+CHUNK_ROWS = 4096
+
+
+def nonfinite_rows(values: Tensor) -> Tensor:
+    """[K] int64, ascending: the rows of `values` [N, ...] holding a NaN or an infinity (none
+    for an integer tensor)."""
+    if not (values.is_floating_point() or values.is_complex()) or values.shape[0] == 0:
+        return torch.empty(0, dtype=torch.int64)
+    finite = torch.cat(
+        [chunk.reshape(len(chunk), -1).isfinite().all(1) for chunk in values.split(CHUNK_ROWS)]
+    )  # [N]
+    return torch.nonzero(~finite).flatten().cpu()
+
 
 @dataclass(frozen=True)
 class PoolOutputs:

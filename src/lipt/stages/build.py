@@ -25,7 +25,7 @@ from lipt.cleaning import JigsawCleaning, KFoldCleaning
 from lipt.core import console
 from lipt.core.artifacts import AtomicCheckpointIO
 from lipt.core.job import sweep_dir_of_job
-from lipt.core.settings import DatasetSettings, SelectorSettings
+from lipt.core.settings import DatasetSettings, ModelOptions, SelectorSettings
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext, Strategy
 from lipt.models.classifier import QUIET_TRAINER, Classifier
@@ -105,11 +105,14 @@ def build_datamodule(run: Run) -> DataModule:
     return cast(DataModule, dm)
 
 
+# The model group's keys for how the model runs, not constructor arguments: no weight is theirs.
+MODEL_RUN_KEYS = frozenset(ModelOptions.keys())
+
+
 def build_model(run: Run, seed: int) -> nn.Module:
     """The seeded random init: the same seed gives the same weights on every rank and job."""
-    # channels_last and compile are how the model runs, not constructor arguments.
     model_node = run.node("model")
-    node = {k: v for k, v in model_node.items() if k not in ("channels_last", "compile")}
+    node = {k: v for k, v in model_node.items() if k not in MODEL_RUN_KEYS}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = instantiate(node)

@@ -27,7 +27,7 @@ from lipt.core.job import run_dir
 from lipt.core.seeding import repeat_seed
 from lipt.jigsaw.context import Pretrained, data_split, heads_from_payload
 from lipt.selection import LearnerHeads
-from lipt.stages.build import Parts, build_parts
+from lipt.stages.build import MODEL_RUN_KEYS, Parts, build_parts
 from lipt.stages.jigsaw import run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.run import Run
@@ -149,16 +149,12 @@ def load_pretrained(
     return model
 
 
-# `model` keys that leave the weights' names and shapes as they are.
-MODEL_KEYS_OUTSIDE_WEIGHTS = frozenset({"channels_last", "compile"})
-
-
 def model_difference(saved: Any, here: Mapping[str, Any]) -> str:
     """The `model` settings a checkpoint records (pretrain.ckpt's `model`) that differ from this
     run's, as `model.width=8, this run 16` ("" where none do, or it records none)."""
     if not isinstance(saved, Mapping):
         return ""
-    keys = sorted((set(saved) | set(here)) - MODEL_KEYS_OUTSIDE_WEIGHTS)
+    keys = sorted((set(saved) | set(here)) - MODEL_RUN_KEYS)
     return ", ".join(
         f"model.{key}={saved.get(key)!r}, this run {here.get(key)!r}"
         for key in keys

@@ -155,9 +155,11 @@ def settled(config: Mapping[str, Any]) -> dict[str, Any]:
 
 # Spellings Lightning takes for one setting: precision's aliases, and values that mean "off".
 PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
-NO_LIMIT = {"gradient_clip_val": (0, 0.0), "limit_train_batches": (1.0,)}
-# the value types that mean "off": limit_train_batches=1 (an int) is one batch an epoch
-NO_LIMIT_TYPES = {"gradient_clip_val": (int, float), "limit_train_batches": (float,)}
+# (values, of types) that mean "off": limit_train_batches=1 (an int) is one batch an epoch
+NO_LIMIT = {
+    "gradient_clip_val": ((0, 0.0), (int, float)),
+    "limit_train_batches": ((1.0,), (float,)),
+}
 
 
 def same_as_lightning(key: str, value: Any) -> Any:
@@ -168,7 +170,8 @@ def same_as_lightning(key: str, value: Any) -> Any:
         return None
     if key == "precision":
         return PRECISION_ALIASES.get(str(value), str(value))
-    if key in NO_LIMIT and type(value) in NO_LIMIT_TYPES[key] and value in NO_LIMIT[key]:
+    off, types = NO_LIMIT.get(key, ((), ()))
+    if type(value) in types and value in off:
         return None
     return value
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from lipt.core.budget import Budget
 from lipt.core.settings import DatasetSettings, RunSettings, SelectorSettings
@@ -53,6 +53,23 @@ class Run:
         """A saved subset (subset_path) replaces the selection, and with it a whole-pool
         budget: the subset trains trainer.max_epochs, unpruned."""
         return bool(self.settings.subset_path) and not self.budget.trains_subset
+
+    @property
+    def main_budget(self) -> Budget:
+        """What main training spends: the budget, or budget=subset's where a saved subset
+        replaces a whole-pool budget (`gives_way_to_saved_subset`)."""
+        from lipt.budget import Subset  # the budget options, built by lipt.run.config
+
+        # a frozen dataclass: its `name` is read-only, which the Protocol's attribute is not
+        return cast(Budget, Subset()) if self.gives_way_to_saved_subset else self.budget
+
+    def unvalidated_period(self, epochs: int) -> int | None:
+        """trainer.check_val_every_n_epoch where `optimized_metric` needs a validation that
+        main training's `epochs` end before (the first comes at epoch N); else None."""
+        every = self.node("trainer").get("check_val_every_n_epoch")
+        if self.settings.optimized_metric is None or type(every) is not int or every <= epochs:
+            return None
+        return every
 
     @property
     def trains_subset(self) -> bool:

@@ -21,7 +21,8 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor, nn
 
-from lipt.budget import PoolSizes, Schedule, Subset
+from lipt.budget import PoolSizes, Schedule
+from lipt.budget.modes import epoch_steps
 from lipt.core.errors import UserError
 from lipt.core.requeue import RequeueOnSignal
 from lipt.data import DataModule
@@ -97,7 +98,7 @@ def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedu
 def schedule_of(run: Run, pool: int, pool_before_cleaning: int) -> Schedule:
     """`main_schedule` on a pool of `pool` rows (`pool_before_cleaning` as read)."""
     check_countable_steps(run)
-    budget = Subset() if run.gives_way_to_saved_subset else run.budget
+    budget = run.main_budget
     settings, trainer = run.settings, run.node("trainer")
     world_size = trainer_world_size(trainer)
     sizes = PoolSizes(
@@ -125,7 +126,7 @@ def epoch_batches(trainer: Mapping[str, Any], rows: int, batch_size: int) -> int
     """The training batches of an epoch of `rows` rows on each of the `trainer` node's
     processes (DDP's sampler pads the last), as Lightning counts them: up to
     trainer.limit_train_batches (a count, or a share of them)."""
-    batches = math.ceil(math.ceil(rows / (trainer_world_size(trainer) or 1)) / batch_size)
+    batches = epoch_steps(rows, batch_size, trainer_world_size(trainer) or 1)  # 1 batch a step
     limit = trainer.get("limit_train_batches")
     if isinstance(limit, int) and not isinstance(limit, bool):
         return min(batches, limit)
@@ -138,8 +139,7 @@ def check_countable_steps(run: Run) -> None:
     """Refuse a step budget on a trainer whose number of processes its node does not tell:
     the budget counts each process's optimiser steps (lipt.run.rules asks it before any work)."""
     budget, trainer = run.budget, run.node("trainer")
-    steps = budget.counts_steps and not run.gives_way_to_saved_subset
-    if steps and trainer_world_size(trainer) is None:
+    if run.main_budget.counts_steps and trainer_world_size(trainer) is None:
         raise UserError(
             f"budget={budget.name} counts optimiser steps, and trainer.devices="
             f"{trainer.get('devices')} on accelerator {trainer.get('accelerator', 'auto')} does "
@@ -166,14 +166,11 @@ def check_validated_within(run: Run, epochs: int, pool: int) -> None:
     Raises:
         UserError: naming the epochs and the validation period, before main training.
     """
-    metric, every = (
-        run.settings.optimized_metric,
-        run.node("trainer").get("check_val_every_n_epoch"),
-    )
-    if metric is None or type(every) is not int or every <= epochs:
+    every = run.unvalidated_period(epochs)
+    if every is None:
         return
     raise UserError(
-        f"optimized_metric={metric} needs a validation result, but "
+        f"optimized_metric={run.settings.optimized_metric} needs a validation result, but "
         f"trainer.check_val_every_n_epoch={every} validates nothing in the {epochs} epoch"
         f"{'s' * (epochs != 1)} budget={run.budget.name} trains on this pool ({pool:,} images); "
         f"set trainer.check_val_every_n_epoch={epochs} or less"
@@ -215,8 +212,7 @@ def check_whole_pool_validation(run: Run, pool: int) -> None:
     """`check_validation_fits` for a budget that trains the whole pool of `pool` rows, pruned or
     not, as soon as the data is read: before cleaning and pre-training (training_plan checks
     the pool cleaning leaves again)."""
-    whole = not run.budget.trains_subset and not run.gives_way_to_saved_subset
-    if run.settings.stage == "train" and whole:
+    if run.settings.stage == "train" and not run.trains_subset:
         check_validation_fits(run, pool)
 
 
