@@ -615,3 +615,111 @@ def test_two_frontier_sweeps_of_other_epochs_read_as_one_folder_make_two_frontie
     assert [f["ref_epochs"] for f in frontiers.values()] == [12, 36]
     assert (tmp_path / "frontier_12_epochs.png").is_file()
     assert (tmp_path / "frontier_36_epochs.png").is_file()
+
+
+def on(job: tuple[str, dict], dataset: str, model: str = "lipt.models.ConvNet") -> tuple[str, dict]:
+    """A job of a frontier sweep over data sets (`dataset=fashion_mnist,cifar10`): its config
+    names its data set and model, as summary.json's resolved config does."""
+    name, payload = job
+    payload["config"]["dataset"] = {"name": dataset, "label_noise": {"rate": 0.0}}
+    payload["config"]["model"] = {"_target_": model}
+    return f"{name}_{dataset}", payload
+
+
+def test_a_sweep_over_data_sets_draws_a_frontier_per_data_set(tmp_path: Path) -> None:
+    """`+experiment=frontier_cpu dataset=fashion_mnist,cifar10`: the sweeper runs a reference
+    per data set, and each method's runs on one data set are measured against that one's. Mixed
+    into one frontier, the reference was 75.00 ± 17.32 (the two data sets' runs averaged) and
+    InfoBatch, 0.1 points short of the whole pool on Fashion-MNIST at half its cost, was not
+    lossless."""
+    from lipt.report.frontier_render import write_frontier
+
+    jobs = [on(job, "fashion_mnist") for job in with_reference_runs()]  # 88.70 ± 0.20 in 100 s
+    jobs += [on(summary("full_data", 0.1, s, 0.60 + s / 100, 400.0), "cifar10") for s in (0, 1)]
+    jobs += [on(summary("infobatch", 0.5, s, 0.886, 50.0), "fashion_mnist") for s in (0, 1)]
+    jobs += [on(summary("infobatch", 0.5, s, 0.55, 200.0), "cifar10") for s in (0, 1)]
+    text = write_frontier(tmp_path, jobs, "full_data").read_text()
+    fashion, cifar = text.split("## fashion_mnist")[1].split("## cifar10")
+    assert "| reference (whole pool, 12 epochs) | 1 | 3 | 88.70 ± 0.20 | - | 100.0 |" in fashion
+    assert "| infobatch | 2.00x | 0.5 | 88.60 ± 0.00 |" in fashion  # lossless: 0.1 short
+    assert "| reference (whole pool, 12 epochs) | 1 | 2 | 60.50 ± 0.71 | - | 400.0 |" in cifar
+    assert "| infobatch | 0.5 | 2 | 55.00 ± 0.00 | - | 200.0 |" in cifar
+    assert "| infobatch | none | - | - |" in cifar
+    assert {p.name for p in tmp_path.glob("*.png")} == {
+        "frontier_fashion_mnist.png",
+        "frontier_cifar10.png",
+    }
+    # a model swept beside a data set: a frontier per pair; one data set, one model: no title
+    jobs += [on(summary("full_data", 0.1, 0, 0.7, 900.0), "cifar10", "lipt.models.ResNet18")]
+    text = write_frontier(tmp_path, jobs, "full_data").read_text()
+    assert "## cifar10, ConvNet" in text and "## cifar10, ResNet18" in text
+    alone = [on(job, "fashion_mnist") for job in with_reference_runs()]
+    assert "\n## " not in write_frontier(tmp_path / "alone", alone, "full_data").read_text()
+
+
+def test_a_seed_run_twice_pairs_by_its_mean_as_the_points_average_it() -> None:
+    """A folder holding one sweep twice: the points average every run; the pairs took the last
+    run of each seed only (here -5.00 points against the whole pool, where the points are level),
+    and the table says the seeds column counts runs."""
+    from lipt.report.frontier_render import section
+
+    runs, epochs_ref = records(
+        with_reference_runs(
+            summary("full_schedule", 0.5, 0, 0.80, 50.0, val=0.8),
+            summary("full_schedule", 0.5, 0, 0.90, 50.0, val=0.8),
+            summary("full_schedule", 0.5, 1, 0.84, 50.0, val=0.8),
+            summary("infobatch", 0.5, 0, 0.85, 60.0),
+            summary("infobatch", 0.5, 0, 0.85, 40.0),
+            summary("infobatch", 0.5, 1, 0.86, 50.0),
+        ),
+        "full_data",
+    )
+    points = {(p.method, p.budget): p for p in aggregate(runs)}
+    assert points["infobatch", 0.5].accuracy == pytest.approx(85.333, abs=1e-3)
+    (paired,) = paired_with_whole_pool(runs)
+    assert paired.method == "infobatch" and paired.seeds == (0, 1)
+    assert paired.difference == pytest.approx(1.0)  # seed 0: 85 - 85, seed 1: 86 - 84
+    assert paired.difference_std == pytest.approx(math.sqrt(2))
+    assert paired.samples_ratio == pytest.approx(1.0)  # seed 0: 50,000 a run on each side
+    text = "\n".join(section(list(points.values()), runs, epochs_ref))
+    assert "Caveat: 2 of 3 points ran a seed more than once" in text
+    assert "full_schedule at 0.5, infobatch at 0.5." in text
+
+
+def test_a_run_whose_test_accuracy_is_not_a_number_is_no_point() -> None:
+    """A NaN accuracy stopped the report with a traceback (statistics.stdev); an infinite one
+    made a point of infinite accuracy. Such a run is left out, as a failed one is; a NaN
+    validation accuracy is no validation accuracy."""
+    runs, _ = records(
+        with_reference_runs(
+            summary("infobatch", 0.5, 0, math.nan, 50.0),
+            summary("infobatch", 0.5, 1, 0.80, 50.0, val=math.nan),
+            summary("infobatch", 0.5, 2, math.inf, 50.0),
+        ),
+        "full_data",
+    )
+    points = {(p.method, p.budget): p for p in aggregate(runs)}
+    infobatch = points["infobatch", 0.5]
+    assert infobatch.seeds == (1,) and infobatch.accuracy == pytest.approx(80.0)
+    assert infobatch.val_accuracy is None
+    assert lossless_speedups(list(points.values())) == {"infobatch": None}
+
+
+def test_the_reference_is_at_the_methods_epochs_however_many_curve_runs() -> None:
+    """E_ref was the epochs most finished runs had: a narrowed sweep (one method, seed 0) beside
+    the whole pool's curve at 16 epochs for three seeds took the 16-epoch runs for the reference
+    and the 12-epoch reference for the curve."""
+    jobs = [
+        summary("full_data", 0.1, 0, 0.90, 100.0),
+        summary("infobatch", 0.5, 0, 0.89, 50.0),
+        *(summary("full_data", 0.1, s, 0.91, 140.0, epochs=16) for s in (0, 1, 2)),
+    ]
+    from lipt.report.frontier import by_epochs
+
+    ((epochs, group),) = by_epochs(jobs, "full_data").items()
+    runs, epochs_ref = records(group, "full_data", epochs)
+    assert epochs_ref == 12
+    points = {(p.method, p.budget): p for p in aggregate(runs)}
+    assert points[REFERENCE, 1.0].seeds == (0,)
+    assert points[CURVE, 16 / 12].seeds == (0, 1, 2)
+    assert points["infobatch", 0.5].speedup == pytest.approx(2.0)

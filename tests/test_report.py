@@ -9,6 +9,7 @@ import csv
 import functools
 import itertools
 import json
+import math
 import shutil
 import statistics
 from collections.abc import Sequence
@@ -698,3 +699,46 @@ def test_the_sweeps_wandb_report_table_holds_numbers_as_numbers(real_sweep):
         assert row["training_samples"] == float(text["training_samples"])
     random_row = next(r for r in rows if r["selector.name"] == "random")
     assert random_row["pretrain_seconds"] is None  # no run of the group pre-trained
+
+
+def test_a_run_whose_test_accuracy_is_not_a_number_is_skipped_with_a_warning(
+    sweep, tmp_path, capsys
+):
+    """A summary.json with `"test_accuracy": NaN` (json writes it so) stopped the report with a
+    traceback from the paired table's std; its group's accuracy read `nan ± nan`. It is skipped
+    with a warning, as an unreadable summary is, and the others are reported."""
+    groups = ["pretrain=jigsaw", "selector=glister"]
+    write_run(sweep / "8", groups, math.nan, seed=3)
+    write_run(sweep / "9", ["pretrain=jigsaw", "selector=random"], 0.80, seed=3)
+    sweep_report.main([str(sweep), "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert "2 groups from 7 runs, grouped by selector.name" in captured.out
+    assert f"warning: skipped {sweep / '8' / 'summary.json'}: its test_accuracy is nan" in (
+        captured.err
+    )
+    rows = {r["selector.name"]: r for r in csv.DictReader((tmp_path / "results.csv").open())}
+    glister = 100 * np.array(ACCURACIES["glister"])
+    assert float(rows["glister"]["test_acc_pct_mean"]) == pytest.approx(glister.mean())
+    assert rows["glister"]["seeds"] == "0,1,2" and rows["random"]["seeds"] == "0,1,2,3"
+    paired = list(csv.DictReader((tmp_path / "paired.csv").open()))
+    assert [r["seed"] for r in paired] == ["0", "1", "2"]
+
+
+def test_out_takes_a_frontier_sweeps_frontier_and_leaves_the_sweep_folder_alone(sweep, tmp_path):
+    """--out DIR got the tables, but frontier.md, .png and .json were still written into the
+    sweep's folder (one the user keeps as it is, e.g. a committed results folder)."""
+    (sweep / "multirun.yaml").write_text(
+        "hydra:\n  sweeper:\n"
+        "    _target_: hydra_plugins.lipt_frontier.frontier_sweeper.FrontierSweeper\n"
+        "    reference: [+approach=full_data]\n"
+    )
+    before = sorted(path.name for path in sweep.iterdir())
+    out = tmp_path / "out"
+    sweep_report.main([str(sweep), "--out", str(out)])
+    assert sorted(path.name for path in sweep.iterdir()) == before
+    assert {"frontier.md", "frontier.png", "frontier.json", "results.md"} <= {
+        path.name for path in out.iterdir()
+    }
+    assert "| glister | 0.1 | 3 | 84.47 ± 0.64 |" in (out / "frontier.md").read_text()
+    sweep_report.main([str(sweep)])  # without --out: beside the sweep, as documented
+    assert (sweep / "frontier.md").is_file() and (sweep / "report" / "results.md").is_file()

@@ -11,10 +11,12 @@ Cost, per run: end-to-end seconds (summary.json's stages: pre-training + label c
 selection + training, with re-selection and the per-epoch validation inside training; loading
 the data and the test pass are not counted) and samples passed forward and backward
 (pre-training's + K-fold cleaning's + training's). A sweep over data conditions (wrong labels:
-`dataset.label_noise`) gets one frontier per condition, a folder of frontier sweeps whose
-methods ran different epochs (the 12- and the 36-epoch one) one per epochs, and runs that
+`dataset.label_noise`) gets one frontier per condition, as does a sweep over data sets or models
+(`dataset=...`, `model=...`: the sweeper runs a reference for each), a folder of frontier sweeps
+whose methods ran different epochs (the 12- and the 36-epoch one) one per epochs, and runs that
 cleaned their labels a detection table: precision and recall against the flipped labels, and
-the seconds it took.
+the seconds it took. A run whose test accuracy is not a finite number is left out, as a failed
+one is.
 A method is lossless at a budget when its mean test accuracy is at most LOSSLESS_POINTS below
 the reference's; its lossless speed-up is the largest such one. Methods are compared on the
 validation split (never test) per budget, and paired seed by seed against the whole pool on the
@@ -29,7 +31,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from lipt.core.host import BUSY_SHARE, is_busy_beside, is_loaded, is_pinned
 
@@ -124,6 +126,16 @@ def epochs_of(summary: Mapping[str, Any]) -> int:
     return int(summary["config"]["trainer"]["max_epochs"])
 
 
+def finite(value: Any) -> TypeGuard[float]:
+    """A number that is not NaN or infinite (nor a bool): an accuracy a mean can be taken of."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def finished(summary: Mapping[str, Any]) -> bool:
+    """A run that trained and tested: its test accuracy is a finite number."""
+    return finite(summary.get("test_accuracy"))
+
+
 def records(
     summaries: Sequence[tuple[str, Mapping[str, Any]]],
     reference: str,
@@ -132,7 +144,7 @@ def records(
     """Each finished job as a Record, and E_ref (`epochs_ref`, by default the epochs most jobs
     were configured with: the reference's). The reference's jobs at other epochs are the whole
     pool's curve."""
-    runs = [(n, s) for n, s in summaries if s.get("test_accuracy") is not None]
+    runs = [(n, s) for n, s in summaries if finished(s)]
     if epochs_ref is None:
         ref_epochs = Counter(epochs_of(s) for _, s in runs).most_common(1)
         epochs_ref = ref_epochs[0][0] if ref_epochs else 1
@@ -155,7 +167,7 @@ def records(
                 budget,
                 int(config["seed"]),
                 100 * float(summary["test_accuracy"]),
-                None if val is None else 100 * float(val),
+                100 * float(val) if finite(val) else None,
                 seconds,
                 samples,
                 summary,
@@ -175,14 +187,40 @@ def condition_of(summary: Mapping[str, Any]) -> str:
     return f"labels from {Path(str(labels)).name}" if labels else ""
 
 
+# What a frontier sweep can sweep besides its methods' points and the labels: the data set and the
+# model (`dataset=fashion_mnist,cifar10`, `model=...`). The sweeper runs a reference for each
+# value, and a method's runs on one are no point of another's frontier.
+SETTINGS = ("dataset.name", "model._target_")
+
+
+def setting_of(summary: Mapping[str, Any], dotted: str) -> str | None:
+    """A run's value of a dotted config key, as text; None where the config has no such key."""
+    node: Any = summary["config"]
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return None if node is None else str(node)
+
+
+def setting_text(dotted: str, value: str | None) -> str:
+    """A setting as a frontier's title names it: `cifar10`, `ConvNet` (a class by its name)."""
+    if value is None:
+        return f"no {dotted}"
+    return value.rsplit(".", 1)[-1] if dotted.endswith("_target_") else value
+
+
 def by_condition(
     summaries: Sequence[tuple[str, Mapping[str, Any]]],
 ) -> dict[str, list[tuple[str, Mapping[str, Any]]]]:
-    """The sweep's runs split by data condition (`condition_of`), in the order first seen."""
+    """The sweep's runs split by data condition (`condition_of`) and, where its runs have
+    several, by data set and model (SETTINGS), in the order first seen; each group under its
+    title (the settings that vary, then the condition; "" for a plain sweep)."""
+    runs = [(name, summary) for name, summary in summaries if "config" in summary]
+    varying = [key for key in SETTINGS if len({setting_of(s, key) for _, s in runs}) > 1]
     groups: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
-    for name, summary in summaries:
-        if "config" in summary:
-            groups.setdefault(condition_of(summary), []).append((name, summary))
+    for name, summary in runs:
+        parts = [setting_text(key, setting_of(summary, key)) for key in varying]
+        title = ", ".join(part for part in (*parts, condition_of(summary)) if part)
+        groups.setdefault(title, []).append((name, summary))
     return groups
 
 
@@ -192,15 +230,16 @@ def by_epochs(
     """One condition's runs split into frontiers by the epochs their methods ran: a budget is a
     share of the reference's cost at those epochs, so runs at 12 and 36 epochs (two frontier
     sweeps read as one folder) make two frontiers, not one point each method of mixed runs.
-    {None: summaries} where the methods ran one number of epochs (or none ran); else, per
+    {E: summaries} where the methods ran one number of epochs E (the reference's, however many
+    runs of the whole pool's curve there are), {None: summaries} where no method ran; else, per
     epochs E, the methods' runs at E and every reference run (the reference at E, the whole
     pool's curve at other epochs)."""
-    finished = [(n, s) for n, s in summaries if s.get("test_accuracy") is not None]
-    methods = [(n, s) for n, s in finished if approach_of(s["config"]) != reference]
+    done = [(n, s) for n, s in summaries if finished(s)]
+    methods = [(n, s) for n, s in done if approach_of(s["config"]) != reference]
     epochs = sorted({epochs_of(s) for _, s in methods})
     if len(epochs) < 2:
-        return {None: list(summaries)}
-    references = [(n, s) for n, s in finished if approach_of(s["config"]) == reference]
+        return {epochs[0] if epochs else None: list(summaries)}
+    references = [(n, s) for n, s in done if approach_of(s["config"]) == reference]
     return {e: [*references, *((n, s) for n, s in methods if epochs_of(s) == e)] for e in epochs}
 
 
@@ -352,19 +391,31 @@ def best_whole_pool(runs: Sequence[Record]) -> dict[float, str]:
 
 def paired_with_whole_pool(runs: Sequence[Record]) -> list[Paired]:
     """Each method and budget against the whole pool's best shorter schedule at that budget
-    (best_whole_pool), seed by seed; the seeds that both ran."""
+    (best_whole_pool), seed by seed; the seeds that both ran. A seed run more than once (two
+    sweeps of one frontier in the folder) counts by the mean of its runs, as one pair, on
+    either side: as the points average every run."""
     chosen = best_whole_pool(runs)
-    base = {(r.budget, r.seed): r for r in runs if chosen.get(r.budget) == r.method}
-    groups: dict[tuple[str, float], dict[int, tuple[float, float]]] = {}
+    base: dict[tuple[float, int], list[Record]] = {}
     for r in runs:
-        other = base.get((r.budget, r.seed))
-        if r.method not in (chosen.get(r.budget), REFERENCE, CURVE) and other is not None:
-            ratio = r.samples / other.samples if other.samples else math.nan
-            groups.setdefault((r.method, r.budget), {})[r.seed] = (r.test - other.test, ratio)
+        if chosen.get(r.budget) == r.method:
+            base.setdefault((r.budget, r.seed), []).append(r)
+    groups: dict[tuple[str, float], dict[int, list[Record]]] = {}
+    for r in runs:
+        if r.method not in (chosen.get(r.budget), REFERENCE, CURVE) and (r.budget, r.seed) in base:
+            groups.setdefault((r.method, r.budget), {}).setdefault(r.seed, []).append(r)
     out = []
     for (method, budget), by_seed in sorted(groups.items()):
-        mean, std = mean_std([d for d, _ in by_seed.values()])
-        ratio = statistics.mean(q for _, q in by_seed.values())
+        differences, ratios = [], []
+        for seed, mine in by_seed.items():
+            theirs = base[budget, seed]
+            differences.append(
+                statistics.fmean(r.test for r in mine) - statistics.fmean(r.test for r in theirs)
+            )
+            their_samples = statistics.fmean(r.samples for r in theirs)
+            samples = statistics.fmean(r.samples for r in mine)
+            ratios.append(samples / their_samples if their_samples else math.nan)
+        mean, std = mean_std(differences)
+        ratio = statistics.mean(ratios)
         out.append(Paired(method, budget, chosen[budget], tuple(sorted(by_seed)), mean, std, ratio))
     return out
 

@@ -129,6 +129,18 @@ def section(points: Sequence[Point], runs: Sequence[Record], epochs_ref: int) ->
     pool, the choice on validation and, where runs cleaned labels, their detection."""
     ref = reference_of(points)
     lines = [*table_rows(points, epochs_ref)]
+    repeated = [
+        " at ".join(label_of(p, epochs_ref)) for p in points if len(set(p.seeds)) < len(p.seeds)
+    ]
+    if repeated:
+        lines += [
+            "",
+            f"Caveat: {len(repeated)} of {len(points)} points ran a seed more than once and "
+            "average its runs (their seeds column counts runs): the folder holds a sweep twice, "
+            "or the sweep varied a setting these points mix (one other than the data set, the "
+            f"model, the labels and the epochs, which get frontiers of their own): "
+            f"{', '.join(repeated)}.",
+        ]
     if ref is not None:
         floor = ref.accuracy - LOSSLESS_POINTS
         lines += [
@@ -306,10 +318,17 @@ def slug(condition: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in condition.replace("%", "pct")).strip("_")
 
 
-def write_frontier(sweep_dir: Path, summaries: Sequence[tuple[str, dict]], reference: str) -> Path:
-    """frontier.md, frontier.png and frontier.json in `sweep_dir`: one frontier per data
-    condition and, where the methods ran several numbers of epochs, per epochs
-    (frontier_<title>.png where the sweep has several); returns the Markdown's path."""
+def write_frontier(
+    sweep_dir: Path,
+    summaries: Sequence[tuple[str, dict]],
+    reference: str,
+    out: Path | None = None,
+) -> Path:
+    """frontier.md, frontier.png and frontier.json of the sweep in `sweep_dir`, written to `out`
+    (default: `sweep_dir`): one frontier per data condition, data set and model and, where the
+    methods ran several numbers of epochs, per epochs (frontier_<title>.png where the sweep has
+    several); returns the Markdown's path."""
+    out = sweep_dir if out is None else out
     frontiers: Frontiers = {}
     for condition, group in by_condition(summaries).items():
         split = by_epochs(group, reference)
@@ -318,14 +337,14 @@ def write_frontier(sweep_dir: Path, summaries: Sequence[tuple[str, dict]], refer
             at = f"{epochs_ref} epochs" if len(split) > 1 else ""
             title = ", ".join(part for part in (condition, at) if part)
             frontiers[title] = (aggregate(runs), runs, epochs_ref)
-    path = sweep_dir / "frontier.md"
+    path = out / "frontier.md"
     atomic_write_bytes(path, markdown(sweep_dir, frontiers).encode())
     payload = {t or "labels as given": to_json(p, r, e) for t, (p, r, e) in frontiers.items()}
     write_json(
-        sweep_dir / "frontier.json", next(iter(payload.values())) if len(payload) == 1 else payload
+        out / "frontier.json", next(iter(payload.values())) if len(payload) == 1 else payload
     )
     for title, (points, runs, epochs_ref) in frontiers.items():
         if points:
             name = "frontier.png" if len(frontiers) == 1 else f"frontier_{slug(title)}.png"
-            plot(points, epochs_ref, sweep_dir / name, title, detections(runs))
+            plot(points, epochs_ref, out / name, title, detections(runs))
     return path

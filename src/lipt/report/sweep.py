@@ -12,7 +12,9 @@ seeds, and writes to SWEEP_DIR/report/ (or --out):
   figure 2);
 - `stage_times.png`: mean seconds of pre-training, selection and training (and of label
   cleaning and the pool's scoring pass where a run had them), stacked, per group (the paper's
-  table 1).
+  table 1);
+- for a frontier sweep (hydra/sweeper=frontier), `frontier.md`, `frontier.png` and
+  `frontier.json` (lipt.report.frontier) in SWEEP_DIR, or in --out where one is given.
 
 How the columns are computed (per run, then over the runs of a group):
 
@@ -38,8 +40,10 @@ between runs, except seeds (`seed`, `*_seed`: replicates) and bookkeeping (`path
 selector's own options when `selector.name` varies) are dropped: see `varying_keys`.
 `--group-by KEY ...` sets the keys instead.
 
-Mistakes a user can fix (no such directory, no summary.json in it, an unknown --group-by key)
-end with one line on stderr and exit code 2, as lipt's other commands do.
+A summary.json that cannot be read, or whose test accuracy is not a number (NaN, infinite, text),
+is skipped with a warning, as is a job folder without one. Mistakes a user can fix (no such
+directory, no summary.json in it, an unknown --group-by key) end with one line on stderr and exit
+code 2, as lipt's other commands do.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import numpy as np
 
 from lipt.core.artifacts import LEARNERS_DIR
 from lipt.core.errors import UserError, fail
-from lipt.report.frontier import costs, reference_approach
+from lipt.report.frontier import costs, finite, reference_approach
 from lipt.report.frontier_render import write_frontier
 from lipt.report.paired import paired_rows, parse_baseline
 from lipt.report.render import (
@@ -117,7 +121,9 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Hashable]:
 
 def load_summaries(sweep_dir: Path) -> tuple[list[Run], list[str]]:
     """Every readable summary.json under `sweep_dir`, and a warning for each one skipped: an
-    unreadable or truncated file, or a Hydra job directory (it has `.hydra/`) without one."""
+    unreadable or truncated file, one whose test accuracy is neither null nor a finite number
+    (a mean over it would be NaN, its pairs and the frontier wrong), or a Hydra job directory
+    (it has `.hydra/`) without one."""
     if not sweep_dir.is_dir():
         raise UserError(f"{sweep_dir} is not a directory (pass a sweep dir, multirun/<job>/<time>)")
     runs: list[Run] = []
@@ -137,6 +143,10 @@ def load_summaries(sweep_dir: Path) -> tuple[list[Run], list[str]]:
             and all(isinstance(stage, dict) for stage in summary["stages"].values())
         ):
             warnings.append(f"skipped {path}: not a lipt summary (no config or stages)")
+            continue
+        accuracy = summary.get("test_accuracy")
+        if accuracy is not None and not finite(accuracy):
+            warnings.append(f"skipped {path}: its test_accuracy is {accuracy!r}, not a number")
             continue
         runs.append(Run(path, summary, flatten(summary["config"])))
     for hydra_dir in sorted(sweep_dir.rglob(".hydra")):
@@ -327,7 +337,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "config keys that vary, averaged over seeds.",
     )
     parser.add_argument("sweep_dir", type=Path, metavar="SWEEP_DIR")
-    parser.add_argument("--out", type=Path, help="output directory (default SWEEP_DIR/report)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="output directory (default SWEEP_DIR/report; a frontier sweep's frontier.* files "
+        "go to SWEEP_DIR, or here where given)",
+    )
     parser.add_argument(
         "--group-by",
         nargs="+",
@@ -389,7 +404,7 @@ def write_report(args: argparse.Namespace) -> str:
     reference = reference_approach(args.sweep_dir)
     if reference is not None:  # a frontier sweep (hydra/sweeper=frontier)
         summaries = [(run.path.parent.name, run.summary) for run in runs]
-        line += f"\nfrontier: {write_frontier(args.sweep_dir, summaries, reference)}"
+        line += f"\nfrontier: {write_frontier(args.sweep_dir, summaries, reference, args.out)}"
     return line
 
 
