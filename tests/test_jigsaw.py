@@ -7,28 +7,41 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import TensorDataset
 
+import lipt
 import lipt.stages.build
 from lipt.core.errors import UserError
 from lipt.data import DataModule
+from lipt.jigsaw import api as jigsaw_api
 from lipt.jigsaw import learner as jigsaw_learner
+from lipt.jigsaw import strategy as jigsaw_strategy
 from lipt.jigsaw.checkpoints import recipe, recipe_difference
 from lipt.jigsaw.context import heads_from_payload
 from lipt.jigsaw.learner import Learner, learner_shards, state_digest
 from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners
+from lipt.jigsaw.parts import (
+    GreedyInterpMerge,
+    MagnitudePruning,
+    RandAugment,
+    RandomPruning,
+    SnipPruning,
+)
 from lipt.jigsaw.weights import recompute_batchnorm_stats
 from lipt.run.config import run_of, validate
 from lipt.run.hydra_callbacks import learner_sweep
 from lipt.run.sweep_overrides import check_learner_sweep
 from lipt.stages import jigsaw as jigsaw_stage
 from lipt.stages.build import build_datamodule, build_model, build_part, build_parts
-from lipt.stages.pretrain import load_pretrained, pretrain_model
+from lipt.stages.pretrain import load_pretrained, pretrain_model, ranking_models
 from lipt.stages.pretrain import run as pretrain_run
 from tests.helpers import run_entry
 
@@ -777,3 +790,146 @@ def test_a_merge_part_built_in_python_is_the_configs(make_cfg, merge):
     """`GreedyInterpMerge()` in a script gets what `merge=greedy_interp` gives a run."""
     part = build_part(make_cfg([*JIGSAW, f"merge={merge}"], config_name="pretrain").merge)
     assert part == type(part)(name=part.name)
+
+
+# --------------------------------------------------------------------------- Python API inputs
+
+
+def _api_data() -> tuple[Callable[[], torch.nn.Module], lipt.PoolDataModule]:
+    """A 10-class pool of 28x28 one-channel images and a ConvNet with BatchNorm whose head is
+    `head`: the shapes the jigsaw learners train on (Fashion-MNIST's)."""
+    g = torch.Generator().manual_seed(0)
+    images, labels = torch.randn(400, 1, 28, 28, generator=g), torch.arange(400) % 10
+
+    def net() -> torch.nn.Module:
+        body = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(4),
+            torch.nn.Flatten(),
+        )
+        return torch.nn.Sequential(OrderedDict(body=body, head=torch.nn.Linear(128, 10)))
+
+    data = lipt.PoolDataModule(TensorDataset(images, labels), val_size=0.2, batch_size=16)
+    return net, data
+
+
+def _no_learner(*args: object, **kwargs: object) -> Learner:
+    raise AssertionError("a learner was trained")
+
+
+@pytest.mark.parametrize("accelerator", ["cuda:0", "GPU", "gpu"])
+def test_jigsaw_pretrain_refuses_an_accelerator_lightning_cannot_run_before_any_learner(
+    monkeypatch: pytest.MonkeyPatch, accelerator: str
+) -> None:
+    """Lightning refuses the name (the learners take one device: "cuda", not "cuda:0"), or the
+    device is not on this machine: one ValueError naming it, not every learner left out as
+    failed and then "no jigsaw learner is left to merge" (nor CUDA's traceback for "gpu")."""
+    if accelerator == "gpu" and torch.cuda.is_available():
+        pytest.skip("this machine runs accelerator='gpu'")
+    net, data = _api_data()
+    monkeypatch.setattr(jigsaw_api, "train_learner", _no_learner)
+    with pytest.raises(
+        ValueError, match=rf"^accelerator='{accelerator}' cannot train the learners"
+    ):
+        lipt.jigsaw_pretrain(net, data, num_learners=4, local_epochs=1, accelerator=accelerator)
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda: MagnitudePruning("omp", 0.95, 0.85), r"prune\.density_low=0\.95, prune\.densi"),
+        (lambda: RandomPruning("random", 0.9, 0.5), r"0 < density_low <= density_high <= 1"),
+        (lambda: SnipPruning("snip", 0.6, 0.5), r"prune\.density_low=0\.6"),
+        (lambda: GreedyInterpMerge("greedy_interp", ratios=[0.0]), r"merge\.ratios=\[0\.0\]"),
+        (lambda: GreedyInterpMerge("greedy_interp", ratios=[]), r"needs one above 0"),
+        (lambda: RandAugment(magnitude=31), r"augment\.magnitude=31 is invalid: use 0\.\.30"),
+    ],
+)
+def test_a_part_of_crossed_settings_is_refused_when_built_not_after_the_learners(make, needle):
+    """What the config's rules refuse across a part's keys, the part itself refuses for the
+    Python API: crossed density bounds failed every learner after its training (and the soup
+    then found none), a ratio list with nothing above 0 failed the soup after all learners."""
+    with pytest.raises(ValueError, match=needle):
+        make()
+
+
+def test_parts_of_sound_settings_are_still_built():
+    assert MagnitudePruning("omp", 0.9, 0.9).density_low == 0.9
+    assert GreedyInterpMerge("greedy_interp", ratios=[0.0, 0.5]).grid() == [0.0, 0.5]
+    assert RandAugment(magnitude=30).magnitude == 30
+
+
+# --------------------------------------------------------------------------- selector.repeats
+
+
+def _repeats_cfg(make_cfg: Callable[..., DictConfig], *overrides: str) -> DictConfig:
+    """select.py's config: GraNd averaging two soups, one per seed."""
+    settings = [*JIGSAW, FEW_RATIOS, "selector=grand", "selector.repeats=2", *overrides]
+    return make_cfg(settings, config_name="select")
+
+
+def _one_seed_cfg(make_cfg: Callable[..., DictConfig], folder: Path) -> DictConfig:
+    """pretrain.py's config keeping its learners (of the run's seed alone) in `folder`."""
+    return make_cfg([*JIGSAW, FEW_RATIOS, f"pretrain.learner_dir={folder}"], config_name="pretrain")
+
+
+def test_merge_from_a_learner_folder_of_two_seeds_gives_each_seeds_soup(make_cfg, tmp_path):
+    """A run with selector.repeats keeps each seed's learners apart (seed_<seed> in its learner
+    folder); pretrain.merge_from of that folder merges each seed's soup from its own learners,
+    the soups the run made, rather than failing on the second with "trained with other
+    settings (seed)"."""
+    folder = tmp_path / "kept"
+    trained = run_of(_repeats_cfg(make_cfg, f"pretrain.learner_dir={folder}"))
+    made = ranking_models(trained, build_parts(trained)).models
+    assert len(list(folder.glob("seed_*/learner_*.ckpt"))) == N
+    merged = run_of(_repeats_cfg(make_cfg, f"pretrain.merge_from={folder}"))
+    again = ranking_models(merged, build_parts(merged)).models
+    for one, other in zip(made, again, strict=True):
+        theirs = other.state_dict()
+        assert all(torch.equal(v, theirs[k]) for k, v in one.state_dict().items())
+
+
+def test_merge_from_without_the_other_seeds_learners_is_refused_before_any_merge(
+    make_cfg, tmp_path, monkeypatch
+):
+    folder = tmp_path / "one_seed"
+    pretrain_model(build_parts(run_of(_one_seed_cfg(make_cfg, folder))), seed=0)
+    monkeypatch.setattr(jigsaw_strategy, "merge_saved", _no_learner)
+    run = run_of(_repeats_cfg(make_cfg, f"pretrain.merge_from={folder}"))
+    with pytest.raises(UserError, match=r"holds no learners of seed \d+ \(looked in .*seed_\d+\)"):
+        ranking_models(run, build_parts(run))
+
+
+def test_a_head_without_a_bias_gives_the_learners_heads_after_the_soup():
+    """nn.Linear(..., bias=False) as the final layer: the learners' heads come back with zero
+    biases (the same logits), where reading `<head>.bias` raised KeyError after all the
+    learners and the merge; selection ranks with them."""
+    net, data = _api_data()
+
+    def no_bias() -> torch.nn.Module:
+        model = net()
+        model.head = torch.nn.Linear(128, 10, bias=False)
+        return model
+
+    result = lipt.jigsaw_pretrain(no_bias, data, num_learners=3, local_epochs=1, head="head")
+    heads = result.learner_heads
+    assert heads is not None and heads.weight.shape == (3, 10, 128)
+    assert torch.equal(heads.bias, torch.zeros(3, 10))
+    subset = lipt.select(result.model, data, 0.1, head="head", learner_heads=heads)
+    assert len(subset.indices) == round(0.1 * len(data.pool_indices))
+
+
+def test_numpy_numbers_pass_as_the_python_numbers_they_are():
+    """check_pretrain_args takes any integer for min_learners, so numpy's too: it reached the
+    settings as np.int64 and was refused as "pretrain holds a value that is no setting", as a
+    numpy learning rate in `optim` was; each now makes the soup its Python value makes."""
+    net, data = _api_data()
+    given = {"num_learners": 2, "local_epochs": 1, "head": "head"}
+    plain = lipt.jigsaw_pretrain(net, data, min_learners=1, optim={"lr": 0.05}, **given)
+    numpy = lipt.jigsaw_pretrain(
+        net, data, min_learners=np.int64(1), optim={"lr": np.float64(0.05)}, **given
+    )
+    theirs = numpy.model.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in plain.model.state_dict().items())

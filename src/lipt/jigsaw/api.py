@@ -14,7 +14,7 @@ import copy
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any, cast
 
 import lightning as L
@@ -27,7 +27,7 @@ from lipt.core.seeding import torch_threads
 from lipt.core.settings import LearnerOptim
 from lipt.data import LearnerData
 from lipt.jigsaw.context import PretrainContext, Pretrained
-from lipt.jigsaw.learner import Learner, learner_shards, train_learner
+from lipt.jigsaw.learner import Learner, learner_shards, quiet_lightning, train_learner
 from lipt.jigsaw.merge import HeldOut, bn_positions, merge_learners, soup_result
 from lipt.jigsaw.parts import (
     GreedyInterpMerge,
@@ -84,6 +84,21 @@ def train_and_merge(
 def learner_trainer(accelerator: str, **overrides: Any) -> L.Trainer:
     """A quiet single-device trainer: no logger, no checkpoints, no bars, no validation."""
     return L.Trainer(**{"accelerator": accelerator, "devices": 1, **QUIET_TRAINER, **overrides})
+
+
+def check_accelerator(accelerator: str) -> None:
+    """Raise ValueError for an `accelerator` the learners' trainer cannot run on here: a name
+    Lightning does not know (`"cuda:0"`: the learners take one device, `"cuda"`), or a device
+    this machine lacks (`"gpu"` without CUDA). Lightning would refuse it in every learner, each
+    left out as failed, and the soup would find none to merge."""
+    try:
+        with quiet_lightning():
+            learner_trainer(accelerator)
+    except Exception as e:
+        raise ValueError(
+            f"accelerator={accelerator!r} cannot train the learners here ({one_line(e)}): give "
+            '"cpu", "gpu" (or "cuda") on a machine with CUDA, or "auto"'
+        ) from e
 
 
 def check_pretrain_args(
@@ -265,6 +280,14 @@ def _paper_classifier(classes: int) -> Callable[..., Classifier]:
     return classifier
 
 
+def _plain(value: Any) -> Any:
+    """A number as Python's int or float (a numpy scalar, say, of a sweep drawn with numpy,
+    which the settings' checks do not know); anything else as it is."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return value
+    return int(value) if isinstance(value, Integral) else float(value)
+
+
 def _no_run_dir() -> Any:
     """The context's `run_dir`: never asked for, the API's learners stay in memory."""
     raise AssertionError("jigsaw_pretrain keeps its learners in memory")
@@ -308,11 +331,13 @@ def jigsaw_pretrain(
             returns other than the logits [batch, the head's outputs], a `prune`, `merge` or
             `augment` that is not an instance of its lipt.jigsaw.parts classes, data without a
             validation split, a pool too small for n x M minibatches, counts that are not
-            integers >= 1 or a `min_learners` outside 1..`num_learners`; and for fewer than
-            `min_learners` (default: half) usable learners at the end.
+            integers >= 1, a `min_learners` outside 1..`num_learners`, or an `accelerator`
+            Lightning cannot run here (an unknown name, a GPU on a machine without one); and for
+            fewer than `min_learners` (default: half) usable learners at the end.
     """
     check_pretrain_args(data, num_learners, batches_per_learner, local_epochs, min_learners)
     check_parts(prune=prune, merge=merge, augment=augment)
+    check_accelerator(accelerator)
     init = _common_init(factory, seed)
     head, classes = head_name(init, head)
     device = _scoring_device(accelerator)
@@ -338,8 +363,8 @@ def jigsaw_pretrain(
         num_learners=int(num_learners),
         batches_per_learner=int(batches_per_learner),
         local_epochs=int(local_epochs),
-        optim=cast(LearnerOptim, dict(optim)) if optim else None,
-        min_learners=min_learners,
+        optim=cast(LearnerOptim, {k: _plain(v) for k, v in optim.items()}) if optim else None,
+        min_learners=None if min_learners is None else int(min_learners),
     )
     learner_shards(settings, data, seed)  # what the shards refuse fails here, before any learner
     result, _ = train_and_merge(ctx, settings, data, init, seed)

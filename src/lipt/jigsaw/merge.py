@@ -330,10 +330,13 @@ def learner_heads(learners: Sequence[Learner], head: str = "classifier") -> Lear
     states = [le.state_dict for le in learners if le.status == "ok" and le.state_dict is not None]
     if not states:
         return None
-    return LearnerHeads(
-        weight=torch.stack([s[f"{head}.weight"].float() for s in states]),  # [L, C, D]
-        bias=torch.stack([s[f"{head}.bias"].float() for s in states]),  # [L, C]
-    )
+    weights = [s[f"{head}.weight"].float() for s in states]  # each [C, D]
+    # A head without a bias (nn.Linear(..., bias=False)) adds zeros: the same logits.
+    biases = [
+        s[f"{head}.bias"].float() if f"{head}.bias" in s else w.new_zeros(len(w))
+        for s, w in zip(states, weights, strict=True)
+    ]
+    return LearnerHeads(weight=torch.stack(weights), bias=torch.stack(biases))  # [L, C, D], [L, C]
 
 
 def head_shards(learners: Sequence[Learner]) -> list[Tensor]:

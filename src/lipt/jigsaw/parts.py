@@ -50,6 +50,17 @@ class Pruning(Checked):
     prunes: ClassVar[bool] = True
     needs_batch: ClassVar[bool] = False
 
+    def __post_init__(self) -> None:
+        """The fields, then the bounds together: a learner draws its density from them only
+        once it has trained, so crossed bounds would fail every learner after its training."""
+        super().__post_init__()
+        if self.density_low > self.density_high:
+            raise UserError(
+                f"prune.density_low={self.density_low!r}, prune.density_high="
+                f"{self.density_high!r} are invalid: densities are kept fractions with "
+                "0 < density_low <= density_high <= 1 (paper: 0.85, 0.95)"
+            )
+
     def apply(self, model: nn.Module, density: float, generator: Generator, batch: Batch) -> None:
         raise NotImplementedError
 
@@ -116,6 +127,16 @@ class RandAugment(Checked):
     magnitude: Annotated[int, NON_NEGATIVE] = 9  # below num_magnitude_bins
     num_magnitude_bins: Annotated[int, Interval(ge=2, le=10**4)] = 31
 
+    def __post_init__(self) -> None:
+        """The fields, then the magnitude against its bins (torchvision refuses it in each
+        learner's first batch)."""
+        super().__post_init__()
+        if self.magnitude >= self.num_magnitude_bins:
+            raise UserError(
+                f"augment.magnitude={self.magnitude} is invalid: use "
+                f"0..{self.num_magnitude_bins - 1} (below augment.num_magnitude_bins)"
+            )
+
     def randaugment(self) -> dict[str, Any] | None:
         """torchvision.transforms.RandAugment's keyword arguments."""
         return {
@@ -180,6 +201,17 @@ class GreedyInterpMerge(Merge):
 
     ratios: Annotated[int, COUNT] | list[Annotated[float, UNIT]] | Literal["running_mean"] = 5
     search: Literal["grid", "scan"] = "scan"
+
+    def __post_init__(self) -> None:
+        """The fields, then a list of ratios as a whole: one without a ratio above 0 has no
+        blend to try, which the soup would find only after every learner has trained."""
+        super().__post_init__()
+        value = self.ratios
+        if isinstance(value, list) and max(value, default=0.0) <= 0:
+            raise UserError(
+                f"merge.ratios={value!r} is invalid: a list of ratios needs one above 0 "
+                "(or a number of grid steps, or running_mean)"
+            )
 
     def grid(self) -> Sequence[float] | str:
         value = self.ratios

@@ -43,7 +43,14 @@ from lipt.jigsaw.parts import JigsawSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JigsawPretraining", "merge_saved", "pretrain_jigsaw", "train_learner_group"]
+__all__ = [
+    "JigsawPretraining",
+    "check_saved_seeds",
+    "merge_saved",
+    "pretrain_jigsaw",
+    "seed_folder",
+    "train_learner_group",
+]
 
 
 @dataclass(frozen=True)
@@ -94,11 +101,9 @@ def pretrain_jigsaw(
             "drop it (null) to train and merge all learners in this run"
         )
     if settings.merge_from:
-        folder = Path(str(settings.merge_from)).expanduser()
+        folder = seed_folder(Path(str(settings.merge_from)).expanduser(), seed, ctx.run_seed)
         return merge_saved(ctx, settings, dm, model, seed, folder)
-    folder = learner_dir(ctx, settings, shared=False)
-    if seed != ctx.run_seed:  # selector.repeats: the learners of each seed apart
-        folder = folder / f"seed_{seed}"
+    folder = seed_folder(learner_dir(ctx, settings, shared=False), seed, ctx.run_seed)
     # A killed attempt's half-written learner files (a pretrain.learner_dir other jobs may share).
     remove_stale_temporaries(folder, SHARED_FOLDER_GRACE_S)
 
@@ -109,6 +114,37 @@ def pretrain_jigsaw(
 
     result, _ = train_and_merge(ctx, settings, dm, model, seed, train_one)
     return result
+
+
+def seed_folder(folder: Path, seed: int, run_seed: int) -> Path:
+    """Where the learners of `seed` are kept in a learner folder: the folder itself for the
+    run's own seed, `seed_<seed>` in it for another model of `selector.repeats` (each seed's
+    learners apart); `pretrain.merge_from` reads them where a run wrote them."""
+    return folder if seed == run_seed else folder / f"seed_{seed}"
+
+
+def check_saved_seeds(settings: JigsawSettings, seeds: list[int], run_seed: int) -> None:
+    """Before any merge: with `pretrain.merge_from`, every seed of `seeds` (the models
+    `selector.repeats` averages) other than the run's own must have a learner checkpoint in its
+    folder (`seed_folder`); the run's own seed is merged from the folder itself, whose missing
+    learners the merge names.
+
+    Raises:
+        UserError: a seed without one, named with the folder it was looked for in.
+    """
+    if not settings.merge_from:
+        return
+    root = Path(str(settings.merge_from)).expanduser()
+    for seed in seeds:
+        folder = seed_folder(root, seed, run_seed)
+        if seed != run_seed and not any(folder.glob("learner_*.ckpt")):
+            raise UserError(
+                f"pretrain.merge_from={settings.merge_from} holds no learners of seed {seed} "
+                f"(looked in {folder}): each of the {len(seeds)} models of selector.repeats is "
+                "merged from learners of its own seed, which a run with selector.repeats "
+                "writes to seed_<seed> in its learner folder; drop selector.repeats, or "
+                "pretrain.merge_from to train them"
+            )
 
 
 def merge_saved(

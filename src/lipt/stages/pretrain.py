@@ -26,6 +26,7 @@ from lipt.core.errors import UserError
 from lipt.core.job import run_dir
 from lipt.core.seeding import repeat_seed
 from lipt.jigsaw.context import Pretrained, data_split, heads_from_payload
+from lipt.jigsaw.strategy import JigsawPretraining, check_saved_seeds
 from lipt.selection import LearnerHeads
 from lipt.stages.build import MODEL_RUN_KEYS, Parts, build_parts
 from lipt.stages.jigsaw import run_learner_job
@@ -91,6 +92,9 @@ def ranking_models(run: Run, parts: Parts, made: Pretrained | None = None) -> Ra
     repeats = 1 if run.selector is None else run.selector.repeats
     settings = run.settings
     ckpt_path = settings.ckpt_path if settings.stage == "select" else None
+    if isinstance(parts.pretrain, JigsawPretraining) and not ckpt_path:
+        seeds = [repeat_seed(settings.seed, r) for r in range(repeats)]
+        check_saved_seeds(parts.pretrain, seeds, settings.seed)  # before the first merge
     if made is not None and not ckpt_path:
         rest = [pretrain_model(parts, repeat_seed(settings.seed, r)) for r in range(1, repeats)]
         models = [made, *rest]
