@@ -5,6 +5,7 @@ end: both data paths, the audit trail, the ledger, a bit-for-bit resume, DDP, ba
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -542,3 +543,188 @@ def test_the_fewest_rows_an_epoch_keeps_bound_every_draw():
     assert 0.9 * share * POOL < fewest < share * POOL
     kept = [len(method.plan(losses, 0, 12, generator).rows) for _ in range(200)]
     assert min(kept) >= fewest, (min(kept), fewest)
+
+
+def test_a_lipt_budget_that_prunes_nothing_is_checked_against_whole_epochs(make_cfg):
+    """budget=lipt fraction=1 trains every row of every epoch (q = 1, no draw), yet the
+    validation check counted its epochs as a draw 4 standard deviations short (54,061 of
+    55,000 rows, 212 batches of 256): a validation every 214 of its 215 batches was refused."""
+    from lipt.stages.training_plan import check_validation_fits
+
+    assert LiptBudget(budget=1.0).fewest_rows(POOL, 12) == POOL
+    losses = training_losses()
+    for epoch in range(12):
+        assert len(LiptBudget(budget=1.0).plan(losses, epoch, 12, generator(0, epoch)).rows) == POOL
+    args = [*FAST, "budget=lipt", "pretrain=jigsaw", "fraction=1", "batch_size=256"]
+    args += ["trainer.max_epochs=12"]
+    check_validation_fits(validate(make_cfg([*args, "+trainer.val_check_interval=215"])), POOL)
+    with pytest.raises(UserError, match="main training's epoch has 215 "):
+        check_validation_fits(validate(make_cfg([*args, "+trainer.val_check_interval=216"])), POOL)
+    drawn = [*args, "fraction=0.99", "+trainer.val_check_interval=214"]  # a draw: a bound
+    with pytest.raises(UserError, match=r"epoch has 209 \(as few as 53,407 of the 55,000"):
+        check_validation_fits(validate(make_cfg(drawn)), POOL)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "prunes"),
+    [
+        (["fraction=0.1", "trainer.max_epochs=15"], False),  # 2 epochs: equal, then annealing
+        (["budget.epochs=all", "trainer.max_epochs=1"], False),  # epoch 0: all scores equal
+        (["budget=infobatch_soup", "pretrain=jigsaw", "trainer.max_epochs=15"], True),  # epoch 0
+        (["fraction=0.3", "trainer.max_epochs=15"], True),  # 6 epochs: 1 to 4 prune
+    ],
+)
+def test_an_infobatch_run_that_prunes_no_epoch_is_checked_against_whole_epochs(
+    make_cfg, overrides, prunes
+):
+    """budget=infobatch at its default fraction of 15 epochs trains 2 (round(1.5 / 0.7)):
+    epoch 0 on equal scores, epoch 1 annealing, both every row. The validation check took it
+    for a run pruned to 27,500 rows (108 batches of 256) and refused a validation every 200 of
+    its 215 batches; it now counts the epochs the budget trains, and bounds those that prune."""
+    from lipt.stages.training_plan import check_validation_fits
+
+    args = [*FAST, "budget=infobatch", "batch_size=256", "+trainer.val_check_interval=200"]
+    run = validate(make_cfg([*args, *overrides]))
+    if prunes:
+        with pytest.raises(UserError, match=r"epoch has 108 \(as few as 27,500 of the 55,000"):
+            check_validation_fits(run, POOL)
+    else:
+        check_validation_fits(run, POOL)
+        epochs = infobatch_epochs(0.1, 15) if "fraction=0.1" in overrides else 1
+        losses = training_losses()
+        for epoch in range(epochs):  # every row, as the check now counts them
+            plan = InfoBatch().plan(
+                losses if epoch else torch.full((POOL,), 3.0), epoch, epochs, generator(0, epoch)
+            )
+            assert len(plan.rows) == POOL
+
+
+# --- step budgets: the steps the schedule spans are the steps the Trainer takes ---------------
+
+
+def lightning_fit(rows: int, batch_size: int, devices: int, accumulate: int, limit, epochs, stop):
+    """(optimiser steps, epochs) of a fit as Lightning runs it: each device's ceil(rows /
+    devices) rows in batches, up to limit_train_batches, a step every `accumulate` batches and
+    at an epoch's end, for `epochs` epochs or until StopAtStep's `stop` steps."""
+    batches = math.ceil(math.ceil(rows / devices) / batch_size)
+    if isinstance(limit, int):
+        batches = min(batches, limit)
+    elif isinstance(limit, float):
+        batches = int(batches * limit)
+    steps = 0
+    for epoch in range(epochs):
+        for batch in range(batches):
+            if (batch + 1) % accumulate == 0 or batch == batches - 1:
+                steps += 1
+            if steps >= stop:
+                return steps, epoch + 1
+    return steps, epochs
+
+
+@pytest.mark.parametrize("limit", [None, 0.5, 0.25, 40, 7])
+def test_a_step_budgets_schedule_ends_where_the_trainer_stops(make_cfg, limit):
+    """budget=full_schedule and full_steps on Fashion-MNIST's pool: the cosine runs over the
+    budget's steps (Classifier's total_steps) and the fit stops at them, on the epochs planned.
+    Under trainer.limit_train_batches the steps were counted on whole epochs while the epochs
+    planned were the whole epochs' too: 3 limited epochs of a 10-epoch full_schedule at 25%
+    took 12 of the cosine's 20 steps, its learning rate left at a third of its peak."""
+    from lipt.stages.training_plan import schedule_of
+
+    limited = [] if limit is None else [f"+trainer.limit_train_batches={limit}"]
+    for budget, fraction, epochs in [
+        ("full_schedule", 0.25, 10),
+        ("full_schedule", 0.1, 15),
+        ("full_steps", 0.1, 12),
+        ("full_steps", 0.3, 36),
+    ]:
+        for batch_size, devices, accumulate in [(128, 1, 1), (256, 2, 1), (512, 1, 2)]:
+            args = [*FAST, f"budget={budget}", f"fraction={fraction}", f"batch_size={batch_size}"]
+            args += [f"trainer.max_epochs={epochs}", f"trainer.devices={devices}"]
+            args += [f"+trainer.accumulate_grad_batches={accumulate}", *limited]
+            schedule = schedule_of(validate(make_cfg(args)), POOL, POOL)
+            assert schedule.steps is not None
+            taken = lightning_fit(
+                POOL, batch_size, devices, accumulate, limit, schedule.epochs, schedule.steps
+            )
+            assert taken == (schedule.steps, schedule.epochs), (args, schedule, taken)
+
+
+def test_a_limited_step_budget_anneals_its_schedule_to_the_end(tmp_path):
+    # 500 images in batches of 32 are 16 batches, 8 under the limit, 4 steps of 2: 25% of 10
+    # such epochs is 10 steps over 3 epochs, and the cosine's T_max is those 10.
+    args = [*FAST, "budget=full_schedule", "fraction=0.25", "trainer.max_epochs=10"]
+    args += ["+trainer.limit_train_batches=0.5", "+trainer.accumulate_grad_batches=2"]
+    summary = train_stage.run(validate(compose_in(tmp_path, args)))
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    cosine = checkpoint["lr_schedulers"][0]
+    assert checkpoint["global_step"] == cosine["T_max"] == cosine["last_epoch"] == 10
+    assert checkpoint["epoch"] == 2 and summary["stages"]["train"]["samples"] == 10 * 2 * 32
+
+
+# --- a checkpoint taken mid-epoch ---------------------------------------------------------------
+
+
+def test_a_fit_resumed_mid_epoch_trains_the_epochs_plan_it_was_stopped_in(tmp_path):
+    """A user's ModelCheckpoint(every_n_train_steps=...) saves in mid-epoch, after the epoch's
+    first batches rewrote their rows' scores: the resumed fit drew that epoch's plan again from
+    those scores, another pruned set (719 rows where the run had trained 732). The checkpoint
+    keeps the epoch's plan: the resumed epoch trains the set it was stopped in."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch import nn
+    from torch.utils.data import TensorDataset
+
+    import lipt
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 4, (1_100,), generator=g)
+    x = torch.randn(4, 16, generator=g)[y] * 0.5 + torch.randn(1_100, 16, generator=g)
+
+    class StopError(RuntimeError):
+        pass
+
+    class StopInEpoch2(L.Callback):
+        def on_train_batch_end(self, trainer, *_args) -> None:
+            if trainer.current_epoch == 2 and trainer.global_step % 20 == 4:
+                raise StopError  # after a checkpoint in epoch 2
+
+    def fit(out: Path, stop: bool, resume: Path | None = None) -> dict[int, list[int]]:
+        """The rows each epoch's training loader was built on (the last loader of each)."""
+        data = lipt.PoolDataModule(TensorDataset(x, y), val_size=0.1, batch_size=50)
+        pruning = lipt.DynamicPruning(lipt.InfoBatch(delta=1.0), data, seed=2)
+        built: dict[int, list[int]] = {}
+        planned = pruning.epoch_subset
+
+        def recorded(trainer: L.Trainer, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+            rows, weights = planned(trainer, epoch)
+            built[epoch] = sorted(rows.tolist())
+            return rows, weights
+
+        pruning.epoch_subset = recorded  # type: ignore[method-assign]
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        module = Classifier(net, 4, loss_norm="batch", schedule_over="epochs")
+        saves = ModelCheckpoint(out, "mid", every_n_train_steps=2, save_last=False)
+        trainer = L.Trainer(
+            max_epochs=4,
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            callbacks=[pruning, saves, *([StopInEpoch2()] if stop else [])],
+        )
+        try:
+            trainer.fit(module, datamodule=data, ckpt_path=resume)
+        except StopError:
+            assert stop
+        return built
+
+    whole = fit(tmp_path / "whole", stop=False)
+    stopped = fit(tmp_path / "stopped", stop=True)
+    checkpoint = tmp_path / "stopped" / "mid.ckpt"
+    assert torch.load(checkpoint, weights_only=True)["epoch"] == 2
+    resumed = fit(tmp_path / "resumed", stop=False, resume=checkpoint)
+    assert 0 < len(whole[2]) < 990 and stopped[2] == whole[2]
+    assert resumed[2] == whole[2]  # the pruned set the stopped run was training

@@ -32,17 +32,35 @@ def subset_rows(fraction: float, pool: int) -> int:
     return round(fraction * pool)
 
 
-def epoch_steps(rows: int, batch_size: int, world_size: int = 1, accumulate: int = 1) -> int:
+def limited_batches(batches: int, limit: int | float | None) -> int:
+    """An epoch's `batches` as Lightning's Trainer trains them under
+    trainer.limit_train_batches `limit`: at most `limit` of them (an int), int(batches x limit)
+    (a float, a share of them), all (None)."""
+    if limit is None or isinstance(limit, bool):
+        return batches
+    if isinstance(limit, int):
+        return min(batches, limit)
+    return int(batches * limit)
+
+
+def epoch_steps(
+    rows: int,
+    batch_size: int,
+    world_size: int = 1,
+    accumulate: int = 1,
+    limit: int | float | None = None,
+) -> int:
     """Optimiser steps of one epoch on `rows` rows as Lightning's Trainer takes them: each of
     `world_size` processes trains ceil(rows / world_size) of them (the distributed sampler pads
-    the last by wrapping), in batches of `batch_size`, and the optimiser steps every
-    `accumulate` batches and on the epoch's last batch."""
+    the last by wrapping), in batches of `batch_size`, up to trainer.limit_train_batches
+    `limit` (`limited_batches`), and the optimiser steps every `accumulate` batches and on the
+    epoch's last batch."""
     if batch_size < 1 or world_size < 1 or accumulate < 1:
         raise ValueError(
             f"batch_size, world_size and accumulate must be >= 1, got {batch_size}, "
             f"{world_size}, {accumulate}"
         )
-    batches = math.ceil(math.ceil(rows / world_size) / batch_size)
+    batches = limited_batches(math.ceil(math.ceil(rows / world_size) / batch_size), limit)
     return math.ceil(batches / accumulate)
 
 
@@ -53,11 +71,13 @@ def subset_steps(
     epochs: int,
     world_size: int = 1,
     accumulate: int = 1,
+    limit: int | float | None = None,
 ) -> int:
     """Optimiser steps of `epochs` epochs on a subset of `fraction` of the pool, on
-    `world_size` processes stepping every `accumulate` batches (`epoch_steps`)."""
+    `world_size` processes stepping every `accumulate` batches, up to
+    trainer.limit_train_batches `limit` an epoch (`epoch_steps`); one at least."""
     rows = max(1, subset_rows(fraction, pool))
-    return epochs * epoch_steps(rows, batch_size, world_size, accumulate)
+    return max(1, epochs * epoch_steps(rows, batch_size, world_size, accumulate, limit))
 
 
 def schedule_steps(fraction: float, epochs: int, steps_per_epoch: int) -> int:
@@ -118,9 +138,10 @@ class WholePool(BudgetOption):
     - `steps: schedule`: round(fraction x max_epochs x steps per epoch) optimiser steps, the
       schedule annealed over them (the whole pool on a shorter schedule). The steps per epoch
       are the pool's before label cleaning dropped any: a cleaned pool spends as much.
-    Steps are optimiser steps as the Trainer takes them (`epoch_steps`: its processes and its
-    gradient accumulation counted), so a step budget trains as many samples on any number of
-    devices, accumulating or not."""
+    Steps are optimiser steps as the Trainer takes them (`epoch_steps`: its processes, its
+    gradient accumulation and its trainer.limit_train_batches counted), so a step budget trains
+    as many samples on any number of devices, accumulating or not, and a limited epoch's
+    schedule is `fraction` of the limited epochs' (which the run then spans to its end)."""
 
     name: str = "full"
     steps: Literal["all", "subset", "schedule"] = "all"
@@ -132,7 +153,7 @@ class WholePool(BudgetOption):
     def schedule(self, sizes: PoolSizes) -> Schedule:
         if self.steps == "all":
             return Schedule(sizes.max_epochs)
-        stepping = (sizes.batch_size, sizes.world_size, sizes.accumulate)
+        stepping = (sizes.batch_size, sizes.world_size, sizes.accumulate, sizes.limit_batches)
         if self.steps == "subset":
             steps = subset_steps(
                 sizes.fraction,
@@ -141,11 +162,12 @@ class WholePool(BudgetOption):
                 sizes.max_epochs,
                 sizes.world_size,
                 sizes.accumulate,
+                sizes.limit_batches,
             )
             return Schedule(sizes.max_epochs, steps)
         budget_steps = epoch_steps(sizes.pool_before_cleaning, *stepping)
         steps = schedule_steps(sizes.fraction, sizes.max_epochs, budget_steps)
-        per_epoch = epoch_steps(sizes.pool, *stepping)
+        per_epoch = max(1, epoch_steps(sizes.pool, *stepping))
         return Schedule(math.ceil(steps / per_epoch), steps)
 
 

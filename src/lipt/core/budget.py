@@ -22,6 +22,9 @@ class PoolSizes:
     # on its own share of an epoch, and the batches each takes per optimiser step.
     world_size: int = 1
     accumulate: int = 1  # trainer.accumulate_grad_batches
+    # trainer.limit_train_batches: the batches of each process's epoch it trains, at most (an
+    # int) or a share of them (a float); None: all
+    limit_batches: int | float | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ all ranks keep identical scores and draw identical plans. The data module asks `
 for its training set whenever it builds a training loader (every epoch: the callback sets
 `reload_dataloaders_every_n_epochs=1`), at the trainer's epoch, after a resumed fit has
 restored the epoch and the scores; the plan's generator is seeded from the run's seed and the
-epoch alone, so a resumed run draws what an uninterrupted one draws.
+epoch alone, so a resumed run draws what an uninterrupted one draws. A checkpoint keeps the
+epoch's plan as well: a fit resumed from one taken in mid-epoch trains the set it was stopped in
+(its loader, as Lightning restarts a loader that keeps no state, from a fresh shuffle).
 """
 
 from __future__ import annotations
@@ -211,17 +213,36 @@ class DynamicPruning(L.Callback):
         return int(self.fed.sum())
 
     # Kept in Lightning checkpoints: a resumed run scores, plans and reports as if never stopped.
+    # The epoch's plan too: a checkpoint taken mid-epoch (every_n_train_steps) holds scores that
+    # the epoch's first batches changed already, from which the resumed epoch drew another set.
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state: dict[str, Any] = {
             "scores": self.scores.cpu(),
             "fed": self.fed.cpu(),
             "pruned_share": dict(self.pruned_share),
         }
+        if self.planned is not None:
+            epoch, plan = self.planned
+            state["planned"] = {
+                "epoch": epoch,
+                "rows": plan.rows.int(),  # pool rows: int32 halves the checkpoint's share
+                "weights": plan.weights,
+                "annealing": plan.annealing,
+            }
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.scores = state_dict["scores"].float().clone()
         self.fed = state_dict["fed"].bool().clone()
         self.pruned_share = {str(k): float(v) for k, v in state_dict["pruned_share"].items()}
+        planned = state_dict.get("planned")  # absent from checkpoints written before it was kept
+        if planned is not None:
+            plan = EpochPlan(
+                planned["rows"].long().clone(),
+                planned["weights"].float().clone(),
+                bool(planned["annealing"]),
+            )
+            self.planned = (int(planned["epoch"]), plan)
 
 
 def ensemble_scores(

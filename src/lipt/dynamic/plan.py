@@ -204,8 +204,10 @@ def infobatch_fewest_rows(n: int, ratio: float) -> int:
 def budget_fewest_rows(n: int, num_epochs: int, budget: float, delta: float) -> int:
     """The fewest of `n` rows an epoch of lipt's budget keeps, but for a draw DRAW_DEVIATIONS
     standard deviations below its expected count q x n (`budget_schedule`), one at least
-    (`budget_plan`)."""
+    (`budget_plan`); all of them where no epoch prunes (q = 1: a budget of 1)."""
     _, share = budget_schedule(num_epochs, budget, delta)
+    if share >= 1.0:  # budget_plan keeps every row, no draw
+        return n
     expected = share * n
     return min(n, max(1, math.floor(expected - DRAW_DEVIATIONS * math.sqrt(expected))))
 
@@ -240,6 +242,11 @@ class InfoBatch(Checked):
         return {"ratio": self.ratio, "delta": self.delta}
 
     def fewest_rows(self, n: int, num_epochs: int) -> int:
+        """The fewest of `n` rows an epoch of a `num_epochs` run keeps: all of them where no
+        epoch prunes (epoch 0's equal scores keep every row, the annealing epochs too)."""
+        first_pruned = 1 if self.start == "equal" else 0
+        if pruned_epochs(num_epochs, self.delta) <= first_pruned:
+            return n
         return infobatch_fewest_rows(n, self.ratio)
 
 

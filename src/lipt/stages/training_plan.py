@@ -109,6 +109,7 @@ def schedule_of(run: Run, pool: int, pool_before_cleaning: int) -> Schedule:
         fraction=float(settings.fraction),
         world_size=world_size or 1,
         accumulate=int(trainer.get("accumulate_grad_batches", 1)),
+        limit_batches=batch_limit(trainer),
     )
     schedule = budget.schedule(sizes)
     if schedule.steps is None:
@@ -122,17 +123,21 @@ def schedule_of(run: Run, pool: int, pool_before_cleaning: int) -> Schedule:
     return Schedule(min(schedule.epochs, math.ceil(schedule.steps / per_epoch)), schedule.steps)
 
 
+def batch_limit(trainer: Mapping[str, Any]) -> int | float | None:
+    """trainer.limit_train_batches as Lightning reads it: a count of batches (an int), a share
+    of them (a float), None where the node sets none."""
+    limit = trainer.get("limit_train_batches")
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+        return None
+    return limit
+
+
 def epoch_batches(trainer: Mapping[str, Any], rows: int, batch_size: int) -> int:
     """The training batches of an epoch of `rows` rows on each of the `trainer` node's
     processes (DDP's sampler pads the last), as Lightning counts them: up to
     trainer.limit_train_batches (a count, or a share of them)."""
-    batches = epoch_steps(rows, batch_size, trainer_world_size(trainer) or 1)  # 1 batch a step
-    limit = trainer.get("limit_train_batches")
-    if isinstance(limit, int) and not isinstance(limit, bool):
-        return min(batches, limit)
-    if isinstance(limit, float):
-        return int(batches * limit)
-    return batches
+    world_size = trainer_world_size(trainer) or 1
+    return epoch_steps(rows, batch_size, world_size, limit=batch_limit(trainer))  # 1 batch a step
 
 
 def check_countable_steps(run: Run) -> None:
@@ -192,8 +197,12 @@ def check_validation_fits(run: Run, rows: int) -> None:
     if every is None:
         return
     pruning = run.budget.pruning(float(run.settings.fraction)) if run.prunes else None
-    kept = rows if pruning is None else pruning.fewest_rows(rows, run.main_epochs)
     batch_size = run.settings.batch_size
+    if pruning is None:
+        kept = rows
+    else:  # over the epochs the budget trains (InfoBatch's: those `fraction` buys)
+        sizes = PoolSizes(rows, rows, batch_size, run.main_epochs, float(run.settings.fraction))
+        kept = pruning.fewest_rows(rows, run.main_budget.schedule(sizes).epochs)
     batches = epoch_batches(trainer, kept, batch_size)
     if every > batches:
         selected = run.budget.trains_subset and run.settings.subset_path is None
