@@ -13,12 +13,16 @@ from pathlib import Path
 import pytest
 
 from lipt.run.config_doc import render
-from tests.doc_check import Session, blocks, check_doc, check_python, check_shell
+from tests.doc_check import SHELL, Session, blocks, check_doc, check_python, check_shell
 from tests.helpers import CONFIGS, ROOT
 
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-USER_DOCS = [*DOCS, *sorted((ROOT / "src" / "lipt").rglob("README.md"))]
+# The methods' one-page cards (src/lipt/<method>/README.md): their commands are checked too.
+CARDS = sorted((ROOT / "src" / "lipt").rglob("README.md"))
+USER_DOCS = [*DOCS, *CARDS]
+# A line of a code block that is a command a user would type
+COMMAND = re.compile(r"^\s*(\$ )?(python|make|lipt-\w+) ")
 
 
 def prechecked_by_test_experiments(command: str) -> bool:
@@ -41,11 +45,45 @@ def run_by_test_api(command: str) -> bool:
 
 
 @pytest.mark.first
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_command_in_the_doc_runs(doc, tmp_path):
     elsewhere = {"RESULTS.md": prechecked_by_test_experiments}.get(doc.name, run_by_test_api)
     problems = check_doc(doc, tmp_path, elsewhere)
     assert not problems, "\n".join(problems)
+
+
+def inline_commands(doc: Path) -> list[str]:
+    """The commands a doc's prose shows in `backticks` (outside code blocks), less those with a
+    placeholder for the reader to fill (`<sweep folder>`, `...`, `[--out DIR]`)."""
+    prose = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
+    shown = re.findall(r"`((?:python|make) [^`]+)`", re.sub(r"\n\s*", " ", prose))
+    return [c for c in shown if not re.search(r"<|\.\.\.|\[--", c)]
+
+
+# RELIABILITY.md's inline commands show refusals; RESULTS.md and SLURM.md are checked with their
+# own experiments' and launcher's tests.
+PROSE_DOCS = [d for d in USER_DOCS if d.name not in ("RELIABILITY.md", "RESULTS.md", "SLURM.md")]
+
+
+@pytest.mark.parametrize("doc", PROSE_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_in_the_docs_prose_runs(doc, tmp_path):
+    """A command written inline in a sentence passes the same checks as one in a code block."""
+    problems = []
+    for command in inline_commands(doc):
+        problem = check_shell(command, Session(tmp_path))
+        if problem:
+            problems.append(f"{doc.relative_to(ROOT)}: `{command}`: {problem}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_command_hides_in_a_block_the_checker_skips(doc):
+    """The checker reads ```bash/sh/shell and ```python blocks only: a command shown in a block
+    of no language (or another) would go unchecked."""
+    for block in blocks(doc):
+        if block.lang not in (*SHELL, "python"):
+            shown = [line for line in block.text.splitlines() if COMMAND.match(line)]
+            assert not shown, f"{doc.relative_to(ROOT)}:{block.line}: tag it ```bash: {shown}"
 
 
 def test_the_docs_show_commands_of_every_kind_the_checker_knows():
@@ -218,3 +256,216 @@ def test_readme_is_a_five_minute_read():
     for doc in sorted((ROOT / "docs").glob("*.md")):
         assert f"(docs/{doc.name})" in read_more, doc.name
     assert "https://proceedings.mlr.press/v202/ro23a.html" in text
+
+
+def api_doc_calls() -> dict[str, str | None]:
+    """docs/API.md's signature block: each `lipt.NAME(...)` shown, with its parameter list as
+    written (None: the name shown without a call)."""
+    (block,) = [b for b in blocks(ROOT / "docs" / "API.md") if b.lang == "text"]
+    text = re.sub(r"#[^\n]*", "", block.text)
+    calls: dict[str, str | None] = {}
+    at = 0
+    while found := re.compile(r"lipt\.(\w+)").search(text, at):
+        at = found.end()
+        if text[at : at + 1] != "(":
+            calls.setdefault(found[1], None)
+            continue
+        depth, end = 0, at
+        while True:
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+            if depth == 0:
+                break
+        calls[found[1]] = text[at:end]
+        at = end
+    return calls
+
+
+def test_api_doc_shows_each_name_with_the_codes_signature():
+    """docs/API.md's block of signatures is the code's: every name of `lipt.__all__` shown, each
+    call with the parameters in the code's order, keyword-only where the code's are, and their
+    defaults (`...` ends a list shown in part). A parameter added first, or a default changed,
+    fails here."""
+    import ast
+    import inspect
+
+    import lipt
+
+    calls = api_doc_calls()
+    (block,) = [b for b in blocks(ROOT / "docs" / "API.md") if b.lang == "text"]
+    missing = [n for n in lipt.__all__ if not re.search(rf"\b{n}\b", block.text)]
+    assert not missing, f"docs/API.md's signatures do not show {missing}"
+    for name, args in calls.items():
+        assert name in lipt.__all__, f"docs/API.md shows lipt.{name}, which lipt does not export"
+        if args is None:
+            continue
+        partial = ", ..." in args
+        tree = ast.parse(f"def f{args.replace(', ...', '')}: pass").body[0].args  # type: ignore[attr-defined]
+        positional = tree.posonlyargs + tree.args
+        defaults = [None] * (len(positional) - len(tree.defaults)) + list(tree.defaults)
+        shown = [(a.arg, False, d) for a, d in zip(positional, defaults, strict=True)]
+        shown += [(a.arg, True, d) for a, d in zip(tree.kwonlyargs, tree.kw_defaults, strict=True)]
+        params = list(inspect.signature(getattr(lipt, name)).parameters.values())
+        if partial:
+            params = params[: len(shown)]
+        code = [
+            (p.name, p.kind == p.KEYWORD_ONLY, None if p.default is p.empty else p.default)
+            for p in params
+        ]
+        doc = [(n, kw, None if d is None else ast.literal_eval(d)) for n, kw, d in shown]
+        assert doc == code, f"docs/API.md: lipt.{name}{args}, but the code has {code}"
+
+
+def test_design_doc_says_where_each_api_name_lives():
+    """DESIGN.md's table of the Python API names, for every name `import lipt` gives, the module
+    that defines it."""
+    import lipt
+
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    table = design.split("## The Python API", 1)[1].split("\n\n", 3)[2]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    for name in lipt.__all__:
+        module = lipt._API[name].replace(".", "/")
+        row = [r for r in rows if f"`{name}`" in r.split(" | ")[0]]
+        assert row, f"DESIGN.md's Python API table has no row for {name}"
+        where = row[0].split(" | ")[1].strip("`")
+        assert f"{module}.py" == where or module.startswith(where.rstrip("/")), (name, where)
+
+
+# docs/RELIABILITY.md quotes these refusals word for word: (stage, overrides, multirun, quote)
+RELIABILITY_QUOTES = [
+    (
+        "train",
+        ["selector=glister", "selector.greedy=sometimes"],
+        False,
+        "selector=glister: selector.greedy='sometimes' is invalid: input should be 'stochastic' "
+        "or 'naive'",
+    ),
+    ("train", ["fraction=0"], False, "fraction=0 is invalid: input should be greater than 0"),
+    (
+        "train",
+        ["+clean.action=drop"],
+        False,
+        "clean.action=drop is ignored: clean=none takes no settings; choose a clean option that "
+        "takes clean.action, or drop it",
+    ),
+    (
+        "train",
+        ["reselect_every=2"],
+        False,
+        "budget=lipt trains the whole pool, so reselect_every=2 has no subset to re-select; "
+        "choose a selector, ",
+    ),
+    (
+        "train",
+        ["selector=coverage", "reselect_every=15"],
+        False,
+        "reselect_every=15 re-selects after every 15 epochs, but trainer.max_epochs=15 ends the "
+        "run first, so the subset is never re-selected; ",
+    ),
+    (
+        "train",
+        ["+dataset.num_train=100"],
+        False,
+        "dataset.num_train=100 is ignored: dataset=fashion_mnist's reader "
+        "(lipt.data.sources.load_fashion_mnist) takes no num_train; drop it",
+    ),
+    (
+        "select",
+        ["clean=lipt", "clean.action=relabel"],
+        False,
+        "clean.action=relabel changes labels, which select.py's subset.npz does not keep; run "
+        "train.py clean=lipt clean.action=relabel (it cleans, selects and trains), or use "
+        "clean.action=drop",
+    ),
+    (
+        "train",
+        ["hparams_search=lr_wd", "optimizer.lr=tag(log, interval(0.5, 0.01))"],
+        True,
+        "optimizer.lr=tag(log, interval(0.5, 0.01)): an interval goes from its low end to its "
+        "high end; give interval(0.01, 0.5)",
+    ),
+    (
+        "train",
+        ["seed=[0,1"],
+        False,
+        "seed=[0,1 cannot be read: no viable alternative at input '[0,1' (Hydra's override "
+        "grammar: ",
+    ),
+    (
+        "train",
+        ["optimizer.lr=${nope}"],
+        False,
+        "optimizer.lr=${nope}: Interpolation key 'nope' not found",
+    ),
+    (
+        "train",
+        ["~dataset.eval_batch_size"],
+        False,
+        "dataset.eval_batch_size must be set; pass dataset.eval_batch_size=...",
+    ),
+    ("train", ["optim.lr=0.05"], False, "Could not override 'optim.lr'"),
+    (
+        "train",
+        ["seed=0,1"],
+        False,
+        "seed=0,1 sweeps 2 values: add -m to run a job for each, or give one value (a list is "
+        "seed=[0,1])",
+    ),
+    (
+        "train",
+        ["budget=full_schedule", "+trainer.min_epochs=6"],
+        False,
+        "trainer.min_epochs=6 may keep training past the optimiser steps budget=full_schedule "
+        "stops at (Lightning ignores a stop before it), beyond the schedule's end; drop "
+        "trainer.min_epochs",
+    ),
+    (
+        "train",
+        ["callbacks.model_checkpoint.monitor=val/loss"],
+        False,
+        "callbacks.model_checkpoint.monitor=val/loss with mode=max takes the highest val/loss "
+        "for the best; set callbacks.model_checkpoint.mode=min",
+    ),
+    (
+        "train",
+        [
+            "optimized_metric=val_accuracy",
+            "budget=infobatch",
+            "fraction=0.1",
+            "trainer.max_epochs=15",
+            "+trainer.check_val_every_n_epoch=5",
+        ],
+        False,
+        "trainer.check_val_every_n_epoch=5 validates nothing in the 2 epochs budget=infobatch "
+        "trains; ",
+    ),
+    (
+        "train",
+        ["dataset.data_dir=data/fmnist"],
+        False,
+        "dataset.data_dir=data/fmnist does not exist; point it at the fashion_mnist data, or "
+        "create it (mkdir -p data/fmnist) to download the data into it",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("stage", "overrides", "multirun", "quote"),
+    RELIABILITY_QUOTES,
+    ids=[" ".join(case[1]) for case in RELIABILITY_QUOTES],
+)
+def test_reliability_doc_quotes_the_refusals_as_the_code_words_them(
+    stage, overrides, multirun, quote, tmp_path, monkeypatch, capsys
+):
+    """A refusal RELIABILITY.md quotes is the line the stage prints, word for word (checked as
+    the entry script checks a command line, before Hydra starts)."""
+    from lipt.run.precheck import precheck
+
+    text = re.sub(r"\s+", " ", (ROOT / "docs" / "RELIABILITY.md").read_text())
+    assert quote in text, f"RELIABILITY.md no longer quotes: {quote}"
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        precheck(stage, overrides, multirun=multirun)
+    assert stopped.value.code == 2
+    assert quote in capsys.readouterr().err
