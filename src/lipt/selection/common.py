@@ -59,9 +59,11 @@ def finish(
     weights: Tensor | None,
     budget: int,
     diagnostics: dict[str, int] | None = None,
+    weight_scale: float = 1.0,
 ) -> Selection:
     """Sort rows ascending (weights follow), cast, and check the invariants every selector
-    promises: exactly `budget` unique rows, finite positive float32 weights."""
+    promises: exactly `budget` unique rows, finite positive float32 weights (`weight_scale`:
+    see `Selection`)."""
     rows = rows.to(torch.int64)
     weights = torch.ones(rows.shape[0]) if weights is None else weights
     weights = weights.to(device=rows.device, dtype=torch.float32)
@@ -70,7 +72,12 @@ def finish(
     assert rows.shape[0] == budget, (rows.shape, budget)
     assert rows.shape[0] < 2 or bool((rows[1:] != rows[:-1]).all()), "duplicate rows"
     assert bool(torch.isfinite(weights).all()) and bool((weights > 0).all()), "bad weights"
-    return Selection(rows=rows.cpu(), weights=weights.cpu(), diagnostics=dict(diagnostics or {}))
+    return Selection(
+        rows=rows.cpu(),
+        weights=weights.cpu(),
+        diagnostics=dict(diagnostics or {}),
+        weight_scale=float(weight_scale),
+    )
 
 
 def serial_loop(device: torch.device) -> contextlib.AbstractContextManager[None]:
@@ -152,9 +159,12 @@ def select_balanced(
     a held-out split, only that class's rows of `val` (None when the class is absent from val,
     so GLISTER/GradMatch fall back to the class's pool rows and count it in their
     diagnostics, which are summed over classes here). Rows are mapped back to pool
-    positions; weights are kept as `fn` returned them (weighted selectors scale a class's
-    weights to the class size, so they sum to the pool size less the classes whose share of
-    the budget rounds to 0, which are skipped).
+    positions. Weights that are counts (CRAIG's cluster sizes: a class's sum to its pool
+    count) or ones are kept as `fn` returned them; weights that `fn` scaled to sum to the
+    class's size (`Selection.weight_scale`, GradMatch's) are un-scaled first and joined by one
+    common factor, so the classes keep the weights relative to one another that matched their
+    gradients (per class, as CORDS' GradMatch concatenates OMP's weights). Either way they sum
+    to the pool size less the classes whose share of the budget rounds to 0, which are skipped.
     """
     budget = check_budget(inputs, budget)
     targets = inputs.pool.targets
@@ -164,6 +174,7 @@ def select_balanced(
 
     rows: list[Tensor] = []
     weights: list[Tensor] = []
+    scales: list[float] = []  # each class's Selection.weight_scale
     diagnostics: dict[str, int] = {}
     for c, pos, share in zip(classes, members, shares, strict=True):
         if share == 0:
@@ -181,9 +192,17 @@ def select_balanced(
         chosen = fn(sub, share, generator=generator)
         rows.append(pos.cpu()[chosen.rows])
         weights.append(chosen.weights)
+        scales.append(chosen.weight_scale)
         for key, count in chosen.diagnostics.items():
             diagnostics[key] = diagnostics.get(key, 0) + count
-    return finish(torch.cat(rows), torch.cat(weights), budget, diagnostics)
+    if all(scale == 1.0 for scale in scales):
+        return finish(torch.cat(rows), torch.cat(weights), budget, diagnostics)
+    # Each class's own (un-scaled) weights, then one factor for all: the same total as above.
+    own = torch.cat([w.double() / scale for w, scale in zip(weights, scales, strict=True)])
+    factor = sum(float(w.double().sum()) for w in weights) / float(own.sum())
+    # A class whose gradients are negligible beside the others' keeps weights > 0 in float32.
+    joined = (own * factor).clamp_min(torch.finfo(torch.float32).tiny)
+    return finish(torch.cat(rows), joined, budget, diagnostics, weight_scale=factor)
 
 
 def all_pools(inputs: SelectionInputs) -> tuple[PoolOutputs, ...]:

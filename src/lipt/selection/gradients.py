@@ -93,9 +93,14 @@ def gradient_sum(
 
 
 def gradient_sq_norms(
-    errors: Tensor, embeddings: Tensor | None = None, *, chunk_size: int = DEFAULT_CHUNK
+    errors: Tensor,
+    embeddings: Tensor | None = None,
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+    bias: bool = True,
 ) -> Tensor:
-    """||g_i||^2 per row, [N]: |e_i|^2 (bias only) or |e_i|^2 (|h_i|^2 + 1) (weight + bias)."""
+    """||g_i||^2 per row, [N]: |e_i|^2 (bias only) or |e_i|^2 (|h_i|^2 + 1) (weight + bias);
+    |e_i|^2 |h_i|^2 for the weight of a layer without a bias (`bias=False`)."""
     sq = (errors**2).sum(1)  # [N]
     if embeddings is None:
         return sq
@@ -105,7 +110,7 @@ def gradient_sq_norms(
             for s in range(0, embeddings.shape[0], chunk_size)
         ]
     )  # [N]
-    return sq * (h_sq + 1.0)
+    return sq * (h_sq + 1.0) if bias else sq * h_sq
 
 
 def gradient_dots(

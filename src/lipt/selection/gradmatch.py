@@ -21,7 +21,6 @@ budget / batch_size batches, and every row of a picked batch gets its batch's we
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Literal
 
 import torch
@@ -194,7 +193,10 @@ def select_gradmatch(
     Finally all weights are multiplied by one common factor so that they sum to the pool size
     N (the weighted subset stands for the pool); relative weights, hence the direction of the
     matched gradient, are OMP's. A weighted loss should normalise by the weights' sum (as
-    GradMatch's own training loop does), so that factor does not act as a learning rate.
+    GradMatch's own training loop does), so that factor does not act as a learning rate. The
+    factor is the selection's `weight_scale`: run per class by `select_balanced`, the classes
+    are joined with OMP's weights relative to one another, not each scaled to its own size
+    (which would tilt the matched gradient towards the classes OMP weighted least).
     """
     budget = check_budget(inputs, budget)
     check_choice("gradmatch target", target, ("train", "val"))
@@ -262,7 +264,8 @@ def select_gradmatch(
         "backfill_rows": sum(len(fill) for _, _, fill in picked),
         "pool_as_target": pool_as_target,
     }
-    return finish(torch.cat(rows), w_all * (len(pool) / w_all.sum()), budget, diagnostics)
+    factor = len(pool) / w_all.sum()
+    return finish(torch.cat(rows), w_all * factor, budget, diagnostics, float(factor))
 
 
 def batch_gradients(errors: Tensor, embeddings: Tensor | None, batches: list[Tensor]) -> Tensor:
@@ -293,6 +296,7 @@ def select_batches(
 ) -> Selection:
     """GradMatch per-batch: OMP over mini-batch mean gradients, picked batches expanded to their
     rows (in order of decreasing weight; the last one cut to the budget), weights per batch.
+    OMP picks as many batches as it takes to cover the budget even if it picks the smallest.
     Matches the sum of all batch means (train) or M times the mean held-out gradient (val).
     If OMP stops before the budget is covered, random rows of unpicked batches fill it at the
     mean OMP weight (`diagnostics["backfill_rows"]`)."""
@@ -306,7 +310,10 @@ def select_batches(
     else:
         parts = [] if val_mean.weight is None else [val_mean.weight.double().flatten()]
         goal = torch.cat([*parts, val_mean.bias.double()]) * len(batches)  # [P]
-    k = min(len(batches), math.ceil(budget / batch_size))
+    # Batches come out of the split with batch_size rows or one fewer; OMP may pick any k of
+    # them, so k is what even the smallest k cover the budget with.
+    covered = torch.tensor(sorted(len(b) for b in batches)).cumsum(0)  # [M]
+    k = min(len(batches), int(torch.searchsorted(covered, budget)) + 1)
     # Explicit vectors as "bias-only" gradients: the Gram is then the plain inner product.
     with serial_loop(device):
         chosen, w = omp_nonneg(atoms, None, LastLayerGradient(None, goal), k, lam=lam, eps=eps)
@@ -327,4 +334,5 @@ def select_batches(
         fill = free_rows[randperm(len(free_rows), generator, device)[:fill_count]]
         fill_w = (w.mean() if len(w) else torch.ones((), dtype=torch.float64)).expand(fill_count)
         rows, row_w = torch.cat([rows, fill]), torch.cat([row_w, fill_w.to(row_w)])
-    return finish(rows, row_w * (n / row_w.sum()), budget, {"backfill_rows": fill_count})
+    factor = n / row_w.sum()
+    return finish(rows, row_w * factor, budget, {"backfill_rows": fill_count}, float(factor))

@@ -28,12 +28,15 @@ Score = Literal["entropy", "margin", "least_confidence", "el2n", "grand"]
 SCORES = get_args(Score)
 
 
-def pool_score(pool: PoolOutputs, score: str, *, chunk_size: int = DEFAULT_CHUNK) -> Tensor:
+def pool_score(
+    pool: PoolOutputs, score: str, *, chunk_size: int = DEFAULT_CHUNK, bias: bool = True
+) -> Tensor:
     """Per-row score of one model's outputs, [N] float32, higher = harder / more uncertain.
 
     entropy: H(softmax); margin: 1 - (p_1st - p_2nd); least_confidence: 1 - p_max;
     el2n: ||softmax - onehot(y)||_2 (= the norm of the bias gradient of the loss);
-    grand: the norm of the weight+bias last-layer gradient, ||e|| sqrt(||h||^2 + 1).
+    grand: the norm of the weight+bias last-layer gradient, ||e|| sqrt(||h||^2 + 1), or of the
+    weight's alone, ||e|| ||h||, for a last layer without a bias (`bias=False`).
     """
     check_choice("score", score, SCORES)
     if score in ("entropy", "margin", "least_confidence"):
@@ -49,15 +52,18 @@ def pool_score(pool: PoolOutputs, score: str, *, chunk_size: int = DEFAULT_CHUNK
     errors = errors_of(pool)  # [N, C] softmax - onehot
     if score == "el2n":
         return errors.norm(dim=1)  # ||p - onehot(y)||_2
-    return gradient_sq_norms(errors, pool.embeddings, chunk_size=chunk_size).sqrt()  # ||g_i||_2
+    sq_norms = gradient_sq_norms(errors, pool.embeddings, chunk_size=chunk_size, bias=bias)
+    return sq_norms.sqrt()  # ||g_i||_2
 
 
 def mean_score(inputs: SelectionInputs, score: str, *, chunk_size: int = DEFAULT_CHUNK) -> Tensor:
-    """`pool_score` averaged over the pool and every extra pool, [N]."""
+    """`pool_score` averaged over the pool and every extra pool, [N] (GraNd without the bias
+    part where the last layer has none: `SelectionInputs.head_has_bias`)."""
     pools = all_pools(inputs)
-    total = pool_score(pools[0], score, chunk_size=chunk_size)
+    bias = inputs.head_has_bias
+    total = pool_score(pools[0], score, chunk_size=chunk_size, bias=bias)
     for pool in pools[1:]:
-        total = total + pool_score(pool, score, chunk_size=chunk_size)
+        total = total + pool_score(pool, score, chunk_size=chunk_size, bias=bias)
     return total / len(pools)
 
 
@@ -102,8 +108,9 @@ def select_grand(
     chunk_size: Annotated[int, COUNT] = DEFAULT_CHUNK,
 ) -> Selection:
     """The `budget` rows of highest GraNd: the norm of the per-sample last-layer gradient
-    (weight + bias, closed form; bias only with `bias_only`), averaged over the pool and every
-    extra pool (Paul et al., NeurIPS 2021, https://arxiv.org/abs/2107.07075)."""
+    (weight + bias, closed form; the weight's alone for a layer without a bias; bias only with
+    `bias_only`), averaged over the pool and every extra pool (Paul et al., NeurIPS 2021,
+    https://arxiv.org/abs/2107.07075)."""
     budget = check_budget(inputs, budget)
     # bias-only gradient norm = ||softmax - onehot|| = EL2N
     scores = mean_score(inputs, "el2n" if bias_only else "grand", chunk_size=chunk_size)

@@ -94,6 +94,12 @@ class SelectionInputs:
     # they fit `pool.embeddings` when `pool` comes from the soup. None without jigsaw learners.
     learner_heads: LearnerHeads | None = None
 
+    @property
+    def head_has_bias(self) -> bool:
+        """False for a final layer without a bias (`classifier_weight` given, `classifier_bias`
+        None): its per-sample gradient has no bias part. True where nothing is said."""
+        return self.classifier_weight is None or self.classifier_bias is not None
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -101,11 +107,18 @@ class Selection:
 
     `diagnostics` counts what the selector did instead of what was asked (summed over classes
     by `select_balanced`): `pool_as_target` (held-out target missing, the pool stood in),
-    `backfill_rows` (GradMatch rows filled at random after OMP stopped early)."""
+    `backfill_rows` (GradMatch rows filled at random after OMP stopped early).
+
+    `weight_scale` is the one factor the selector multiplied its own weights by so that they
+    sum to its pool size: GradMatch's weights are OMP's, which match the target gradient, times
+    N / their sum. It is 1 for weights that are counts or ones (CRAIG's cluster sizes, the
+    score selectors'). `select_balanced` divides it out of each class before it joins them, so
+    the classes keep the weights relative to one another that matched their gradients."""
 
     rows: Tensor  # [k] int64
     weights: Tensor  # [k] float32, > 0
     diagnostics: dict[str, int] = field(default_factory=dict)
+    weight_scale: float = 1.0
 
     def with_diagnostics(self, **counts: int) -> Selection:
         """The same selection with `counts` added to its diagnostics."""
