@@ -25,7 +25,7 @@ the full pool's loss sum: `lipt.models.classifier.Classifier` then averages over
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, ClassVar, Literal
 
 import torch
@@ -217,7 +217,8 @@ class InfoBatch(Checked):
     """InfoBatch as published (budget=infobatch, lipt.budget.InfoBatchEpochs): its cost follows
     the losses (prune `ratio` of the below-mean rows), it has no budget to meet."""
 
-    name: str = "infobatch"
+    # The budget group's option name, by keyword only: InfoBatch(0.3) is a ratio.
+    name: str = field(default="infobatch", kw_only=True)
     ratio: Annotated[float, BELOW_ONE] = 0.5
     delta: Annotated[float, SHARE] = 0.875
     # equal: every score starts at 3.0 (published), so epoch 0 keeps all; ensemble: epoch 0 is
@@ -256,7 +257,7 @@ class LiptBudget(Checked):
     epoch 0 scored by the jigsaw
     ensemble (`ensemble_losses`), keep probability proportional to the score (`budget_plan`)."""
 
-    name: str = "lipt"
+    name: str = field(default="lipt", kw_only=True)  # by keyword only: LiptBudget(0.3) a budget
     budget: Annotated[float, SHARE] = 0.5
     delta: Annotated[float, SHARE] = 0.875
     floor: Annotated[float, SHARE] = 0.25
