@@ -72,8 +72,12 @@ def in_process(tmp: Path) -> dict[str, Any]:
         "sbatch", "--parsable", "--wait", "-c", "1", "-o", str(tmp / "in_process.out"),
         "--wrap", f"{sys.executable} pretrain.py pretrain.num_threads=1 hydra.run.dir={run}",
     ]  # fmt: skip
-    job = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
-    job_id = job.stdout.strip()
+    job = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    if job.returncode != 0:  # sbatch's refusal, or the job's (its log goes with `tmp`)
+        log = tmp / "in_process.out"
+        said = (log.read_text() if log.is_file() else job.stderr).strip().splitlines()
+        sys.exit(f"error: the in-process job failed: {said[-1] if said else job.returncode}")
+    job_id = job.stdout.strip().split(";")[0]
     times = sacct([job_id])[job_id]
     summary = json.loads((run / "summary.json").read_text())["stages"]["pretrain"]
     wall = seconds(times["start"], times["end"])
@@ -98,7 +102,10 @@ def as_array(tmp: Path, per_task: int) -> dict[str, Any]:
         f"pretrain.learners={groups}", "hydra/callbacks=soup", "hydra/launcher=slurm",
         "hydra.launcher.poll_s=1", f"hydra.sweep.dir={sweep}",
     ]  # fmt: skip
-    subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode != 0:  # the sweep's own one line (or its traceback's last)
+        lines = done.stderr.strip().splitlines() or [f"exit {done.returncode}"]
+        sys.exit(f"error: the array of {per_task} learners a task failed: {lines[-1]}")
     (array,), (merge,) = submitted(sweep)  # the learners' array, then the soup's job
     times = sacct([array, merge])
     learners = sorted(
@@ -139,8 +146,12 @@ def main() -> None:
     parser.add_argument("--epoch-seconds", type=float, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    if subprocess.run(["sinfo"], capture_output=True).returncode != 0:
-        sys.exit("error: no SLURM cluster answers; make slurm-up, or set SLURM_CONF")
+    from lipt.run.slurm import accounting_problem, slurm_problem
+
+    # no client (sinfo, sbatch), no controller, or no accounting (the timings come from sacct)
+    problem = slurm_problem() or accounting_problem()
+    if problem is not None:
+        sys.exit(f"error: no SLURM cluster answers ({problem}); make slurm-up, or set SLURM_CONF")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     rows = []
     with tempfile.TemporaryDirectory(prefix="lipt-slurm-jigsaw-") as tmp:

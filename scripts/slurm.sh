@@ -145,7 +145,13 @@ start_database() {
 
 up() {
     if alive "$DIR/run/slurmctld.pid"; then
-        say "already up ($DIR)"; echo "export SLURM_CONF=$DIR/slurm.conf"; return 0
+        local dead=()
+        for name in slurmd slurmdbd mariadb; do alive "$DIR/run/$name.pid" || dead+=("$name"); done
+        if [ ${#dead[@]} -eq 0 ]; then
+            say "already up ($DIR)"; echo "export SLURM_CONF=$DIR/slurm.conf"; return 0
+        fi
+        say "half up (${dead[*]} not running): stopping the rest, then starting it all"
+        down
     fi
     mkdir -p "$DIR"/{log,run,state,spool}
     install_packages

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shlex
 import signal
@@ -29,7 +30,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from lipt.core.requeue import RequeueOnSignal
-from lipt.run.slurm import slurm_problem
+from lipt.run.slurm import LIPT_LAUNCHER, slurm_problem
 from tests.helpers import FAST, ROOT, finished, run_entry, start_entry
 
 pytestmark = pytest.mark.slurm
@@ -53,6 +54,35 @@ def slurm_env() -> dict[str, str]:
     if problem is not None:
         pytest.skip(f"no SLURM cluster answers ({problem}): run make slurm-up (root and apt-get)")
     return env
+
+
+# A partition of the test cluster with a time limit (30 minutes), made for the tests that ask
+# for one: jobs of the launcher's default 60 minutes would wait there for ever.
+SHORT = "lipt-short"
+
+
+@pytest.fixture(scope="module")
+def short_partition(slurm_env) -> Iterator[str]:
+    env = {**os.environ, **slurm_env}
+    delete = ["scontrol", "delete", f"PartitionName={SHORT}"]
+    subprocess.run(delete, env=env, capture_output=True, check=False)  # an earlier run's
+    slurm(slurm_env, "scontrol", "create", f"PartitionName={SHORT}", "Nodes=ALL", "MaxTime=30")
+    yield SHORT
+    subprocess.run(delete, env=env, capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def no_accounting(slurm_env, tmp_path_factory) -> str:
+    """A SLURM_CONF whose controller answers, but not its accounting (slurmdbd's port closed):
+    sinfo works, sacct fails, as with slurmdbd down."""
+    conf = Path(slurm_env.get("SLURM_CONF") or os.environ["SLURM_CONF"])
+    lines = [
+        "AccountingStoragePort=1" if line.startswith("AccountingStoragePort=") else line
+        for line in conf.read_text().splitlines()
+    ]
+    copy = tmp_path_factory.mktemp("no_accounting") / "slurm.conf"
+    copy.write_text("\n".join(lines) + "\n")
+    return str(copy)
 
 
 def slurm(env: dict[str, str], *args: str) -> str:
@@ -218,11 +248,41 @@ SLURM = ["hydra/launcher=slurm", "hydra.launcher.poll_s=1"]
             {},
             ["paths.output_dir=/tmp/elsewhere is ignored", "hydra.sweep.dir="],
         ),
+        (  # SLURM's minutes are whole
+            ["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=1.5"],
+            {},
+            ["hydra.launcher.timeout_min=1.5 is no time limit", "1:30:00"],
+        ),
+        (  # the signal would be due as the job starts: every attempt requeued at once
+            ["-m", "hydra/launcher=slurm", "hydra.launcher.timeout_min=2"],
+            {},
+            ["signal_delay_s=120", "before a job of hydra.launcher.timeout_min=2 starts"],
+        ),
+        (  # the default 60 minutes on a partition of 30: pending for ever
+            ["-m", "hydra/launcher=slurm", f"hydra.launcher.partition={SHORT}"],
+            {},
+            [f"longer than partition {SHORT} allows (30 minutes)", "timeout_min=30 or less"],
+        ),
+        (  # a login node without SLURM's clients
+            ["-m", "hydra/launcher=slurm"],
+            {"PATH": "/nonexistent"},
+            ["no SLURM client (sinfo, sbatch) on this machine"],
+        ),
     ],
-    ids=["no-multirun", "no-such-partition", "no-slurm", "no-learners-a-task", "output-dir"],
+    ids=[
+        "no-multirun",
+        "no-such-partition",
+        "no-slurm",
+        "no-learners-a-task",
+        "output-dir",
+        "time-limit-format",
+        "signal-before-start",
+        "partition-time-limit",
+        "no-clients",
+    ],
 )
 def test_bad_input_is_one_line_before_anything_is_submitted(
-    slurm_env, tmp_path, args, env_extra, words
+    slurm_env, short_partition, tmp_path, args, env_extra, words
 ):
     before = job_ids(slurm_env)
     sweep = tmp_path / "sweep"
@@ -245,6 +305,93 @@ def test_bad_input_is_one_line_before_anything_is_submitted(
     assert lines[0].startswith("error: ") and all(w in lines[0] for w in words), lines[0]
     assert not sweep.exists() and not (tmp_path / "run").exists()  # nothing half-written
     assert job_ids(slurm_env) == before  # nothing submitted
+
+
+def test_time_limits_partitions_and_hydras_own_launcher_as_users_give_them(
+    slurm_env, short_partition, tmp_path
+):
+    """A time limit in SLURM's own formats, partitions as SLURM takes them (a,b: the job starts
+    in either), and Hydra's plain submitit launcher (none of lipt's own keys) pass the checks;
+    the time limit reaches sbatch in minutes."""
+    from lipt.run.slurm_launcher import executor_for
+
+    for args in (
+        ["hydra/launcher=slurm", "hydra.launcher.timeout_min=0:30:00"],
+        ["hydra/launcher=slurm", f"hydra.launcher.partition='{SHORT},debug'"],
+        ["hydra/launcher=submitit_slurm", "hydra.launcher.timeout_min=90"],
+    ):
+        sweep = tmp_path / "sweep"
+        overrides = [*FAST, *args, "dry_run=true", f"hydra.sweep.dir={sweep}"]
+        out = run_entry("train.py", ["-m", *overrides], env=slurm_env, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "dry run: 1 job composed, checked and built" in out.stdout, args
+    params = {"submitit_folder": str(tmp_path / "%j"), "timeout_min": "1-02:00:30"}
+    executor = executor_for(params, "train")
+    assert executor._executor.parameters["time"] == 1561  # 26 hours, 31 minutes (rounded up)
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [
+        ("hydra.launcher.mem_gb=100000", ["sbatch refused the train jobs (Memory", "mem_gb"]),
+        ("hydra.launcher.nodes=2", ["SLURM will never start job", "nodes", "cancelled it"]),
+    ],
+    ids=["sbatch-refuses", "never-starts"],
+)
+def test_jobs_the_cluster_refuses_or_never_starts_end_in_one_line(
+    slurm_env, tmp_path, setting, words
+):
+    """More than the one node has: sbatch refuses the job, or takes it and would keep it
+    pending for ever (2 nodes of 1). The submitting command ends with one line either way,
+    and leaves no job waiting."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", *FAST, *SLURM, setting, f"hydra.sweep.dir={sweep}"]
+    out = run_entry("train.py", args, env=slurm_env, timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith("error: ") and all(w in lines[0] for w in words), lines[0]
+    assert not jobs_under(slurm_env, sweep, "PENDING,RUNNING")
+
+
+def test_a_cluster_without_accounting_runs_the_jobs_with_a_warning(
+    slurm_env, no_accounting, caplog
+):
+    """Accounting (sacct) that does not answer is no reason to refuse a cluster (many run
+    without it): the checks pass, with a warning that a cancelled job would go unnoticed."""
+    from lipt.run.slurm import check_slurm_launcher
+
+    launcher = {
+        "_target_": LIPT_LAUNCHER,
+        "learners_per_task": 1,
+        "learner_retries": 0,
+        "poll_s": 1,
+        "timeout_min": 60,
+        "signal_delay_s": 120,
+        "partition": None,
+    }
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in {**slurm_env, "SLURM_CONF": no_accounting}.items():
+            env.setenv(key, value)
+        with caplog.at_level(logging.WARNING, logger="lipt.run.slurm"):
+            check_slurm_launcher(launcher, multirun=True)
+    assert "SLURM's accounting does not answer (sacct failed" in caplog.text
+    assert "not noticed" in caplog.text
+
+
+def test_the_benchmark_without_a_cluster_says_why_in_one_line(slurm_env, no_accounting):
+    """benchmarks/slurm_jigsaw.py where SLURM's clients are missing, or accounting is down."""
+    for env in ({"PATH": "/nonexistent"}, {"SLURM_CONF": no_accounting}):
+        out = subprocess.run(
+            [sys.executable, "benchmarks/slurm_jigsaw.py", "--per-task", "5"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **slurm_env, **env},
+            timeout=120,
+        )
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
+        assert lines[0].startswith("error: no SLURM cluster answers ("), lines[0]
 
 
 # --------------------------------------------------------------------------- the main job
@@ -688,6 +835,8 @@ def test_a_cancelled_job_ends_the_wait_with_one_line_naming_it(slurm_env, tmp_pa
     lines = [line for line in err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, err[-2000:]
     assert f"SLURM job {job[0]}" in lines[0] and "cancelled" in lines[0]  # type: ignore[index]
+    # where to go on from (a ${now:} in the sweep folder would be a new folder each time)
+    assert f"submit the same command again with hydra.sweep.dir={tmp_path} " in lines[0]
 
 
 # --------------------------------------------------------------------------- a learner sweep

@@ -1,10 +1,14 @@
-"""What lipt asks of a SLURM cluster before it submits anything, through SLURM's own client
-(`sinfo`): is one reachable, does the partition exist. A bad answer is a `UserError` (one line,
-exit 2) raised before a job is submitted."""
+"""What lipt asks of a SLURM cluster before it submits anything, through SLURM's own clients
+(`sinfo`, `sacct`): is one reachable, does the partition exist and take the jobs' time limit,
+and does accounting answer (without it a cancelled job goes unnoticed: a warning). A bad answer
+is a `UserError` (one line, exit 2) raised before a job is submitted."""
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
@@ -19,6 +23,9 @@ SLURM_LAUNCHERS = (
     LIPT_LAUNCHER,
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
 )
+# SLURM's time formats (sbatch --time): minutes, minutes:seconds, hours:minutes:seconds,
+# days-hours, days-hours:minutes, days-hours:minutes:seconds.
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 
 def is_slurm_launcher(launcher: Mapping[str, Any] | None) -> bool:
@@ -29,46 +36,136 @@ def _client(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def _failed(tool: str, out: subprocess.CompletedProcess[str]) -> str:
+    lines = [line.strip() for line in out.stderr.splitlines() if line.strip()]
+    return f"{tool} failed ({lines[-1] if lines else f'exit {out.returncode}'})"
+
+
 def slurm_problem() -> str | None:
     """Why no SLURM controller answers here (None: one does)."""
-    if shutil.which("sinfo") is None:
-        return "no SLURM client (sinfo) on this machine"
+    missing = [tool for tool in ("sinfo", "sbatch") if shutil.which(tool) is None]
+    if missing:
+        return f"no SLURM client ({', '.join(missing)}) on this machine"
     conf = os.environ.get("SLURM_CONF")
     if conf and not Path(conf).is_file():  # else sinfo looks for a controller in DNS, for 20 s
         return f"SLURM_CONF={conf} is no file"
+    return _answers("sinfo", "-h", "-o", "%P")
+
+
+def accounting_problem() -> str | None:
+    """Why SLURM's accounting (sacct) does not answer here (None: it does). The jobs run
+    without it, and end as their results come back; but a job cancelled or killed without a
+    result is only told apart from a running one by accounting."""
+    if shutil.which("sacct") is None:
+        return "no sacct on this machine"
+    return _answers("sacct", "-n", "-X", "-j", "1")
+
+
+def _answers(tool: str, *args: str) -> str | None:
     try:
-        out = _client("sinfo", "-h", "-o", "%P")
+        out = _client(tool, *args)
     except subprocess.TimeoutExpired:
-        return "sinfo did not answer in 20 s"
-    if out.returncode != 0:
-        first = (out.stderr.strip().splitlines() or ["no answer"])[0]
-        return f"sinfo failed ({first})"
-    return None
+        return f"{tool} did not answer in 20 s"
+    return _failed(tool, out) if out.returncode != 0 else None
+
+
+def partition_limits() -> dict[str, float | None]:
+    """The cluster's partitions and their time limits in minutes (None: none); the default
+    partition's name without sinfo's '*' and first."""
+    out = _client("sinfo", "-h", "-o", "%P %l")
+    limits: dict[str, float | None] = {}
+    for line in sorted(out.stdout.splitlines(), key=lambda line: "*" not in line.split()[0]):
+        name, limit = line.split()
+        limits.setdefault(name.rstrip("*"), slurm_minutes(limit))
+    return limits
 
 
 def partitions() -> list[str]:
-    """The cluster's partition names (the default one without sinfo's '*')."""
-    out = _client("sinfo", "-h", "-o", "%P")
-    return [name.rstrip("*") for name in out.stdout.split()]
+    """The cluster's partition names (the default one first, without sinfo's '*')."""
+    return list(partition_limits())
+
+
+def slurm_minutes(text: str) -> float | None:
+    """A time in one of SLURM's formats in minutes (None: infinite, unlimited).
+
+    Raises:
+        ValueError: not one of SLURM's time formats.
+    """
+    text = text.strip()
+    if text.lower() in ("infinite", "unlimited"):
+        return None
+    found = _TIME.match(text)
+    if found is None:
+        raise ValueError(f"{text!r} is not a SLURM time")
+    days, first, second, third = found.groups()
+    parts = [int(p) for p in (first, second, third) if p is not None]
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = (*parts, 0, 0)[:3]
+        return int(days) * 1440 + hours * 60 + minutes + seconds / 60
+    if len(parts) == 3:  # hours:minutes:seconds
+        return parts[0] * 60 + parts[1] + parts[2] / 60
+    if len(parts) == 2:  # minutes:seconds
+        return parts[0] + parts[1] / 60
+    return float(parts[0])
+
+
+def timeout_minutes(value: Any) -> int:
+    """`hydra.launcher.timeout_min` as users give a time limit: whole minutes (90), or one of
+    SLURM's time formats (1:30:00, 2-00:00:00); in whole minutes, seconds rounded up, as SLURM
+    rounds them.
+
+    Raises:
+        UserError: neither, or under a minute.
+    """
+    minutes: float | None
+    if isinstance(value, bool):
+        minutes = None
+    elif isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        minutes = value
+    elif isinstance(value, str):
+        try:
+            minutes = slurm_minutes(value)
+        except ValueError:
+            minutes = None
+    else:
+        minutes = None
+    if minutes is None or minutes < 1:
+        raise UserError(
+            f"hydra.launcher.timeout_min={value} is no time limit; give whole minutes (90) or "
+            "a SLURM time (1:30:00, 2-00:00:00) of at least a minute"
+        )
+    return math.ceil(minutes)
 
 
 def check_slurm_launcher(launcher: Mapping[str, Any], multirun: bool) -> None:
     """A SLURM launcher's settings, before anything is submitted.
 
     Raises:
-        UserError: lipt's own launcher keys out of range, not a multirun (Hydra would run the
-            job here, not on SLURM), no SLURM controller answers, or the partition does not
-            exist.
+        UserError: lipt's own launcher keys out of range, a time limit SLURM does not read or
+            whose signal would come before the job starts, not a multirun (Hydra would run
+            the job here, not on SLURM), no SLURM controller answers, or the
+            partition does not exist or takes no job that long.
     """
-    for key, least in (("learners_per_task", 1), ("learner_retries", 0)):
-        value = launcher.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise UserError(
-                f"hydra.launcher.{key}={value} must be a whole number of at least {least}"
-            )
-    poll = launcher.get("poll_s")
-    if isinstance(poll, bool) or not isinstance(poll, (int, float)) or poll <= 0:
-        raise UserError(f"hydra.launcher.poll_s={poll} must be a positive number of seconds")
+    if launcher.get("_target_") == LIPT_LAUNCHER:  # Hydra's own submitit launcher has none
+        for key, least in (("learners_per_task", 1), ("learner_retries", 0)):
+            value = launcher.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise UserError(
+                    f"hydra.launcher.{key}={value} must be a whole number of at least {least}"
+                )
+        poll = launcher.get("poll_s")
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or poll <= 0:
+            raise UserError(f"hydra.launcher.poll_s={poll} must be a positive number of seconds")
+    minutes = timeout_minutes(launcher.get("timeout_min"))
+    delay = launcher.get("signal_delay_s")
+    if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+        raise UserError(f"hydra.launcher.signal_delay_s={delay} must be a whole number of seconds")
+    if delay >= minutes * 60:
+        raise UserError(
+            f"hydra.launcher.signal_delay_s={delay} sends the time-limit signal before a job of "
+            f"hydra.launcher.timeout_min={launcher.get('timeout_min')} starts (every attempt "
+            "would be requeued at once); raise timeout_min or lower signal_delay_s"
+        )
     if not multirun:
         raise UserError(
             "hydra/launcher submits a multirun's jobs to SLURM, but this is a single run that "
@@ -82,11 +179,36 @@ def check_slurm_launcher(launcher: Mapping[str, Any], multirun: bool) -> None:
             f"no SLURM cluster is reachable{where}: {problem}; run on a cluster's login node, "
             "set SLURM_CONF, or start the local one with make slurm-up"
         )
-    partition = launcher.get("partition")
-    if partition:
-        known = partitions()
-        if str(partition) not in known:
-            raise UserError(
-                f"hydra.launcher.partition={partition} is not a partition of this cluster; "
-                f"use one of {', '.join(known) or '(none)'}"
-            )
+    unaccounted = accounting_problem()
+    if unaccounted is not None:  # clusters without accounting run the jobs all the same
+        logging.getLogger(__name__).warning(
+            "warning: SLURM's accounting does not answer (%s): the jobs run, but one cancelled "
+            "or killed without a result is not noticed, and the wait for it goes on until "
+            "Ctrl-C",
+            unaccounted,
+        )
+    check_partition(launcher.get("partition"), minutes, launcher.get("timeout_min"))
+
+
+def check_partition(partition: Any, minutes: int, given: Any) -> None:
+    """The partition (a name, several as SLURM takes them: a,b; None: the cluster's default)
+    exists, and one of them takes a job of `minutes` (SLURM would keep it pending for ever)."""
+    limits = partition_limits()
+    names = [p.strip() for p in str(partition).split(",") if p.strip()] if partition else []
+    unknown = [name for name in names if name not in limits]
+    if unknown:
+        raise UserError(
+            f"hydra.launcher.partition={partition}: {', '.join(unknown)} is not a partition of "
+            f"this cluster; use one of {', '.join(limits) or '(none)'}"
+        )
+    chosen = names or list(limits)[:1]  # the default partition
+    longest = [limits[name] for name in chosen]
+    if chosen and all(limit is not None and minutes > limit for limit in longest):
+        limit = max(limit for limit in longest if limit is not None)
+        which = f"partition {chosen[0]}" if len(chosen) == 1 else f"partitions {partition}"
+        raise UserError(
+            f"hydra.launcher.timeout_min={given} is longer than {which} allows "
+            f"({limit:g} minutes): SLURM would keep the jobs pending for ever; give "
+            f"hydra.launcher.timeout_min={math.floor(limit)} or less, or another "
+            "hydra.launcher.partition"
+        )

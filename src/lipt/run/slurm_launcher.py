@@ -12,8 +12,9 @@ SLURM job array), it
   (`learners_per_task` learners a task), then the jobs themselves, which merge the learners'
   checkpoints from their folder: no training, merging or scoring runs on the submitting host;
 - waits on the jobs itself: a learner task that dies is submitted again (`learner_retries`),
-  only for the learners it did not write, and a job that is cancelled or fails ends the sweep
-  with one line that names it (exit 2), never a hang.
+  only for the learners it did not write, and a job that is cancelled or fails, that sbatch
+  refuses or that SLURM would keep pending for ever ends the sweep with one line that names it
+  (exit 2), never a hang.
 
 A job requeued by SLURM (preemption, `scontrol requeue`, or the time-limit signal that
 lipt.core.requeue answers) runs again from the same pickled submission, in the same folder,
@@ -22,8 +23,11 @@ and resumes from its last checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import logging
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +40,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lipt.core.errors import UserError, fail, one_line
+from lipt.run.slurm import timeout_minutes
 from lipt.run.slurm_learners import (
     LearnerGroup,
     groups_of,
@@ -49,6 +54,8 @@ log = logging.getLogger(__name__)
 
 # The launcher's own keys (configs/hydra/launcher/slurm.yaml); the rest go to submitit.
 OWN_KEYS = ("learner_array", "learners_per_task", "learner_retries", "poll_s")
+# How to go on after a job was cancelled (a sweep's own: resubmission).
+AGAIN = "submit the same command again to go on from what finished"
 
 
 class SlurmSweepLauncher(Protocol):
@@ -93,6 +100,7 @@ def launch(
             sweep_job(launcher, initial_job_idx + k, list(overrides))
             for k, overrides in enumerate(job_overrides)
         ]
+        again = resubmission(str(launcher.config.hydra.sweep.dir), jobs)
         returns: dict[int, JobReturn] = {}
         for job in jobs:
             finished = _finished(job)
@@ -101,12 +109,24 @@ def launch(
                 returns[job.num] = finished
         todo = [job for job in jobs if job.num not in returns]
         if todo and launcher.learner_array:
-            train_learners(launcher, todo)
+            train_learners(launcher, todo, again)
         if todo:
-            returns.update(run_jobs(launcher, todo))
+            returns.update(run_jobs(launcher, todo, again))
     except UserError as e:
         _fail(e)
     return [returns[job.num] for job in jobs]
+
+
+def resubmission(sweep_dir: str, jobs: list[SweepJob]) -> str:
+    """How to go on from what a sweep ended with: the same command in the same folder (a
+    `${now:}` in hydra.sweep.dir would make it a new one)."""
+    fix = f"submit the same command again with hydra.sweep.dir={sweep_dir}"
+    if all(job.config.get("ckpt_path") == "last" for job in jobs):
+        return f"{fix} to go on from what finished"
+    return (
+        f"{fix} to keep the learners written (and ckpt_path=last to keep the jobs that "
+        "finished and resume main training)"
+    )
 
 
 def sweep_job(launcher: SlurmSweepLauncher, num: int, overrides: list[str]) -> SweepJob:
@@ -141,10 +161,35 @@ def executor_for(params: dict[str, Any], name: str, tasks_per_node: int | None =
     base = set(OmegaConf.structured(BaseQueueConf).keys())
     params = {k if k in base else f"slurm_{k}": v for k, v in params.items()}
     params["name"] = name
+    if "timeout_min" in params:  # as users give it (1:30:00): checked before the sweep began
+        params["timeout_min"] = timeout_minutes(params["timeout_min"])
     if tasks_per_node is not None:
         params["tasks_per_node"] = tasks_per_node
     executor.update_parameters(**params)
     return executor
+
+
+def submitted_by(name: str, submit: Any, *args: Any) -> Any:
+    """`submit(*args)` (an executor's submit or map_array); sbatch's refusal (resources the
+    cluster does not have: mem_gb, cpus_per_task, gpus_per_node...) as one line.
+
+    Raises:
+        UserError: sbatch refused the jobs, or is not there.
+    """
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's errors too
+            return submit(*args)
+    except (FailedJobError, FailedSubmissionError, OSError) as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        errors = [line.removeprefix("sbatch: error: ") for line in lines if "error" in line]
+        said = "; ".join(errors or lines[-1:]) or type(e).__name__
+        raise UserError(
+            f"sbatch refused the {name} jobs ({said}); fit hydra.launcher's settings "
+            "(partition, timeout_min, nodes, tasks_per_node, cpus_per_task, mem_gb, gres...) "
+            "to the cluster (scontrol show partition)"
+        ) from e
 
 
 def run_as_job(launcher: DictConfig, name: str, function: Any, *args: Any) -> Any:
@@ -155,12 +200,13 @@ def run_as_job(launcher: DictConfig, name: str, function: Any, *args: Any) -> An
         UserError: the job was cancelled or failed (one line naming it).
     """
     params = cast(dict[str, Any], OmegaConf.to_container(launcher, resolve=True))
-    job = executor_for(params, name, tasks_per_node=1).submit(function, *args)
+    executor = executor_for(params, name, tasks_per_node=1)
+    job = submitted_by(name, executor.submit, function, *args)
     log.info("SLURM job %s: %s", job.job_id, name)
     return wait([job], [name], float(params.get("poll_s", 10.0)))[0]
 
 
-def train_learners(launcher: SlurmSweepLauncher, jobs: list[SweepJob]) -> None:
+def train_learners(launcher: SlurmSweepLauncher, jobs: list[SweepJob], again: str = AGAIN) -> None:
     """Every job's missing jigsaw learners as one job array, `learners_per_task` a task;
     tasks that died are submitted again, for the learners they did not write."""
     counts = {job.num: uses_jigsaw_learners(job.config) for job in jobs}
@@ -190,9 +236,10 @@ def train_learners(launcher: SlurmSweepLauncher, jobs: list[SweepJob]) -> None:
             len(wanted),
         )
         executor = executor_for(launcher.params, "lipt-learners", tasks_per_node=1)
-        submitted = executor.map_array(train_learner_group, groups)
+        name = "lipt-learners"
+        submitted = submitted_by(name, executor.map_array, train_learner_group, groups)
         labels = [f"learners {g.ids} of {g.run_dir}" for g in groups]
-        wait(submitted, labels, launcher.poll_s, failed_ok=True)
+        wait(submitted, labels, launcher.poll_s, failed_ok=True, again=again)
         groups = pending()
     if groups:
         first = groups[0]
@@ -203,32 +250,55 @@ def train_learners(launcher: SlurmSweepLauncher, jobs: list[SweepJob]) -> None:
         )
 
 
-def run_jobs(launcher: SlurmSweepLauncher, jobs: list[SweepJob]) -> dict[int, JobReturn]:
+def run_jobs(
+    launcher: SlurmSweepLauncher, jobs: list[SweepJob], again: str = AGAIN
+) -> dict[int, JobReturn]:
     """The jobs themselves, as one array (Hydra's own __call__ runs each)."""
     from hydra.core.singleton import Singleton
 
-    executor = executor_for(launcher.params, str(launcher.params.get("name") or "lipt"))
+    name = str(launcher.params.get("name") or "lipt")
+    executor = executor_for(launcher.params, name)
     for job in jobs:
         log.info("\t#%d : %s", job.num, job.label)
     state = Singleton.get_state()
     params = [
         (job.overrides, "hydra.sweep.dir", job.num, f"job_id_for_{job.num}", state) for job in jobs
     ]
-    submitted = executor.map_array(launcher, *zip(*params, strict=True))
-    results = wait(submitted, [f"#{job.num} {job.label}" for job in jobs], launcher.poll_s)
+    submitted = submitted_by(name, executor.map_array, launcher, *zip(*params, strict=True))
+    labels = [f"#{job.num} {job.label}" for job in jobs]
+    results = wait(submitted, labels, launcher.poll_s, again=again)
     return {job.num: result for job, result in zip(jobs, results, strict=True)}
 
 
 def wait(
-    submitted: list[Any], labels: list[str], poll_s: float, failed_ok: bool = False
+    submitted: list[Any],
+    labels: list[str],
+    poll_s: float,
+    failed_ok: bool = False,
+    again: str = AGAIN,
 ) -> list[Any]:
     """Each job's result, polling SLURM's accounting (sacct) every `poll_s` seconds at most.
+    `again`: how to go on after a job was cancelled (lipt.run.slurm_launcher.resubmission).
 
     Raises:
-        UserError: a job was cancelled, or (unless `failed_ok`) ended without a result.
+        UserError: a job was cancelled, SLURM will never start one, or (unless `failed_ok`)
+            one ended without a result.
     """
     start = time.monotonic()
-    while not all(job.done() for job in submitted):
+    while True:
+        waiting = [job for job in submitted if not job.done()]
+        if not waiting:
+            break
+        never = never_starting(waiting)
+        if never is not None:
+            job, reason = never
+            stuck = [j.job_id for j in waiting]
+            subprocess.run(["scancel", *stuck], capture_output=True, check=False, timeout=60)
+            label = labels[submitted.index(job)]
+            others = f" and the {len(stuck) - 1} waiting beside it" if len(stuck) > 1 else ""
+            raise UserError(
+                f"SLURM will never start job {job.job_id} ({label}): {reason}; cancelled it{others}"
+            )
         elapsed = time.monotonic() - start
         time.sleep(min(poll_s, 1.0 + elapsed / 10))  # quick at first, then gentler
         submitted[0].done(force_check=True)  # one sacct call for all of them
@@ -246,10 +316,7 @@ def wait(
             continue
         state = str(job.watcher.get_state(job.job_id, mode="force"))
         if state.startswith("CANCELLED"):
-            raise UserError(
-                f"SLURM job {job.job_id} ({label}) was cancelled ({state}); submit the same "
-                "command again to go on from what finished"
-            )
+            raise UserError(f"SLURM job {job.job_id} ({label}) was cancelled ({state}); {again}")
         if not failed_ok:
             raise UserError(
                 f"SLURM job {job.job_id} ({label}) ended {state} without a result: "
@@ -258,6 +325,49 @@ def wait(
         log.warning("SLURM job %s (%s) ended %s", job.job_id, label, state)
         results.append(None)
     return results
+
+
+# Why SLURM keeps a job pending (squeue's reason) where it will never start it: what the
+# cluster allows a job is below what it asks for. Without this the wait would never end.
+NEVER_STARTS = {
+    "PartitionTimeLimit": "its time limit is above the partition's (lower "
+    "hydra.launcher.timeout_min, or choose another hydra.launcher.partition)",
+    "PartitionNodeLimit": "it asks for more nodes than the partition has (hydra.launcher.nodes)",
+    "PartitionConfig": "it asks for more than the partition has (hydra.launcher's nodes, "
+    "tasks_per_node, cpus_per_task, mem_gb, gpus_per_node...; scontrol show partition)",
+    "BadConstraints": "no node meets its constraints (hydra.launcher.constraint, gres...)",
+    "InvalidQOS": "the cluster has no such hydra.launcher.qos for it",
+    "InvalidAccount": "the cluster has no such hydra.launcher.account for it",
+}
+
+
+def never_starting(jobs: list[Any]) -> tuple[Any, str] | None:
+    """A job of `jobs` that SLURM keeps pending for a reason of NEVER_STARTS (or a per-job
+    limit of its QOS or account), and why; None when each may still start."""
+    by_id = {str(job.job_id): job for job in jobs}
+    raw = sorted({job_id.split("_")[0] for job_id in by_id})
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "-r", "-t", "PENDING", "-j", ",".join(raw), "-o", "%i %r"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None  # the controller did not answer this time: the next look asks again
+    for line in out.stdout.splitlines():
+        job_id, _, reason = line.strip().partition(" ")
+        if job_id not in by_id:
+            continue
+        if reason in NEVER_STARTS:
+            return by_id[job_id], f"{reason}, {NEVER_STARTS[reason]}"
+        if reason.endswith("PerJobLimit"):
+            return by_id[job_id], (
+                f"{reason}, it asks for more than its QOS or account allows a job "
+                "(hydra.launcher's timeout_min, nodes, cpus_per_task...; sacctmgr show qos)"
+            )
+    return None
 
 
 def _result(job: Any) -> tuple[str, Any]:
