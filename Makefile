@@ -77,7 +77,7 @@ format: install
 # Tables (Markdown, CSV) and plots of every summary.json under a sweep: make report SWEEP=multirun/<exp>/<time>
 report: install
 	@test -n "$(SWEEP)" || { echo "error: set SWEEP=<sweep folder>, e.g. make report SWEEP=multirun/table2_cpu/<time>" >&2; exit 2; }
-	$(PY) -m lipt.report.sweep $(SWEEP) $(ARGS)
+	$(PY) -m lipt.report.sweep "$(SWEEP)" $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache .ruff_cache .mypy_cache

@@ -38,7 +38,7 @@ from lipt.jigsaw.parts import (
 from lipt.jigsaw.weights import recompute_batchnorm_stats
 from lipt.run.config import run_of, validate
 from lipt.run.hydra_callbacks import learner_sweep
-from lipt.run.sweep_overrides import check_learner_sweep
+from lipt.run.sweep_settings import check_learner_sweep
 from lipt.stages import jigsaw as jigsaw_stage
 from lipt.stages.build import build_datamodule, build_model, build_part, build_parts
 from lipt.stages.pretrain import load_pretrained, pretrain_model, ranking_models

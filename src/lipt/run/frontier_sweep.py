@@ -66,21 +66,42 @@ def key_of(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def setting_of(override: str) -> tuple[str, str]:
+    """`+approach='full_data'` -> (`approach`, `full_data`): what an override sets, however
+    it is prefixed or quoted."""
+    key, _, value = override.partition("=")
+    value = value.strip()
+    if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+        value = value[1:-1]
+    return key.lstrip("+~"), value
+
+
 def with_reference(
     jobs: Sequence[Sequence[str]], reference: Sequence[str], point_keys: Sequence[str]
 ) -> list[list[str]]:
     """The reference jobs, one per distinct combination of the overrides outside `point_keys`
-    (in order of first appearance), then `jobs`; a job listed twice runs once."""
-    points = {key_of(k) for k in point_keys}
-    replaced = points | {key_of(o) for o in reference}
-    references: list[list[str]] = []
-    for job in jobs:
-        rest = [o for o in job if key_of(o) not in replaced]
-        references.append([*reference, *rest])
+    (in order of first appearance), then `jobs`; a job listed twice runs once. A job that sets
+    every override of the reference (`+approach=full_data` among the methods, say, for the
+    whole pool's curve over `trainer.max_epochs`) is the reference itself: its point keys go
+    too, since the reference is measured without them (the report reads every run of the
+    reference's approach as the reference), so it runs once, not once per budget."""
+    own = {setting_of(o) for o in reference}
+    references = [as_reference(job, reference, point_keys) for job in jobs]
     unique: dict[tuple[str, ...], list[str]] = {}
     for job in [*references, *(list(j) for j in jobs)]:
+        if own <= {setting_of(o) for o in job}:
+            job = as_reference(job, reference, point_keys)
         unique.setdefault(tuple(sorted(job)), job)
     return list(unique.values())
+
+
+def as_reference(
+    job: Sequence[str], reference: Sequence[str], point_keys: Sequence[str]
+) -> list[str]:
+    """The reference job of `job`: `reference`'s overrides in place of its point keys' (and of
+    those `reference` sets), its other overrides kept."""
+    replaced = {key_of(k) for k in point_keys} | {key_of(o) for o in reference}
+    return [*reference, *(o for o in job if key_of(o) not in replaced)]
 
 
 class PinToCore(Callback):

@@ -37,12 +37,8 @@ from lipt.report.sweep import aggregate, load_summaries, varying_keys
 from lipt.run.cli import keep_caches_in
 from lipt.run.config import run_of
 from lipt.run.slurm import is_slurm_launcher
-from lipt.run.sweep_overrides import (
-    LEARNERS_KEY,
-    check_learner_sweep,
-    declared_overrides,
-    other_swept_keys,
-)
+from lipt.run.sweep_overrides import declared_overrides
+from lipt.run.sweep_settings import LEARNERS_KEY, check_learner_sweep, other_swept_keys
 from lipt.stages.jigsaw import merge_learner_dir
 
 log = logging.getLogger(__name__)
@@ -75,12 +71,24 @@ class SweepTable(Callback):
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
         keep_caches_in(sweep)  # the report's wandb run keeps its caches in the sweep's folder
         report = log_sweep_report(config, sweep)  # with logger=wandb: also into wandb
-        made = f"in {shown(report)}" if report else f"with make report SWEEP={shown(sweep)}"
+        made = f"in {shown(report)}" if report else f"with {report_command(sweep)}"
         lines.append(f"  (tables and plots {made})")
         print("\n".join(lines), flush=True)
 
 
 SWEEP_COLUMNS = ("runs", "test acc. (%)", "subset", "total (s)")
+
+
+def report_command(sweep: Path) -> str:
+    """The command that reports `sweep`, as it can be pasted: `make report SWEEP=...`, or
+    where make would split or expand the folder's name (a space, a $, a quote), the report's
+    own module with the folder quoted for the shell."""
+    import shlex
+
+    folder = shown(sweep)
+    if shlex.quote(folder) == folder:
+        return f"make report SWEEP={folder}"
+    return f"python -m lipt.report.sweep {shlex.quote(folder)}"
 
 
 # ---------------------------------------------------------------------- a learner multirun

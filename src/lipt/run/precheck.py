@@ -20,13 +20,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lipt.core.errors import UserError, fail, one_line
-from lipt.run.sweep_overrides import (
-    HYDRA_JOB_FOLDER,
-    candidate_overrides,
-    check_sweeps,
-    declared_sweep,
-    every_job,
-)
+from lipt.run.sweep_overrides import candidate_overrides, check_sweeps, declared_sweep, every_job
+from lipt.run.sweep_settings import HYDRA_JOB_FOLDER
 
 
 def config_dir() -> Path:

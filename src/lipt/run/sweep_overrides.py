@@ -5,26 +5,36 @@ Hydra would refuse or run as no job is refused in one line: a sweep outside a mu
 sweep of Hydra's own settings, a glob() of a key that is no group or that matches no option, an
 empty range, an interval() for the basic sweeper, `hydra.sweeper.params` where the sweeper
 declares none, a sweeper param Hydra cannot read as one key (with dots, quotes or a +). Under
---cfg, which Hydra composes as a single run, a sweep is refused as outside a multirun.
+--cfg, which Hydra composes as a single run, a sweep is refused as outside a multirun. So is a
+command line that would run other than it reads: a group choice replacing one an approach pins
+(its runs reported under the approach's name), a method's own setting the frontier's reference
+job cannot take, a seed an Optuna search would tune, an Optuna study in a database it cannot keep.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
 
 from lipt.core.errors import UserError
-from lipt.run.frontier_sweep import check_frontier_settings, with_reference
-from lipt.run.slurm import LIPT_LAUNCHER, check_slurm_launcher, is_slurm_launcher
-
-# paths.output_dir as the configs set it: the folder Hydra makes for the job.
-HYDRA_JOB_FOLDER = "${hydra:runtime.output_dir}"
-# What lipt's SLURM launcher sets paths.output_dir to, spelled without spaces.
-LAUNCHER_JOB_FOLDERS = (HYDRA_JOB_FOLDER, "${hydra:sweep.dir}/${hydra:sweep.subdir}")
+from lipt.run.frontier_sweep import (
+    as_reference,
+    check_frontier_settings,
+    key_of,
+    setting_of,
+    with_reference,
+)
+from lipt.run.slurm import check_slurm_launcher, is_slurm_launcher
+from lipt.run.sweep_settings import (
+    check_ddp_in_multirun,
+    check_job_folder,
+    check_learner_sweep,
+    check_no_seed_search,
+    check_optuna_sweeper,
+)
 
 
 def candidate_overrides(args: list[str], declared: list[str]) -> list[list[str]]:
@@ -76,6 +86,8 @@ class DeclaredSweep:
     run_flag: bool = False
     # A multirun whose jobs a local launcher runs (Hydra's basic or joblib launcher, not SLURM).
     local_multirun: bool = False
+    # The primary config's name (train, select, pretrain): what a job composes.
+    config_name: str = ""
 
     def check_job(self, cfg: DictConfig) -> None:
         """What one job of this sweep may not do beside the run's own checks (each job's
@@ -153,6 +165,7 @@ def declared_sweep(
     basic = target.endswith((".BasicSweeper", ".FrontierSweeper"))
     if multirun and target.endswith(".OptunaSweeper"):
         check_optuna_sweeper(sweeper, cfg.get("optimized_metric"))
+        check_no_seed_search([*(a for a in args if a not in misread), *declared_overrides(sweeper)])
     with_hydra = copy.deepcopy(cfg)
     if not multirun:
         if len(fixed) < len(args):  # refused by check_sweeps
@@ -164,6 +177,7 @@ def declared_sweep(
                 basic=basic,
                 show_config=show_config,
                 run_flag=run_flag,
+                config_name=config_name,
             )
         with open_dict(cfg):
             del cfg["hydra"]  # what compose(..., return_hydra_config=False) drops
@@ -176,6 +190,7 @@ def declared_sweep(
             basic=basic,
             show_config=show_config,
             run_flag=run_flag,
+            config_name=config_name,
         )
     return DeclaredSweep(
         declared_overrides(sweeper),
@@ -185,139 +200,8 @@ def declared_sweep(
         composed=with_hydra,
         basic=basic,
         local_multirun=not is_slurm_launcher(launcher),
+        config_name=config_name,
     )
-
-
-# DDP's strategies that start their processes from this one (spawned or forked), not by running
-# the command line again.
-IN_PROCESS_STRATEGIES = ("ddp_spawn", "ddp_fork", "ddp_notebook")
-
-
-def check_ddp_in_multirun(trainer: DictConfig) -> None:
-    """Lightning starts DDP's extra processes by running the command line again (its
-    subprocess launcher): under -m that is the whole sweep again in each of them, whose jobs
-    wait on each other. `strategy: auto` on several processes is DDP too (Lightning's choice
-    outside a notebook), and so are FSDP and DeepSpeed (the same launcher). A SLURM launcher's
-    tasks are the processes instead (srun starts them)."""
-    strategy = str(trainer.get("strategy", "auto"))
-    auto = strategy == "auto"
-    relaunched = strategy.startswith(("ddp", "fsdp", "deepspeed"))
-    if not auto and (not relaunched or strategy.startswith(IN_PROCESS_STRATEGIES)):
-        return
-    from lipt.stages.training_plan import trainer_world_size  # Lightning: for DDP alone
-
-    processes = trainer_world_size(trainer)
-    if processes == 1 or (auto and (processes is None or processes < 2)):
-        return
-    what = (
-        f"trainer.strategy=auto on {processes} processes (trainer.devices="
-        f"{trainer.get('devices')}) is Lightning's DDP: it"
-        if auto
-        else f"trainer.strategy={strategy} on {processes or 'several'} processes"
-    )
-    raise UserError(
-        f"{what} starts each extra one by running the command again, which under -m runs the "
-        f"whole sweep again; run the jobs one at a time (python train.py trainer.strategy="
-        f"{strategy if not auto else 'ddp'} seed=0 ...), or submit the sweep with "
-        "hydra/launcher=slurm hydra.launcher.tasks_per_node=<the processes>"
-    )
-
-
-def check_optuna_sweeper(sweeper: DictConfig, metric: Any) -> None:
-    """An Optuna search (hparams_search=lr_wd) asks each trial for one number and maximises it:
-    settings under which it would train every trial and end in Optuna's traceback (a job that
-    returns the whole summary, no trial to run or none at a time), or choose the worst trial."""
-    for key in ("n_trials", "n_jobs"):
-        value = sweeper.get(key)
-        if type(value) is int and value < 1:
-            what = "runs no trial" if key == "n_trials" else "launches no trial at a time"
-            raise UserError(f"hydra.sweeper.{key}={value} {what}; give 1 or more")
-    if metric is None:
-        raise UserError(
-            "the Optuna sweeper optimises the number each trial returns, but "
-            "optimized_metric=null returns the whole summary, which every trial would fail on "
-            "after training; set optimized_metric=val_accuracy (or use Hydra's basic sweeper)"
-        )
-    directions = sweeper.get("direction")
-    if not isinstance(directions, str) and directions is not None:
-        directions = [str(d) for d in directions]
-        if len(directions) != 1:
-            raise UserError(
-                f"hydra.sweeper.direction={directions} optimises {len(directions)} objectives, "
-                f"but optimized_metric={metric} is one number; give one direction (maximize)"
-            )
-        (directions,) = directions
-    if directions is not None and str(directions).lower().endswith("minimize"):
-        raise UserError(
-            f"hydra.sweeper.direction={directions} would choose the trial of the lowest "
-            f"{metric}; use hydra.sweeper.direction=maximize"
-        )
-
-
-def check_job_folder(launcher: DictConfig, cfg: DictConfig) -> None:
-    """lipt's SLURM launcher runs each job in its sweep folder (hydra.sweep.dir/subdir), which
-    it sets as the job's paths.output_dir: another paths.output_dir would be ignored."""
-    from omegaconf import OmegaConf
-
-    paths = OmegaConf.to_container(cfg.paths) if "paths" in cfg else None  # as set: unresolved
-    folder = paths.get("output_dir") if isinstance(paths, dict) else HYDRA_JOB_FOLDER
-    spelled = re.sub(r"\s+", "", str(folder))
-    if launcher.get("_target_") == LIPT_LAUNCHER and spelled not in LAUNCHER_JOB_FOLDERS:
-        raise UserError(
-            f"paths.output_dir={folder} is ignored: hydra/launcher=slurm runs each job in "
-            "hydra.sweep.dir/hydra.sweep.subdir; drop paths.output_dir and choose the folder "
-            "with hydra.sweep.dir=..."
-        )
-
-
-# The key a jigsaw learner multirun sweeps: each job trains those learners (pretrain.py -m).
-LEARNERS_KEY = "pretrain.learners"
-
-
-def other_swept_keys(overrides: list[str]) -> list[str] | None:
-    """The keys a jigsaw learner sweep sweeps beside `pretrain.learners` (None: `overrides`
-    give no `pretrain.learners`, so the multirun is no learner sweep)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    if not any(o.key_or_group == LEARNERS_KEY for o in parsed):
-        return None
-    return [
-        o.key_or_group for o in parsed if o.is_sweep_override() and o.key_or_group != LEARNERS_KEY
-    ]
-
-
-def check_learner_sweep(overrides: list[str], pretrain: Mapping[str, Any], merges: bool) -> bool:
-    """Whether a multirun's `overrides` make it a jigsaw learner sweep (`pretrain.learners`
-    given): its jobs write their learners into one folder, <sweep dir>/learners unless
-    `pretrain.learner_dir` says otherwise, which the soup callback (`merges`) merges.
-
-    Raises:
-        UserError: it also sweeps another key where learners of two settings would share a
-            folder (the soup callback's one set, or the default one), or the pretrain strategy
-            is not jigsaw.
-    """
-    others = other_swept_keys(overrides)
-    if others is None:
-        return False
-    if others and merges:
-        raise UserError(
-            f"the soup callback merges one set of jigsaw learners, but this multirun also sweeps "
-            f"{', '.join(others)}; sweep only {LEARNERS_KEY} (one multirun per setting)"
-        )
-    folder = pretrain.get("learner_dir")
-    if others and (not folder or "${" not in str(folder)):  # the default, or one fixed folder
-        raise UserError(
-            f"the jobs of this multirun write their jigsaw learners to one folder "
-            f"({folder or '<sweep dir>/learners'}), but it also sweeps {', '.join(others)}: one "
-            f"setting's learners "
-            f"would replace another's; sweep only {LEARNERS_KEY} (one multirun per setting), "
-            f"or give each setting its own folder "
-            f"('pretrain.learner_dir=<folder>_${{{others[0]}}}')"
-        )
-    if pretrain.get("name") != "jigsaw":
-        raise UserError(f"{LEARNERS_KEY} needs pretrain=jigsaw (got {pretrain.get('name')})")
-    return True
 
 
 def declared_overrides(sweeper: DictConfig) -> list[str]:
@@ -505,7 +389,135 @@ def check_sweeps(args: list[str], declared: DeclaredSweep) -> tuple[list[str], l
             out.append(line)
         return out
 
-    return explicit(args), explicit(declared.params)
+    args, params = explicit(args), explicit(declared.params)
+    check_approach_choices(args, params, declared)
+    check_reference_takes(args, params, declared)
+    return args, params
+
+
+# The group whose options are the frontier's and the experiments' methods (configs/approach).
+APPROACH = "approach"
+
+
+def check_approach_choices(args: list[str], params: list[str], declared: DeclaredSweep) -> None:
+    """An approach names a method by the group options it pins (`+approach=infobatch`:
+    pretrain=none, budget=infobatch); a choice on the command line replaces the pinned one
+    (Hydra's command line wins), and the runs would train another method under the
+    approach's name, in its rows of every report: refused in a line. Inside Hydra's context
+    (check_sweeps), `args` and `params` as it expands them."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if not declared.config_name:
+        return
+    values: dict[str, list[str]] = {}
+    for job in candidate_overrides(args, params):
+        for o in job:
+            if not o.startswith("~") and "=" in o:
+                key, value = setting_of(o)
+                if value not in values.setdefault(key, []):
+                    values[key].append(value)
+    if APPROACH not in values:
+        return
+    hydra = GlobalHydra.instance().hydra
+    assert hydra is not None
+    loader = hydra.config_loader
+    searchpath = [a for a in args if a.startswith("hydra.searchpath=")]
+    repo = loader._parse_overrides_and_create_caching_repo(  # type: ignore[attr-defined]
+        declared.config_name, searchpath
+    )[1]
+    for approach in values[APPROACH]:
+        for group, pinned in pinned_choices(repo, f"{APPROACH}/{approach}").items():
+            other = next((v for v in values.get(group, []) if v != pinned), None)
+            if other is not None:
+                raise UserError(
+                    f"{group}={other} replaces the {group} that +{APPROACH}={approach} pins "
+                    f"({group}={pinned}), and Hydra's command line wins: its runs would train "
+                    f"another method under the name {approach}; drop {group}={other}, or make "
+                    f"that method an approach of its own (docs/METHODS.md)"
+                )
+
+
+def pinned_choices(repo: Any, path: str) -> dict[str, str]:
+    """The group options the config file at `path` (in Hydra's repository `repo`) pins with
+    `override /group: option`, the configs it includes from its own group followed."""
+    import posixpath
+
+    from hydra.core.default_element import ConfigDefault, GroupDefault
+
+    loaded = repo.load_config(path)
+    if loaded is None:
+        return {}
+    pinned: dict[str, str] = {}
+    for element in loaded.defaults_list or []:
+        if isinstance(element, ConfigDefault) and element.path not in (None, "_self_"):
+            base = posixpath.dirname(path)
+            pinned.update(pinned_choices(repo, posixpath.join(base, str(element.path))))
+        elif isinstance(element, GroupDefault) and element.override:
+            value, group = element.value, str(element.group)
+            if isinstance(value, str) and group.startswith("/"):
+                pinned[group.lstrip("/")] = value
+    return pinned
+
+
+def check_reference_takes(args: list[str], params: list[str], declared: DeclaredSweep) -> None:
+    """The frontier sweeper gives its reference job every override but the methods' points: one
+    the reference's config has no key for, though a method's has (a method's own setting, as
+    `selector.class_tilt=0.3` beside `+approach=coverage`), would end the sweep in Hydra's
+    "Could not override", which names neither the reference nor a way out: refused in a line
+    that does. Inside Hydra's context (check_sweeps), `args` and `params` as it expands them."""
+    if not (declared.multirun and declared.reference and declared.config_name):
+        return
+    from hydra import compose
+    from hydra.errors import ConfigCompositionException
+
+    kept = [
+        a
+        for a in args
+        if a.startswith("hydra.searchpath=") or not a.startswith(("hydra.", "hydra/"))
+    ]
+    from hydra.core.global_hydra import GlobalHydra
+
+    hydra = GlobalHydra.instance().hydra
+    assert hydra is not None
+    loader = hydra.config_loader
+    groups: dict[str, bool] = {}
+
+    def signature(o: str) -> str:
+        """What Hydra's "Could not override" depends on: a group's choice, a value's key."""
+        key = key_of(o)
+        if key not in groups:
+            groups[key] = bool(loader.get_group_options(key))
+        return o if groups[key] else o.split("=", 1)[0]
+
+    reference, points = declared.reference, declared.point_keys
+    composed: set[tuple[str, ...]] = set()
+    for candidate in candidate_overrides(kept, params):
+        job = as_reference(candidate, reference, points)
+        if (shape := tuple(signature(o) for o in job)) in composed:
+            continue
+        composed.add(shape)
+        try:
+            compose(declared.config_name, job, return_hydra_config=False)
+            continue
+        except ConfigCompositionException as e:
+            named = re.search(r"'([^']+)'", str(e))
+            key = named.group(1) if named else None
+        override = next((o for o in job[len(reference) :] if key_of(o) == key), None)
+        if override is None:
+            return  # not an override of the methods': the precheck says what Hydra says
+        try:
+            compose(declared.config_name, candidate, return_hydra_config=False)
+        except ConfigCompositionException as e:
+            if f"'{key}'" in str(e):
+                return  # no method takes it either: Hydra's own refusal names it
+        fix_keys = ",".join([*(key_of(k) for k in points), str(key)])
+        raise UserError(
+            f"{override} reaches the frontier's reference job too ({' '.join(reference)}: the "
+            f"sweeper gives it every override outside hydra.sweeper.point_keys), whose config "
+            f"has no {key}; set a method's own keys in its approach's config file "
+            f"(docs/METHODS.md), or keep this one off the reference: "
+            f"'hydra.sweeper.point_keys=[{fix_keys}]'"
+        )
 
 
 def sweeper_param_fix(o: Any, declared: DeclaredSweep) -> str:
