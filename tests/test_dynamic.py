@@ -606,11 +606,14 @@ def lightning_fit(rows: int, batch_size: int, devices: int, accumulate: int, lim
     """(optimiser steps, epochs) of a fit as Lightning runs it: each device's ceil(rows /
     devices) rows in batches, up to limit_train_batches, a step every `accumulate` batches and
     at an epoch's end, for `epochs` epochs or until StopAtStep's `stop` steps."""
+    from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+    from lightning.pytorch.trainer.setup import _determine_batch_limits
+    from lightning.pytorch.trainer.states import RunningStage
+
     batches = math.ceil(math.ceil(rows / devices) / batch_size)
-    if isinstance(limit, int):
-        batches = min(batches, limit)
-    elif isinstance(limit, float):
-        batches = int(batches * limit)
+    if limit is not None:  # Lightning's own reading of the limit, then of the epoch's batches
+        read = _determine_batch_limits(limit, "limit_train_batches")
+        batches = int(_parse_num_batches(RunningStage.TRAINING, batches, read))
     steps = 0
     for epoch in range(epochs):
         for batch in range(batches):
@@ -621,7 +624,7 @@ def lightning_fit(rows: int, batch_size: int, devices: int, accumulate: int, lim
     return steps, epochs
 
 
-@pytest.mark.parametrize("limit", [None, 0.5, 0.25, 40, 7])
+@pytest.mark.parametrize("limit", [None, 0.5, 0.25, 40, 7, 10.0, "overfit"])
 def test_a_step_budgets_schedule_ends_where_the_trainer_stops(make_cfg, limit):
     """budget=full_schedule and full_steps on Fashion-MNIST's pool: the cosine runs over the
     budget's steps (Classifier's total_steps) and the fit stops at them, on the epochs planned.
@@ -631,6 +634,8 @@ def test_a_step_budgets_schedule_ends_where_the_trainer_stops(make_cfg, limit):
     from lipt.stages.training_plan import schedule_of
 
     limited = [] if limit is None else [f"+trainer.limit_train_batches={limit}"]
+    if limit == "overfit":  # overfit_batches replaces the limit, as Lightning reads it
+        limited, limit = ["+trainer.limit_train_batches=0.5", "+trainer.overfit_batches=9"], 9
     for budget, fraction, epochs in [
         ("full_schedule", 0.25, 10),
         ("full_schedule", 0.1, 15),

@@ -655,6 +655,10 @@ def test_a_sweep_over_data_sets_draws_a_frontier_per_data_set(tmp_path: Path) ->
     assert "## cifar10, ConvNet" in text and "## cifar10, ResNet18" in text
     alone = [on(job, "fashion_mnist") for job in with_reference_runs()]
     assert "\n## " not in write_frontier(tmp_path / "alone", alone, "full_data").read_text()
+    # an older summary without dataset.name beside ones with it splits nothing off
+    older = with_reference_runs()
+    mixed = [older[0], *(on(job, "fashion_mnist") for job in older[1:])]
+    assert "\n## " not in write_frontier(tmp_path / "mixed", mixed, "full_data").read_text()
 
 
 def test_a_seed_run_twice_pairs_by_its_mean_as_the_points_average_it() -> None:

@@ -29,6 +29,7 @@ from hydra.experimental.callback import Callback as HydraCallback
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from lipt.core.errors import UserError
 from lipt.core.requeue import RequeueOnSignal
 from lipt.run.slurm import LIPT_LAUNCHER, slurm_problem
 from tests.helpers import FAST, ROOT, finished, run_entry, start_entry
@@ -335,8 +336,9 @@ def test_time_limits_partitions_and_hydras_own_launcher_as_users_give_them(
     [
         ("hydra.launcher.mem_gb=100000", ["sbatch refused the train jobs (Memory", "mem_gb"]),
         ("hydra.launcher.nodes=2", ["SLURM will never start job", "nodes", "cancelled it"]),
+        ("hydra.launcher.cpus_per_task=4", ["never start job", "PartitionConfig", "CPUs"]),
     ],
-    ids=["sbatch-refuses", "never-starts"],
+    ids=["sbatch-refuses", "never-starts", "never-starts-cpus"],
 )
 def test_jobs_the_cluster_refuses_or_never_starts_end_in_one_line(
     slurm_env, tmp_path, setting, words
@@ -351,6 +353,31 @@ def test_jobs_the_cluster_refuses_or_never_starts_end_in_one_line(
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
     assert lines[0].startswith("error: ") and all(w in lines[0] for w in words), lines[0]
     assert not jobs_under(slurm_env, sweep, "PENDING,RUNNING")
+
+
+def test_a_partition_sbatch_chooses_is_left_to_sbatch(slurm_env, short_partition, monkeypatch):
+    """Without hydra.launcher.partition the job goes where sbatch sends it: SBATCH_PARTITION or
+    additional_parameters' partition, else the default; only the default's time limit is
+    checked before, and none with a QOS (which may lift it)."""
+    from lipt.run.slurm import check_slurm_launcher
+
+    for key, value in slurm_env.items():
+        monkeypatch.setenv(key, value)
+    launcher = {
+        "_target_": LIPT_LAUNCHER,
+        "learners_per_task": 1,
+        "learner_retries": 0,
+        "poll_s": 1,
+        "timeout_min": 60,
+        "signal_delay_s": 120,
+        "partition": None,
+    }
+    check_slurm_launcher(launcher, multirun=True)  # the default partition has no limit
+    with pytest.raises(UserError, match=f"longer than partition {SHORT} allows"):
+        check_slurm_launcher({**launcher, "partition": SHORT}, multirun=True)
+    check_slurm_launcher({**launcher, "partition": SHORT, "qos": "long"}, multirun=True)
+    monkeypatch.setenv("SBATCH_PARTITION", SHORT)
+    check_slurm_launcher(launcher, multirun=True)
 
 
 def test_a_cluster_without_accounting_runs_the_jobs_with_a_warning(

@@ -215,7 +215,8 @@ def by_condition(
     several, by data set and model (SETTINGS), in the order first seen; each group under its
     title (the settings that vary, then the condition; "" for a plain sweep)."""
     runs = [(name, summary) for name, summary in summaries if "config" in summary]
-    varying = [key for key in SETTINGS if len({setting_of(s, key) for _, s in runs}) > 1]
+    # A run without the key (an older summary) splits nothing off: only values that differ do.
+    varying = [key for key in SETTINGS if len({setting_of(s, key) for _, s in runs} - {None}) > 1]
     groups: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
     for name, summary in runs:
         parts = [setting_text(key, setting_of(summary, key)) for key in varying]

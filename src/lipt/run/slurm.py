@@ -69,20 +69,18 @@ def _answers(tool: str, *args: str) -> str | None:
     return _failed(tool, out) if out.returncode != 0 else None
 
 
-def partition_limits() -> dict[str, float | None]:
-    """The cluster's partitions and their time limits in minutes (None: none); the default
-    partition's name without sinfo's '*' and first."""
+def partition_limits() -> tuple[dict[str, float | None], str | None]:
+    """The cluster's partitions and their time limits in minutes (None: none), and its default
+    partition (sinfo's '*'; None where it has none)."""
     out = _client("sinfo", "-h", "-o", "%P %l")
     limits: dict[str, float | None] = {}
-    for line in sorted(out.stdout.splitlines(), key=lambda line: "*" not in line.split()[0]):
+    default = None
+    for line in out.stdout.splitlines():
         name, limit = line.split()
+        if name.endswith("*"):
+            default = name.rstrip("*")
         limits.setdefault(name.rstrip("*"), slurm_minutes(limit))
-    return limits
-
-
-def partitions() -> list[str]:
-    """The cluster's partition names (the default one first, without sinfo's '*')."""
-    return list(partition_limits())
+    return limits, default
 
 
 def slurm_minutes(text: str) -> float | None:
@@ -160,11 +158,12 @@ def check_slurm_launcher(launcher: Mapping[str, Any], multirun: bool) -> None:
     delay = launcher.get("signal_delay_s")
     if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
         raise UserError(f"hydra.launcher.signal_delay_s={delay} must be a whole number of seconds")
-    if delay >= minutes * 60:
+    if delay + 60 >= minutes * 60:  # SLURM may send it up to a minute early
         raise UserError(
             f"hydra.launcher.signal_delay_s={delay} sends the time-limit signal before a job of "
-            f"hydra.launcher.timeout_min={launcher.get('timeout_min')} starts (every attempt "
-            "would be requeued at once); raise timeout_min or lower signal_delay_s"
+            f"hydra.launcher.timeout_min={launcher.get('timeout_min')} starts (SLURM sends it up "
+            "to a minute early: every attempt would be requeued at once); raise timeout_min or "
+            "lower signal_delay_s"
         )
     if not multirun:
         raise UserError(
@@ -187,13 +186,18 @@ def check_slurm_launcher(launcher: Mapping[str, Any], multirun: bool) -> None:
             "Ctrl-C",
             unaccounted,
         )
-    check_partition(launcher.get("partition"), minutes, launcher.get("timeout_min"))
+    check_partition(launcher, minutes)
 
 
-def check_partition(partition: Any, minutes: int, given: Any) -> None:
-    """The partition (a name, several as SLURM takes them: a,b; None: the cluster's default)
-    exists, and one of them takes a job of `minutes` (SLURM would keep it pending for ever)."""
-    limits = partition_limits()
+def check_partition(launcher: Mapping[str, Any], minutes: int) -> None:
+    """The partition (hydra.launcher.partition: a name, or several as SLURM takes them, a,b)
+    exists, and one of them takes a job of `minutes`, which SLURM would keep pending for ever.
+    Without one the job goes where sbatch sends it (SBATCH_PARTITION, additional_parameters'
+    partition, else the cluster's default); a QOS may lift the partition's time limit, so
+    with hydra.launcher.qos only the names are checked."""
+    partition = launcher.get("partition")
+    extra = launcher.get("additional_parameters") or {}
+    limits, default = partition_limits()
     names = [p.strip() for p in str(partition).split(",") if p.strip()] if partition else []
     unknown = [name for name in names if name not in limits]
     if unknown:
@@ -201,14 +205,17 @@ def check_partition(partition: Any, minutes: int, given: Any) -> None:
             f"hydra.launcher.partition={partition}: {', '.join(unknown)} is not a partition of "
             f"this cluster; use one of {', '.join(limits) or '(none)'}"
         )
-    chosen = names or list(limits)[:1]  # the default partition
+    elsewhere = os.environ.get("SBATCH_PARTITION") or extra.get("partition")
+    if not names and (elsewhere or default is None):
+        return  # sbatch's choice: SLURM's own words if it refuses
+    chosen = names or [str(default)]
     longest = [limits[name] for name in chosen]
-    if chosen and all(limit is not None and minutes > limit for limit in longest):
-        limit = max(limit for limit in longest if limit is not None)
+    if launcher.get("qos") is None and all(lim is not None and minutes > lim for lim in longest):
+        limit = max(lim for lim in longest if lim is not None)
         which = f"partition {chosen[0]}" if len(chosen) == 1 else f"partitions {partition}"
         raise UserError(
-            f"hydra.launcher.timeout_min={given} is longer than {which} allows "
-            f"({limit:g} minutes): SLURM would keep the jobs pending for ever; give "
+            f"hydra.launcher.timeout_min={launcher.get('timeout_min')} is longer than {which} "
+            f"allows ({limit:g} minutes): SLURM would keep the jobs pending for ever; give "
             f"hydra.launcher.timeout_min={math.floor(limit)} or less, or another "
             "hydra.launcher.partition"
         )

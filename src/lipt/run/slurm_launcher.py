@@ -295,7 +295,7 @@ def wait(
             stuck = [j.job_id for j in waiting]
             subprocess.run(["scancel", *stuck], capture_output=True, check=False, timeout=60)
             label = labels[submitted.index(job)]
-            others = f" and the {len(stuck) - 1} waiting beside it" if len(stuck) > 1 else ""
+            others = f" and the {len(stuck) - 1} unfinished beside it" if len(stuck) > 1 else ""
             raise UserError(
                 f"SLURM will never start job {job.job_id} ({label}): {reason}; cancelled it{others}"
             )
@@ -329,12 +329,14 @@ def wait(
 
 # Why SLURM keeps a job pending (squeue's reason) where it will never start it: what the
 # cluster allows a job is below what it asks for. Without this the wait would never end.
+# PartitionNodeLimit and PartitionConfig only where the partition lacks the nodes or a node the
+# CPUs: SLURM gives them too while nodes are down or drained, which passes.
 NEVER_STARTS = {
     "PartitionTimeLimit": "its time limit is above the partition's (lower "
     "hydra.launcher.timeout_min, or choose another hydra.launcher.partition)",
     "PartitionNodeLimit": "it asks for more nodes than the partition has (hydra.launcher.nodes)",
-    "PartitionConfig": "it asks for more than the partition has (hydra.launcher's nodes, "
-    "tasks_per_node, cpus_per_task, mem_gb, gpus_per_node...; scontrol show partition)",
+    "PartitionConfig": "it asks for more CPUs on a node than the partition's nodes have "
+    "(hydra.launcher's tasks_per_node, cpus_per_task)",
     "BadConstraints": "no node meets its constraints (hydra.launcher.constraint, gres...)",
     "InvalidQOS": "the cluster has no such hydra.launcher.qos for it",
     "InvalidAccount": "the cluster has no such hydra.launcher.account for it",
@@ -346,20 +348,15 @@ def never_starting(jobs: list[Any]) -> tuple[Any, str] | None:
     limit of its QOS or account), and why; None when each may still start."""
     by_id = {str(job.job_id): job for job in jobs}
     raw = sorted({job_id.split("_")[0] for job_id in by_id})
-    try:
-        out = subprocess.run(
-            ["squeue", "-h", "-r", "-t", "PENDING", "-j", ",".join(raw), "-o", "%i %r"],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None  # the controller did not answer this time: the next look asks again
-    for line in out.stdout.splitlines():
-        job_id, _, reason = line.strip().partition(" ")
+    pending = _squeue("-r", "-t", "PENDING", "-j", ",".join(raw), "-o", "%i %D %C %P %r")
+    for line in pending.splitlines():
+        job_id, nodes, cpus, partition, reason = [*line.split(maxsplit=4), "", "", "", ""][:5]
         if job_id not in by_id:
             continue
+        if reason in ("PartitionNodeLimit", "PartitionConfig") and not _more_than_partition_has(
+            nodes, cpus, partition, reason
+        ):
+            continue  # nodes down or drained, or another limit: it may start later
         if reason in NEVER_STARTS:
             return by_id[job_id], f"{reason}, {NEVER_STARTS[reason]}"
         if reason.endswith("PerJobLimit"):
@@ -368,6 +365,39 @@ def never_starting(jobs: list[Any]) -> tuple[Any, str] | None:
                 "(hydra.launcher's timeout_min, nodes, cpus_per_task...; sacctmgr show qos)"
             )
     return None
+
+
+def _squeue(*args: str) -> str:
+    """squeue's answer ('' where the controller did not answer: the next look asks again)."""
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", *args], capture_output=True, text=True, check=False, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout
+
+
+def _more_than_partition_has(nodes: str, cpus: str, partition: str, reason: str) -> bool:
+    """Whether a job's `nodes` are more than `partition` has in any state (PartitionNodeLimit),
+    or its `cpus` on each node more than its largest node's (PartitionConfig), as sinfo says."""
+    column = "%D" if reason == "PartitionNodeLimit" else "%c"
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-p", partition, "-o", column],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        counts = [int(n.rstrip("+")) for n in out.stdout.split()]  # "%c": 64+ where they differ
+        if not counts or not (nodes.isdigit() and cpus.isdigit()) or int(nodes) < 1:
+            return False
+        if reason == "PartitionNodeLimit":
+            return int(nodes) > sum(counts)
+        return "+" not in out.stdout and int(cpus) / int(nodes) > max(counts)
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return False
 
 
 def _result(job: Any) -> tuple[str, Any]:

@@ -124,12 +124,15 @@ def schedule_of(run: Run, pool: int, pool_before_cleaning: int) -> Schedule:
 
 
 def batch_limit(trainer: Mapping[str, Any]) -> int | float | None:
-    """trainer.limit_train_batches as Lightning reads it: a count of batches (an int), a share
-    of them (a float), None where the node sets none."""
-    limit = trainer.get("limit_train_batches")
+    """trainer.limit_train_batches as Lightning reads it: a count of batches (an int, or a
+    whole float above 1: 10.0 is 10 batches), a share of them (a float up to 1), replaced by
+    trainer.overfit_batches above 0; None where the node sets neither."""
+    overfit = trainer.get("overfit_batches")
+    overfits = isinstance(overfit, (int, float)) and not isinstance(overfit, bool) and overfit > 0
+    limit = overfit if overfits else trainer.get("limit_train_batches")
     if isinstance(limit, bool) or not isinstance(limit, (int, float)):
         return None
-    return limit
+    return int(limit) if isinstance(limit, float) and limit > 1 and limit.is_integer() else limit
 
 
 def epoch_batches(trainer: Mapping[str, Any], rows: int, batch_size: int) -> int:
