@@ -1,24 +1,69 @@
 """This process's job: its run folder (created and locked), whether an earlier attempt ran in it,
-whether it is an extra DDP rank, and the sweep folder of a multirun job."""
+whether it is an extra DDP rank (and ends with the rank 0 that started it), and the sweep folder
+of a multirun job."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
+import signal
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lipt.core.lock import lock_run_dir
 
+# Rank 0's process id, which the extra ranks Lightning's launcher starts from it inherit.
+LAUNCHER_PID = "LIPT_LAUNCHER_PID"
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
 
 def run_dir(path: Path) -> Path:
     """The run folder, created and locked for this process (lipt.core.lock): a second run
-    pointed at it is refused. Extra DDP ranks share their rank 0's folder and lock."""
+    pointed at it is refused. Extra DDP ranks share their rank 0's folder and lock, and end
+    with the rank 0 that started them (`end_with_launcher`)."""
     path.mkdir(parents=True, exist_ok=True)
-    if not is_ddp_child():
+    if is_ddp_child():
+        end_with_launcher()
+    else:
         lock_run_dir(path)
+        os.environ[LAUNCHER_PID] = str(os.getpid())  # for the ranks Lightning starts from here
     return path
+
+
+def launcher_pid() -> int | None:
+    """The rank 0 that started this extra rank by running the script again (Lightning's
+    launcher: this process's parent, or its parent until it ended); None where none did (rank
+    0 itself, srun's and torchrun's ranks, which their own launchers start)."""
+    pid = os.environ.get(LAUNCHER_PID, "")
+    started_by_cluster = "SLURM_PROCID" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+    if not is_ddp_child() or started_by_cluster or not pid.isdigit():
+        return None
+    return int(pid)
+
+
+def end_with_launcher() -> None:
+    """In an extra rank Lightning's launcher started: be killed when its rank 0 ends, however it
+    ends. A rank 0 killed (SIGKILL, the out-of-memory killer) before the ranks met left them
+    waiting up to the process group's 30-minute timeout, holding the data and the device's
+    memory. Linux only (prctl); elsewhere a no-op.
+
+    Raises:
+        SystemExit: rank 0 ended already, before this rank started.
+    """
+    launcher = launcher_pid()
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    if os.getppid() == launcher:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() == launcher:  # still there once the signal is set: it will come
+            return
+    if process_start_time(launcher) is not None:  # alive, and not this process's parent
+        return
+    raise SystemExit(f"rank 0 (process {launcher}) ended before this extra DDP rank started")
 
 
 def is_ddp_child() -> bool:
@@ -31,11 +76,14 @@ def is_ddp_child() -> bool:
     )
 
 
-def wait_for_file(path: Path, seconds: float = 24 * 3600) -> None:
-    """Wait until `path` exists: what an extra rank reads of rank 0's work. Lightning's launcher
-    starts extra ranks once it is written; srun starts every task at once."""
+def wait_for_file(
+    path: Path, seconds: float = 24 * 3600, ready: Callable[[Path], bool] | None = None
+) -> None:
+    """Wait until `path` exists (and is `ready`: this attempt's, not an earlier run's left in
+    the folder): what an extra rank reads of rank 0's work. Lightning's launcher starts extra
+    ranks once it is written; srun starts every task at once."""
     deadline = time.monotonic() + seconds
-    while not path.is_file():
+    while not path.is_file() or (ready is not None and not ready(path)):
         if time.monotonic() > deadline:
             raise TimeoutError(f"rank 0 did not write {path} in {seconds:.0f} s")
         time.sleep(1.0)
@@ -59,25 +107,34 @@ def sweep_dir_of_job() -> Path | None:
 
 def logged_before_this_process(out: Path) -> bool:
     """Whether an earlier attempt of this run ran in `out`: the run's log file (Hydra's
-    <job>.log, which every attempt appends to) opens with a record from before this process
-    started. A folder Hydra made for this process (hydra.run.dir forgotten) holds none."""
-    started = process_start_time()
+    <job>.log, which every attempt appends to) opens with a record from before this attempt
+    started. A folder Hydra made for this process (hydra.run.dir forgotten) holds none. An
+    extra rank Lightning started reads every log in `out` against its rank 0's start: its own,
+    <job>_ddp_process_<r>.log, is new where the earlier attempts ran on one device."""
+    launcher = launcher_pid()
+    started = process_start_time("self" if launcher is None else launcher)
     if started is None:
         return False
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            path = Path(handler.baseFilename).resolve()
-            first = first_record_time(path) if path.parent == out.resolve() else None
-            if first is not None and first < started:
-                return True
+    logs = {
+        Path(handler.baseFilename).resolve()
+        for handler in logging.getLogger().handlers
+        if isinstance(handler, logging.FileHandler)
+    }
+    if launcher is not None:
+        logs |= {path.resolve() for path in out.glob("*.log")}
+    for path in logs:
+        first = first_record_time(path) if path.parent == out.resolve() else None
+        if first is not None and first < started:
+            return True
     return False
 
 
-def process_start_time() -> float | None:
-    """When this process started, in seconds since the epoch, to the clock tick (Linux's /proc;
-    None elsewhere): its start in ticks since boot, carried over to the wall clock."""
+def process_start_time(pid: int | str = "self") -> float | None:
+    """When process `pid` (this one by default) started, in seconds since the epoch, to the
+    clock tick (Linux's /proc; None elsewhere, or where no such process is): its start in ticks
+    since boot, carried over to the wall clock."""
     try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
     except (OSError, IndexError, AttributeError):
         return None

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from lipt.core.errors import UserError
 from lipt.data.batch_transforms import RandAugmentSettings
 from lipt.data.noise import LabelChanges, flip_labels, read_train_labels
+from lipt.data.pool import whole_on_every_rank
 from lipt.data.resident import Augmentation, ResidentBatches, ResidentImages
 from lipt.data.sources import ImageSource, Splits, TensorImages
 from lipt.data.transforms import Transform, eval_transform, train_transform
@@ -343,10 +344,13 @@ class DataModule(L.LightningDataModule):
         )
 
     def loader(self, dataset: Dataset, shuffle: bool, batch_size: int | None = None) -> DataLoader:
+        """Training items shuffled (under DDP: Lightning's DistributedSampler), or evaluation
+        items in order, all of them on every rank (as the resident path serves them)."""
         return DataLoader(
             dataset,
             batch_size=batch_size or self.eval_batch_size,
             shuffle=shuffle,
+            sampler=None if shuffle else whole_on_every_rank(dataset),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.training_device().type == "cuda",

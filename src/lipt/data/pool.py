@@ -23,7 +23,7 @@ import lightning as L
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from lipt.core.errors import UserError
 from lipt.data.resident import ResidentBatches
@@ -170,6 +170,14 @@ class IndexedItems(Dataset):
         return x, y, idx, self.weights[i]
 
 
+def whole_on_every_rank(dataset: Dataset) -> DistributedSampler:
+    """An evaluation loader's sampler: every item once, in order, on every DDP rank, as the
+    resident path serves them. Lightning leaves a DistributedSampler in place; the one it would
+    put in a plain loader's place pads each rank's part to equal length, so that a validation
+    or test split of a size the ranks do not divide counted some items twice in its accuracy."""
+    return DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=False)
+
+
 @dataclass
 class ResidentTensors:
     """A TensorDataset's inputs and labels, with a copy per device made on first use."""
@@ -313,10 +321,13 @@ class PoolDataModule(L.LightningDataModule):
         return None if self.trainer is None else int(self.trainer.current_epoch)
 
     def _loader(self, dataset: Dataset, shuffle: bool, batch_size: int) -> DataLoader:
+        """Training items shuffled (under DDP: Lightning's DistributedSampler), or evaluation
+        items in order, all of them on every rank."""
         return DataLoader(
             dataset,
             batch_size=batch_size,
             shuffle=shuffle,
+            sampler=None if shuffle else whole_on_every_rank(dataset),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self.training_device().type == "cuda",

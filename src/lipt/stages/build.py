@@ -258,7 +258,13 @@ def progress_bars(run: Run) -> bool:
     return console.bars_enabled() if setting is None else bool(setting)
 
 
+# What makes a trainer one process on one device, whatever main training's spans: inner stages
+# run in rank 0 alone, so a trainer of several (trainer.num_nodes=2) waited for ranks that never
+# came, the other nodes' ranks waiting for rank 0's subset.
+ONE_PROCESS = {"devices": 1, "num_nodes": 1, "strategy": "auto"}
+
+
 def quiet_trainer(run: Run, **overrides: Any) -> L.Trainer:
-    """A single-device trainer for inner stages (warm-up, learners): QUIET_TRAINER's settings,
-    `overrides` winning."""
-    return build_trainer(run, **{"devices": 1, "strategy": "auto", **QUIET_TRAINER, **overrides})
+    """A single-device trainer for inner stages (warm-up, learners, cleaning's folds):
+    QUIET_TRAINER's settings, `overrides` winning."""
+    return build_trainer(run, **{**ONE_PROCESS, **QUIET_TRAINER, **overrides})

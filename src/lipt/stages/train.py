@@ -79,7 +79,8 @@ def fit_and_test(run: Run, dm: DataModule, plan: TrainingPlan, resume: str | Non
     # Shuffling and augmentation draw from the global RNG, whatever the stages before left in it.
     L.seed_everything(run.settings.seed, workers=True, verbose=False)
     subset_size = plan.subset_size
-    line = describe_training(run, subset_size, len(dm.pool_indices), plan.epochs)
+    processes = plan.trainer.world_size
+    line = describe_training(run, subset_size, len(dm.pool_indices), plan.epochs, processes)
     dynamic, reselect, module, trainer = plan.dynamic, plan.reselect, plan.module, plan.trainer
     log.info(line if dynamic is None else f"{line}; {describe(dynamic.callback.method)}")
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
@@ -110,13 +111,15 @@ def fit_and_test(run: Run, dm: DataModule, plan: TrainingPlan, resume: str | Non
     )
 
 
-def describe_training(run: Run, train_size: int, pool_size: int, epochs: int) -> str:
-    """The line that opens main training: the model, its epochs and images, where it starts."""
+def describe_training(
+    run: Run, train_size: int, pool_size: int, epochs: int, processes: int = 1
+) -> str:
+    """The line that opens main training: the model, its epochs and images, where it starts,
+    and on how many devices (`processes`: the trainer's world size, every node's)."""
     share = f"{train_size / pool_size:.0%} of the pool" if pool_size else "the pool"
     start = "pre-trained" if run.settings.init_from == "pretrained" else "initial"
-    trainer = run.node("trainer")
-    devices = trainer.get("devices", 1)
-    where = f", {devices} devices ({trainer.get('strategy')})" if devices not in (1, "1") else ""
+    strategy = run.node("trainer").get("strategy")
+    where = f", {processes} devices ({strategy})" if processes > 1 else ""
     model = str(run.node("model")["_target_"]).rsplit(".", 1)[-1]
     return (
         f"training: {model}, {epochs} epoch{'s' * (epochs != 1)} "

@@ -9,12 +9,15 @@ selection settings are not those the subset was selected with (lipt.stages.resum
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor
 
+from lipt.core.artifacts import load_subset
+from lipt.core.errors import UserError
 from lipt.core.job import is_ddp_child, wait_for_file
 from lipt.jigsaw.context import Pretrained
 from lipt.stages.build import Parts
@@ -23,7 +26,13 @@ from lipt.stages.pretrain import ranking_models
 from lipt.stages.results import Cleaned, Selected, Trained
 from lipt.stages.resume import Resume
 from lipt.stages.run import Run
-from lipt.stages.select import SUBSET_FILE, load_checked_subset, select_subset, write_selection
+from lipt.stages.select import (
+    SUBSET_FILE,
+    load_checked_subset,
+    select_subset,
+    subset_meta,
+    write_selection,
+)
 
 
 @dataclass
@@ -92,12 +101,23 @@ def obtain_subset(
         kept.pretrained, kept.pretrain_stats = ranking.pretrained, ranking.pretrain_stats
         return kept
     if is_ddp_child():  # extra DDP ranks read what rank 0 chose (under srun: is choosing)
-        wait_for_file(saved)
+        wait_for_file(saved, ready=functools.partial(selected_for, subset_meta(run, dm)))
         return TrainingSet(load_checked_subset(dm, saved))
     selected = select_subset(run, parts, made)
     write_selection(run, dm, out, selected)
     subset = (selected.indices, selected.weights)
     return TrainingSet(subset, selected, selected.pretrained, selected.pretrain_stats)
+
+
+def selected_for(meta: dict[str, Any], path: Path) -> bool:
+    """Whether the subset file at `path` was selected with `meta` (lipt.stages.select.subset_meta):
+    under srun an extra rank starts with rank 0, and may find an earlier run's subset.npz in the
+    folder before rank 0 replaces it; one it cannot read is not this run's either."""
+    try:
+        recorded = load_subset(path)[2]
+    except UserError:
+        return False
+    return all(recorded.get(key, value) == value for key, value in meta.items())
 
 
 def training_set_of(
