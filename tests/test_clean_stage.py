@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,6 +112,31 @@ def test_a_resumed_kfold_cleaning_reads_its_issues_back(make_cfg, tmp_path, monk
     assert torch.equal(again.issues.suggested, first.issues.suggested)
     assert again.stats == first.stats  # the costs of the attempt that found them
     assert len(dm.pool_indices) == len(build_datamodule(run).pool_indices) - len(first.issues)
+
+
+def test_an_extra_rank_reads_rank_0s_issues_and_finds_none_itself(make_cfg, tmp_path, monkeypatch):
+    """Under srun every task starts at once: an extra task found the pool's issues itself,
+    pre-training and all, where rank 0 had not written them yet. It waits for rank 0's."""
+    run = validate(make_cfg([*NOISY, "clean=cleanlab", "clean.folds=2"]))
+    first = clean_stage.clean_pool(run, build_parts(run), tmp_path, resume=False)
+    assert first is not None
+    costs = tmp_path / clean_stage.CLEAN_FILE
+    costs.rename(tmp_path / "aside.json")  # as rank 0 is still at it
+    waited: list[Path] = []
+
+    def rank_0_writes(path: Path, *args: object, **kwargs: object) -> None:
+        waited.append(path)
+        (tmp_path / "aside.json").rename(costs)
+
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an extra rank trained the folds itself")
+
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setattr(clean_stage, "wait_for_file", rank_0_writes)
+    monkeypatch.setattr(clean_stage, "train_fold", no_training)
+    again = clean_stage.clean_pool(run, build_parts(run), tmp_path, resume=False)
+    assert waited == [costs] and again is not None
+    assert torch.equal(again.issues.rows, first.issues.rows) and again.stats == first.stats
 
 
 def test_select_py_lists_the_label_issues(make_cfg, tmp_path):

@@ -448,8 +448,7 @@ def test_ddp_in_any_job_of_a_local_multirun_is_refused(
     "args",
     [
         ["trainer.devices=1", "trainer.strategy=auto,ddp", "seed=0,1"],
-        ["trainer.devices=1,2", "trainer.strategy=ddp_spawn"],  # spawns: no command line again
-        ["trainer.devices=2", "trainer.strategy=ddp_notebook", "seed=0,1"],  # forks
+        ["trainer.devices=1", "trainer.strategy=ddp", "seed=0,1"],
     ],
 )
 def test_a_local_multirun_whose_jobs_start_no_ddp_process_passes(args: list[str]) -> None:

@@ -236,6 +236,11 @@ CASES = [
         ["trainer.default_root_dir=", "hydra.run.dir"],
     ),
     ("train.py", ["+trainer.logger=false"], ["trainer.logger=false", "logger=none"]),
+    (  # the spawned ranks train; the model here is attached to no trainer after the fit
+        "train.py",
+        ["trainer.devices=2", "trainer.strategy=ddp_spawn"],
+        ["trainer.strategy=ddp_spawn trains in processes started from this one", "=ddp"],
+    ),
     # Settings that would make the run other than it says.
     (  # Lightning trains on past a step budget's stop until the trainer's least epochs
         "train.py",

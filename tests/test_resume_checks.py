@@ -273,6 +273,8 @@ def test_a_resume_that_changes_how_main_training_steps_is_refused_before_any_wor
         ("trainer.precision=bf16-mixed", "trainer.precision=32-true"),
         # an int is a count of batches: 1 is one batch an epoch, not 1.0 (all of them)
         ("+trainer.limit_train_batches=1", "trainer.limit_train_batches=None"),
+        # two processes share a step's batches: the budget's steps were counted on one
+        ("trainer.devices=2", "trainer.devices=1"),
     ):
         with pytest.raises(UserError) as refused:
             train_stage.run(validate(make_cfg([*args, changed, "ckpt_path=last"])))

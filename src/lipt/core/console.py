@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from lipt.core.job import is_ddp_child
+
 log = logging.getLogger("lipt")
 # Per-item details (each learner, each candidate): the log file only, never the terminal.
 detail = logging.getLogger("lipt.detail")
@@ -102,7 +104,7 @@ def setup(multirun_job: bool) -> None:
     logging.captureWarnings(True)
     os.environ.setdefault("WANDB_SILENT", "true")  # its banner says nothing about the run
     _state["multirun_job"] = multirun_job
-    extra_rank = os.environ.get("LOCAL_RANK", "0") != "0" or os.environ.get("NODE_RANK", "0") != "0"
+    extra_rank = is_ddp_child()  # srun's other tasks too: one closing block, rank 0's
     _state["extra_rank"] = extra_rank
     _state["bars"] = sys.stdout.isatty() and not multirun_job and not extra_rank
 

@@ -455,6 +455,13 @@ def _trainer(run: Run) -> None:
     for key, fix in SET_BY_LIPT.items():
         if key in trainer:
             raise UserError(f"trainer.{key}={as_typed(trainer[key])} is ignored: {fix}")
+    strategy = str(trainer.get("strategy", "auto"))
+    if any(word in strategy for word in ("spawn", "fork", "notebook")):
+        raise UserError(  # the spawned ranks train and return; the model here is no trainer's
+            f"trainer.strategy={strategy} trains in processes started from this one, whose "
+            "trained model and counts lipt does not get back (the run would end in a traceback "
+            "after training); use trainer.strategy=ddp"
+        )
     if trainer.get("enable_checkpointing") is False:  # Lightning refuses it beside a checkpoint
         raise UserError(
             "trainer.enable_checkpointing=false: main training keeps a rolling last.ckpt, which "

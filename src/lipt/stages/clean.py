@@ -34,7 +34,7 @@ from lipt.cleaning import (
 from lipt.cleaning.issues_csv import ISSUES_FILE, read_issues, write_issues
 from lipt.core import console
 from lipt.core.artifacts import write_json
-from lipt.core.job import is_ddp_child
+from lipt.core.job import is_ddp_child, wait_for_file
 from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import ISSUES_PICTURE, write_issues_picture
@@ -58,6 +58,8 @@ def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | Non
         return None
     method.check_pool(dm.train_source.labels[dm.pool_indices])  # before any pre-training
     saved, costs = out / ISSUES_FILE, out / CLEAN_FILE
+    if is_ddp_child():  # srun starts every task at once: rank 0 may still be finding them
+        wait_for_file(costs)
     reuse = is_ddp_child() or (resume and method.reuses_saved_issues)
     scored: Scored | None = None
     if reuse and saved.is_file() and costs.is_file():

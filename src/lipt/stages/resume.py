@@ -64,6 +64,11 @@ class Resume:
 # sets another value.
 TRAINER_DEFAULTS: dict[str, Any] = {
     "accumulate_grad_batches": 1,
+    # The processes a step's batches come from (the whole pool's batch is theirs together), and
+    # what a step budget's steps were counted on: another number resumed the schedule past its
+    # end (a cosine over 160 steps run for 256 on one device after two).
+    "devices": "auto",
+    "num_nodes": 1,
     "gradient_clip_val": None,
     "gradient_clip_algorithm": None,
     "limit_train_batches": None,
