@@ -91,9 +91,19 @@ def test_a_rank_another_launcher_started_is_left_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv(job.LAUNCHER_PID, str(os.getpid()))  # alive, not this one's parent
     assert job.run_dir(tmp_path / "a") == tmp_path / "a"
-    monkeypatch.setenv(job.LAUNCHER_PID, str(finished_process_id()))
+    ended = finished_process_id()
+    monkeypatch.setenv(job.LAUNCHER_PID, str(ended))
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "1")
     assert job.run_dir(tmp_path / "b") == tmp_path / "b"
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    monkeypatch.setenv("SLURM_PROCID", "1")  # srun's second task
+    assert job.launcher_pid() is None
+    # inside `srun --pty bash` every process has SLURM_PROCID=0: Lightning's launcher started
+    # this rank, whose rank 0 has ended
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert job.launcher_pid() == ended
+    with pytest.raises(SystemExit, match="ended before this extra DDP rank started"):
+        job.run_dir(tmp_path / "c")
 
 
 def test_rank_0_tells_the_ranks_it_starts_its_process(tmp_path, monkeypatch):

@@ -624,7 +624,7 @@ def lightning_fit(rows: int, batch_size: int, devices: int, accumulate: int, lim
     return steps, epochs
 
 
-@pytest.mark.parametrize("limit", [None, 0.5, 0.25, 40, 7, 10.0, "overfit"])
+@pytest.mark.parametrize("limit", [None, 0.5, 0.25, 40, 7, 10.0, "overfit", "overfit_float"])
 def test_a_step_budgets_schedule_ends_where_the_trainer_stops(make_cfg, limit):
     """budget=full_schedule and full_steps on Fashion-MNIST's pool: the cosine runs over the
     budget's steps (Classifier's total_steps) and the fit stops at them, on the epochs planned.
@@ -636,6 +636,8 @@ def test_a_step_budgets_schedule_ends_where_the_trainer_stops(make_cfg, limit):
     limited = [] if limit is None else [f"+trainer.limit_train_batches={limit}"]
     if limit == "overfit":  # overfit_batches replaces the limit, as Lightning reads it
         limited, limit = ["+trainer.limit_train_batches=0.5", "+trainer.overfit_batches=9"], 9
+    elif limit == "overfit_float":  # given to the limit as is: 10.0 is then no share, all
+        limited, limit = ["+trainer.limit_train_batches=0.5", "+trainer.overfit_batches=10.0"], None
     for budget, fraction, epochs in [
         ("full_schedule", 0.25, 10),
         ("full_schedule", 0.1, 15),

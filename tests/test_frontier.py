@@ -573,6 +573,23 @@ def test_the_learner_array_writes_where_the_run_reads_its_learners(make_cfg, tmp
     assert learners_folder(run_dir, config) == run_dir / "learners"
 
 
+def test_a_learner_task_at_its_time_limit_is_submitted_again_for_its_group(tmp_path):
+    """submitit requeues a task at its time limit only where its function has a `checkpoint`
+    (else: "timed-out and not checkpointable", the learner in training lost and a retry spent):
+    the array's function gives its own group again, through a pickle as submitit keeps it."""
+    import pickle
+
+    from submitit.helpers import DelayedSubmission
+
+    from lipt.run.slurm_learners import LearnerGroup, LearnerTask
+
+    group = LearnerGroup(tmp_path / "run", [3, 4], {"pretrain": {"name": "jigsaw"}})
+    task = pickle.loads(pickle.dumps(LearnerTask()))
+    again = task.checkpoint(group)
+    assert isinstance(again, DelayedSubmission) and isinstance(again.function, LearnerTask)
+    assert again.args == (group,) and not again.kwargs
+
+
 def test_a_job_on_a_saved_subset_is_not_taken_for_its_budget():
     """train.py subset_path=... keeps the default budget=lipt in its config, but trains the
     saved subset unpruned: it is no lipt job."""

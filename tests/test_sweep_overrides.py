@@ -129,6 +129,12 @@ def test_a_key_no_job_has_is_still_hydras_refusal(capsys: Any) -> None:
             ["+experiment=frontier_small", "+approach=coverage,random", "pretrain=none,jigsaw"],
             "pretrain=none replaces the pretrain that +approach=coverage pins (pretrain=jigsaw)",
         ),
+        (  # the approach's own choice, but the sweeper hands it to the reference job too
+            ["+experiment=frontier_small", "+approach=full_schedule", "budget=full_schedule"],
+            "budget=full_schedule replaces the budget that the frontier's reference job "
+            "(+approach=full_data), which takes every override but hydra.sweeper.point_keys, "
+            "pins (budget=full)",
+        ),
     ],
 )
 def test_a_choice_that_replaces_what_an_approach_pins_is_refused(

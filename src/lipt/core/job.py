@@ -39,7 +39,11 @@ def launcher_pid() -> int | None:
     launcher: this process's parent, or its parent until it ended); None where none did (rank
     0 itself, srun's and torchrun's ranks, which their own launchers start)."""
     pid = os.environ.get(LAUNCHER_PID, "")
-    started_by_cluster = "SLURM_PROCID" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+    # srun's tasks after the first (inside `srun --pty bash`, every process has SLURM_PROCID=0
+    # and Lightning's launcher starts the ranks), and torchrun's
+    started_by_cluster = (
+        os.environ.get("SLURM_PROCID", "0") != "0" or "TORCHELASTIC_RUN_ID" in os.environ
+    )
     if not is_ddp_child() or started_by_cluster or not pid.isdigit():
         return None
     return int(pid)

@@ -27,6 +27,7 @@ import contextlib
 import copy
 import io
 import logging
+import math
 import subprocess
 import time
 from collections.abc import Sequence
@@ -43,10 +44,10 @@ from lipt.core.errors import UserError, fail, one_line
 from lipt.run.slurm import timeout_minutes
 from lipt.run.slurm_learners import (
     LearnerGroup,
+    LearnerTask,
     groups_of,
     learners_folder,
     missing_learners,
-    train_learner_group,
     uses_jigsaw_learners,
 )
 
@@ -237,7 +238,7 @@ def train_learners(launcher: SlurmSweepLauncher, jobs: list[SweepJob], again: st
         )
         executor = executor_for(launcher.params, "lipt-learners", tasks_per_node=1)
         name = "lipt-learners"
-        submitted = submitted_by(name, executor.map_array, train_learner_group, groups)
+        submitted = submitted_by(name, executor.map_array, LearnerTask(), groups)
         labels = [f"learners {g.ids} of {g.run_dir}" for g in groups]
         wait(submitted, labels, launcher.poll_s, failed_ok=True, again=again)
         groups = pending()
@@ -379,25 +380,41 @@ def _squeue(*args: str) -> str:
 
 
 def _more_than_partition_has(nodes: str, cpus: str, partition: str, reason: str) -> bool:
-    """Whether a job's `nodes` are more than `partition` has in any state (PartitionNodeLimit),
-    or its `cpus` on each node more than its largest node's (PartitionConfig), as sinfo says."""
-    column = "%D" if reason == "PartitionNodeLimit" else "%c"
+    """Whether a job of `nodes` nodes and `cpus` CPUs can never start on `partition` (several:
+    a,b; on none of them), as sinfo says: more nodes than it has in any state or than its
+    MaxNodes lets a job have (PartitionNodeLimit), more CPUs on each node than its largest
+    node's (PartitionConfig)."""
+    if not (nodes.isdigit() and cpus.isdigit()) or int(nodes) < 1:
+        return False
     try:
         out = subprocess.run(
-            ["sinfo", "-h", "-p", partition, "-o", column],
+            ["sinfo", "-h", "-p", partition, "-o", "%R %D %s %c"],
             capture_output=True,
             text=True,
             check=False,
             timeout=60,
         )
-        counts = [int(n.rstrip("+")) for n in out.stdout.split()]  # "%c": 64+ where they differ
-        if not counts or not (nodes.isdigit() and cpus.isdigit()) or int(nodes) < 1:
-            return False
-        if reason == "PartitionNodeLimit":
-            return int(nodes) > sum(counts)
-        return "+" not in out.stdout and int(cpus) / int(nodes) > max(counts)
-    except (OSError, subprocess.TimeoutExpired, ValueError):
+    except (OSError, subprocess.TimeoutExpired):
         return False
+    has: dict[str, int] = {}  # nodes of each partition, summed over sinfo's lines of states
+    most: dict[str, float] = {}  # MaxNodes of a job, CPUs of its largest node
+    try:
+        for line in out.stdout.splitlines():
+            name, count, sizes, node_cpus = line.split()
+            top = sizes.rpartition("-")[2]
+            has[name] = has.get(name, 0) + int(count)
+            if reason == "PartitionNodeLimit":
+                most[name] = math.inf if not top.isdigit() else int(top)
+            elif "+" not in node_cpus:  # "64+": nodes that differ, which sinfo does not list
+                most[name] = max(most.get(name, 0), int(node_cpus))
+    except ValueError:
+        return False
+    if not has or set(most) != set(has):
+        return False
+    need = int(nodes) if reason == "PartitionNodeLimit" else int(cpus) / int(nodes)
+    return all(
+        (reason == "PartitionNodeLimit" and need > has[name]) or need > most[name] for name in has
+    )
 
 
 def _result(job: Any) -> tuple[str, Any]:

@@ -76,6 +76,22 @@ def groups_of(ids: list[int], per_task: int) -> list[list[int]]:
     return [ids[k : k + per_task] for k in range(0, len(ids), per_task)]
 
 
+class LearnerTask:
+    """`train_learner_group` as an array task runs it: a task that reaches its time limit
+    (submitit's signal before it) is requeued for its group, as a preempted one is, and the
+    learners it wrote are reused (lipt.jigsaw.checkpoints). A plain function is not requeued at
+    its time limit: the learner in training was lost and the task spent a retry."""
+
+    def __call__(self, group: LearnerGroup) -> dict[str, Any]:
+        return train_learner_group(group)
+
+    def checkpoint(self, group: LearnerGroup) -> Any:
+        """What submitit submits again in this task's place (its requeue)."""
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, group)
+
+
 def train_learner_group(group: LearnerGroup) -> dict[str, Any]:
     """What an array task runs: the group's learners from their shards, each checkpoint written
     into the run's learners/ folder as soon as it is trained (lipt.stages.jigsaw's job half).

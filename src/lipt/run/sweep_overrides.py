@@ -403,38 +403,52 @@ def check_approach_choices(args: list[str], params: list[str], declared: Declare
     """An approach names a method by the group options it pins (`+approach=infobatch`:
     pretrain=none, budget=infobatch); a choice on the command line replaces the pinned one
     (Hydra's command line wins), and the runs would train another method under the
-    approach's name, in its rows of every report: refused in a line. Inside Hydra's context
+    approach's name, in its rows of every report: refused in a line, for every job, a frontier's
+    reference jobs too (they take every override but the point keys). Inside Hydra's context
     (check_sweeps), `args` and `params` as it expands them."""
     from hydra.core.global_hydra import GlobalHydra
 
     if not declared.config_name:
         return
-    values: dict[str, list[str]] = {}
-    for job in candidate_overrides(args, params):
-        for o in job:
-            if not o.startswith("~") and "=" in o:
-                key, value = setting_of(o)
-                if value not in values.setdefault(key, []):
-                    values[key].append(value)
-    if APPROACH not in values:
+    jobs = [(job, False) for job in candidate_overrides(args, params)]
+    if declared.multirun and declared.reference:
+        reference, points = declared.reference, declared.point_keys
+        jobs += [(as_reference(job, reference, points), True) for job, _ in jobs]
+    chosen = [
+        (dict(setting_of(o) for o in job if not o.startswith("~") and "=" in o), is_reference)
+        for job, is_reference in jobs
+    ]
+    if not any(APPROACH in settings for settings, _ in chosen):
         return
     hydra = GlobalHydra.instance().hydra
     assert hydra is not None
-    loader = hydra.config_loader
     searchpath = [a for a in args if a.startswith("hydra.searchpath=")]
-    repo = loader._parse_overrides_and_create_caching_repo(  # type: ignore[attr-defined]
+    repo = hydra.config_loader._parse_overrides_and_create_caching_repo(  # type: ignore[attr-defined]
         declared.config_name, searchpath
     )[1]
-    for approach in values[APPROACH]:
-        for group, pinned in pinned_choices(repo, f"{APPROACH}/{approach}").items():
-            other = next((v for v in values.get(group, []) if v != pinned), None)
-            if other is not None:
-                raise UserError(
-                    f"{group}={other} replaces the {group} that +{APPROACH}={approach} pins "
-                    f"({group}={pinned}), and Hydra's command line wins: its runs would train "
-                    f"another method under the name {approach}; drop {group}={other}, or make "
-                    f"that method an approach of its own (docs/METHODS.md)"
-                )
+    pins: dict[str, dict[str, str]] = {}
+    for settings, is_reference in chosen:
+        approach = settings.get(APPROACH)
+        if approach is None:
+            continue
+        if approach not in pins:
+            pins[approach] = pinned_choices(repo, f"{APPROACH}/{approach}")
+        for group, pinned in pins[approach].items():
+            other = settings.get(group)
+            if other is None or other == pinned:
+                continue
+            whose = (
+                f"the frontier's reference job (+{APPROACH}={approach}), which takes every "
+                "override but hydra.sweeper.point_keys, pins"
+                if is_reference
+                else f"+{APPROACH}={approach} pins"
+            )
+            raise UserError(
+                f"{group}={other} replaces the {group} that {whose} ({group}={pinned}), and "
+                f"Hydra's command line wins: its runs would train another method under the "
+                f"name {approach}; drop {group}={other}, or make that method an approach of its "
+                f"own (docs/METHODS.md)"
+            )
 
 
 def pinned_choices(repo: Any, path: str) -> dict[str, str]:

@@ -128,8 +128,11 @@ def batch_limit(trainer: Mapping[str, Any]) -> int | float | None:
     whole float above 1: 10.0 is 10 batches), a share of them (a float up to 1), replaced by
     trainer.overfit_batches above 0; None where the node sets neither."""
     overfit = trainer.get("overfit_batches")
-    overfits = isinstance(overfit, (int, float)) and not isinstance(overfit, bool) and overfit > 0
-    limit = overfit if overfits else trainer.get("limit_train_batches")
+    if isinstance(overfit, (int, float)) and not isinstance(overfit, bool) and overfit > 0:
+        # Lightning hands overfit_batches to the limit as given: a float above 1 is then no
+        # share of the epoch and cuts nothing
+        return None if isinstance(overfit, float) and overfit > 1 else overfit
+    limit = trainer.get("limit_train_batches")
     if isinstance(limit, bool) or not isinstance(limit, (int, float)):
         return None
     return int(limit) if isinstance(limit, float) and limit > 1 and limit.is_integer() else limit
