@@ -190,13 +190,11 @@ def select_gradmatch(
     (residual below `eps` relative to the target, or no row left that helps), the partition's
     remaining budget is filled with random unpicked rows weighted by the mean OMP weight;
     their number is the selection's `diagnostics["backfill_rows"]`.
-    Finally all weights are multiplied by one common factor so that they sum to the pool size
-    N (the weighted subset stands for the pool); relative weights, hence the direction of the
-    matched gradient, are OMP's. A weighted loss should normalise by the weights' sum (as
-    GradMatch's own training loop does), so that factor does not act as a learning rate. The
-    factor is the selection's `weight_scale`: run per class by `select_balanced`, the classes
-    are joined with OMP's weights relative to one another, not each scaled to its own size
-    (which would tilt the matched gradient towards the classes OMP weighted least).
+    Finally all weights are multiplied by one common factor (the selection's `weight_scale`)
+    so that they sum to the pool size N; relative weights, hence the direction of the matched
+    gradient, are OMP's, across classes too (`select_balanced` joins them). A weighted loss
+    should normalise by the weights' sum (as GradMatch's own training loop does), so that
+    the factor does not act as a learning rate.
     """
     budget = check_budget(inputs, budget)
     check_choice("gradmatch target", target, ("train", "val"))
