@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from functools import partial
+from typing import Any
 
 import pytest
 import torch
@@ -19,10 +20,14 @@ from lipt.selection import (
     SelectionInputs,
     mean_score,
     select_balanced,
+    select_craig,
     select_gradmatch,
     select_grand,
 )
+from lipt.selection import craig as craig_module
 from lipt.selection.common import random_partitions
+from lipt.selection.gradients import LastLayerGradient
+from lipt.selection.gradmatch import omp_nonneg
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -235,3 +240,103 @@ def test_gradmatch_per_batch_covers_the_budget_with_whole_batches_it_picked() ->
             assert len({weight[r] for r in taken}) == 1
             partial_batches += len(taken) < len(rows)
     assert partial_batches <= 1
+
+
+# ---------------------------------------------------------------- a head without a bias
+
+
+def bias_free_inputs(seed: int) -> SelectionInputs:
+    """3,000 pool and 300 held-out rows of 10 classes, 128-dim ReLU embeddings, and a final
+    layer without a bias: logits h W^T, `classifier_bias` None."""
+    inputs = relu_inputs([300] * 10, [30] * 10, seed=seed)
+    W, val = inputs.classifier_weight, inputs.val
+    assert W is not None and val is not None
+
+    def logits_of(p: PoolOutputs) -> PoolOutputs:
+        z = (p.embeddings.double() @ W.double().T).float()  # [N, C]
+        return PoolOutputs(z, p.embeddings, p.targets, p.indices)
+
+    return SelectionInputs(logits_of(inputs.pool), logits_of(val), classifier_weight=W)
+
+
+def bias_free_gradients(pool: PoolOutputs, weight: Tensor) -> Tensor:
+    """Per-sample gradients of the cross-entropy w.r.t. the parameters of a bias-free
+    nn.Linear head by torch.func, [N, C*D] float64 (its weight, row-major: all it has)."""
+    head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False).double()
+    params = {"weight": weight.double()}
+    assert set(dict(head.named_parameters())) == set(params)
+
+    def loss(p: dict[str, Tensor], x: Tensor, t: Tensor) -> Tensor:
+        z = torch.func.functional_call(head, p, (x[None],))
+        return torch.nn.functional.cross_entropy(z, t[None])
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))
+    grads = per_sample(params, pool.embeddings.double(), pool.targets)
+    return grads["weight"].flatten(1)  # [N, C*D]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{}, {"target": "val"}, {"granularity": "batch", "batch_size": 30}],
+    ids=["class", "class-val", "batch"],
+)
+def test_gradmatch_matches_the_gradients_of_a_head_without_a_bias(variant: dict) -> None:
+    # GradMatch's atoms and target are the per-sample gradients of the model's last layer: for
+    # a head without a bias, the weight's alone. Its selection (3,000 rows, 10%) is that of
+    # OMP run on those gradients made explicitly by torch.func (with a bias part the head does
+    # not have, rows differ, or the same batches' weights are 0.2% off)
+    inputs = bias_free_inputs(seed=6)
+    assert (
+        not inputs.head_has_bias and inputs.val is not None and inputs.classifier_weight is not None
+    )
+    grads = bias_free_gradients(inputs.pool, inputs.classifier_weight)  # [3000, 1280]
+    budget = 300
+    sel = select_gradmatch(inputs, budget, generator=torch.Generator().manual_seed(0), **variant)
+    assert sel.diagnostics == {"backfill_rows": 0, "pool_as_target": 0}
+    # the partitions select_gradmatch cuts (its generator's first draw): one of all 3,000 rows,
+    # or 100 batches of 30 whose mean gradients are the atoms
+    groups = random_partitions(
+        3000, variant.get("batch_size", 4096), torch.Generator().manual_seed(0)
+    )
+    atoms = torch.stack([grads[g].mean(0) for g in groups]) if "batch_size" in variant else grads
+    if variant.get("target") == "val":  # the mean held-out gradient x the partition's size
+        goal = bias_free_gradients(inputs.val, inputs.classifier_weight).mean(0) * len(atoms)
+    else:
+        goal = atoms.sum(0)
+    k = budget // len(groups[0]) if "batch_size" in variant else budget
+    # explicit vectors as "bias-only" gradients: OMP on plain inner products
+    chosen, w = omp_nonneg(atoms, None, LastLayerGradient(None, goal), k, lam=0.5, eps=1e-4)
+    assert len(chosen) == k
+    if "batch_size" in variant:  # every row of a picked batch at its batch's weight
+        sizes = torch.tensor([len(groups[int(a)]) for a in chosen])
+        chosen = torch.cat([groups[int(a)] for a in chosen])
+        w = w.repeat_interleave(sizes)
+    order = torch.argsort(chosen)
+    assert torch.equal(sel.rows, chosen[order])
+    # float32 errors (softmax - onehot) against float64 autograd: OMP's weights to ~1e-5
+    ours = sel.weights.double() / sel.weight_scale
+    torch.testing.assert_close(ours, w[order], rtol=1e-4, atol=0)
+
+
+def test_craig_similarity_is_that_of_the_gradients_of_a_head_without_a_bias(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CRAIG's similarity d_max - ||g_i - g_j|| (bias_only=False) is of the weight's gradients
+    # alone for a head without a bias: as torch.func's per-sample gradients give it, to float32
+    # rounding (~5e-7 of d_max; with a bias part the head does not have, 2e-3 of d_max off)
+    inputs = bias_free_inputs(seed=7)
+    assert inputs.classifier_weight is not None
+    seen: list[Tensor] = []
+    real = craig_module.facility_location
+
+    def recording(sim: Tensor, k: int, **kwargs: Any) -> Tensor:
+        seen.append(sim.clone())
+        return real(sim, k, **kwargs)
+
+    monkeypatch.setattr(craig_module, "facility_location", recording)
+    sel = select_craig(inputs, 300, generator=torch.Generator().manual_seed(0), bias_only=False)
+    assert len(seen) == 1 and sel.rows.shape == (300,)  # one partition: all 3,000 rows
+    grads = bias_free_gradients(inputs.pool, inputs.classifier_weight)  # [3000, 1280]
+    d = torch.cdist(grads, grads)  # [3000, 3000]
+    reference = d.max() - d
+    torch.testing.assert_close(seen[0].double(), reference, rtol=0, atol=1e-5 * float(d.max()))

@@ -9,7 +9,8 @@ greedily, and weight each medoid by the size of its cluster (the rows whose near
 is), so the weighted medoids stand for the pool. Distances come from inner products
 (||g_i - g_j||^2 = K_ii + K_jj - 2 K_ij, see `lipt.selection.gradients`), on random partitions
 of at most `partition_size` rows (budget spread proportionally) so memory stays at
-partition_size^2 floats, never N x N.
+partition_size^2 floats, never N x N. For a final layer without a bias
+(`SelectionInputs.head_has_bias` False) the full gradient is the weight's alone.
 """
 
 from __future__ import annotations
@@ -34,14 +35,15 @@ from lipt.selection.gradients import errors_of, gradient_gram
 from lipt.selection.types import Selection, SelectionInputs
 
 
-def gradient_similarity(errors: Tensor, embeddings: Tensor | None) -> Tensor:
+def gradient_similarity(errors: Tensor, embeddings: Tensor | None, *, bias: bool = True) -> Tensor:
     """sim = d_max - d with d_ij = ||g_i - g_j||, [P, P], built in one buffer from inner
-    products: d_ij^2 = |g_i|^2 + |g_j|^2 - 2 g_i . g_j."""
+    products: d_ij^2 = |g_i|^2 + |g_j|^2 - 2 g_i . g_j (g_i the weight's gradient alone with
+    `bias=False` and embeddings: a layer without a bias)."""
     if embeddings is None:
         sq = (errors**2).sum(1)  # [P] |e_i|^2
         d = torch.addmm(sq[None, :], errors, errors.T, alpha=-2.0)  # [P, P] |e_j|^2 - 2 e_i.e_j
     else:
-        d = gradient_gram(errors, errors, embeddings, embeddings)  # [P, P] g_i . g_j
+        d = gradient_gram(errors, errors, embeddings, embeddings, bias=bias)  # [P, P] g_i . g_j
         sq = d.diagonal().clone()  # [P] |g_i|^2
         d.mul_(-2.0).add_(sq[None, :])
     d.add_(sq[:, None]).clamp_min_(0.0).sqrt_()  # [P, P] distances
@@ -118,7 +120,8 @@ def select_craig(
     partition_size: Annotated[int, COUNT] = 4096,
 ) -> Selection:
     """CRAIG medoids of last-layer gradients (bias part only by default, as CRAIG does; the
-    full weight+bias gradient with `bias_only=False`), weighted by cluster size. The weights
+    full weight+bias gradient with `bias_only=False`, the weight's alone for a layer without a
+    bias), weighted by cluster size. The weights
     are integers >= 1 and sum to the pool size N. (When the budget is smaller than the number
     of partitions, some partitions get no medoid; the cluster sizes are then scaled by
     N / rows of the partitions that got one, so the weights still sum to N.)"""
@@ -138,7 +141,7 @@ def select_craig(
             continue
         part = part.to(device)
         H = None if bias_only else pool.embeddings[part]  # [P, D]
-        sim = gradient_similarity(E_all[part], H)  # [P, P]
+        sim = gradient_similarity(E_all[part], H, bias=inputs.head_has_bias)  # [P, P]
         with serial_loop(sim.device):
             medoids = facility_location(sim, k, greedy=greedy, generator=generator, epsilon=epsilon)
 

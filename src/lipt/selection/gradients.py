@@ -10,6 +10,9 @@ so gradients never need a per-sample autograd loop, and their inner products fac
     g_i . g_j = (e_i . e_j) * (h_i . h_j + 1)   # weight + bias
     g_i . G   = e_i . (G_W h_i + G_b)           # G = (G_W, G_b), e.g. a summed gradient
 
+A final layer without a bias (z = W h) has the weight part alone: g_i . g_j = (e_i . e_j) *
+(h_i . h_j), and a summed gradient's G_b is zero; the helpers' `bias=False` says so.
+
 The helpers below use these identities so that no [N, C*D] matrix is ever built; the work is
 done in row chunks of `chunk_size` so temporaries stay bounded for million-row pools.
 `model_outputs` runs a model over a loader to produce the logits and embeddings they need.
@@ -63,7 +66,7 @@ def last_layer_gradients(
 @dataclass(frozen=True)
 class LastLayerGradient:
     """One last-layer gradient (e.g. a sum over samples): weight part [C, D] (None when only the
-    bias part is used) and bias part [C]."""
+    bias part is used) and bias part [C] (zeros for a layer without a bias)."""
 
     weight: Tensor | None  # [C, D]
     bias: Tensor  # [C]
@@ -80,16 +83,21 @@ class LastLayerGradient:
 
 
 def gradient_sum(
-    errors: Tensor, embeddings: Tensor | None = None, *, chunk_size: int = DEFAULT_CHUNK
+    errors: Tensor,
+    embeddings: Tensor | None = None,
+    *,
+    chunk_size: int = DEFAULT_CHUNK,
+    bias: bool = True,
 ) -> LastLayerGradient:
-    """Sum over rows of the per-sample gradients: (sum_i e_i h_i^T, sum_i e_i)."""
-    bias = errors.sum(0)  # [C]
+    """Sum over rows of the per-sample gradients: (sum_i e_i h_i^T, sum_i e_i); the bias part
+    zeros for the weight of a layer without a bias (`bias=False`, with `embeddings`)."""
+    bias_part = errors.sum(0)  # [C]
     if embeddings is None:
-        return LastLayerGradient(None, bias)
+        return LastLayerGradient(None, bias_part)
     weight = errors.new_zeros(errors.shape[1], embeddings.shape[1])  # [C, D]
     for s in range(0, errors.shape[0], chunk_size):
         weight += errors[s : s + chunk_size].T @ embeddings[s : s + chunk_size].to(errors.dtype)
-    return LastLayerGradient(weight, bias)
+    return LastLayerGradient(weight, bias_part if bias else torch.zeros_like(bias_part))
 
 
 def gradient_sq_norms(
@@ -137,8 +145,11 @@ def gradient_gram(
     errors_b: Tensor,
     embeddings_a: Tensor | None = None,
     embeddings_b: Tensor | None = None,
+    *,
+    bias: bool = True,
 ) -> Tensor:
-    """Inner products g_i . g_j, [Na, Nb]: (E_a E_b^T) (* (H_a H_b^T + 1) with weights).
+    """Inner products g_i . g_j, [Na, Nb]: (E_a E_b^T) (* (H_a H_b^T + 1) with weights, or
+    * (H_a H_b^T) for the weight of a layer without a bias, `bias=False`).
 
     The caller bounds Na x Nb (partitions, single columns); nothing of size C*D is formed.
     """
@@ -146,7 +157,8 @@ def gradient_gram(
     if embeddings_a is None or embeddings_b is None:
         assert embeddings_a is None and embeddings_b is None, "mixed bias-only and full gradients"
         return gram
-    return gram * (embeddings_a.to(gram.dtype) @ embeddings_b.to(gram.dtype).T + 1.0)
+    dots = embeddings_a.to(gram.dtype) @ embeddings_b.to(gram.dtype).T  # [Na, Nb] h_i . h_j
+    return gram * (dots + 1.0) if bias else gram * dots
 
 
 def _restore_modes(model: nn.Module, modes: dict[nn.Module, bool]) -> None:

@@ -17,6 +17,9 @@ the budget spread proportionally, as GradMatch's per-batch/per-class variants do
 is cut into random mini-batches of `batch_size` rows, each atom is a mini-batch's MEAN gradient
 (an explicit [C*D + C] vector: there are only N / batch_size of them), OMP picks about
 budget / batch_size batches, and every row of a picked batch gets its batch's weight.
+
+For a final layer without a bias (`SelectionInputs.head_has_bias` False) the gradients are the
+weight's alone: atoms, targets and Gram matrices leave out the bias part the model does not have.
 """
 
 from __future__ import annotations
@@ -102,11 +105,13 @@ def omp_nonneg(
     *,
     lam: float,
     eps: float,
+    bias: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Non-negative OMP of `target` by at most k of the rows' gradients (in float64).
 
     errors [P, C] and embeddings [P, D] (None: bias-only gradients) describe the rows' last-layer
-    gradients. Stops early when the residual is below eps * ||target|| or no unpicked row
+    gradients, the weight's alone with `bias=False` (a layer without a bias; `target`'s bias
+    part is then zero). Stops early when the residual is below eps * ||target|| or no unpicked row
     correlates positively with it. A row is picked at most once (also when NNLS later sets
     its weight to zero, then it leaves the support for good; so does a row whose gradient is
     numerically a combination of the support's).
@@ -138,6 +143,7 @@ def omp_nonneg(
             errors[j : j + 1],
             embeddings,
             None if embeddings is None else embeddings[j : j + 1],
+            bias=bias,
         )[:, 0]  # [P] g_i . g_j
 
         # Extend L by one row: [L 0; l^T d] with L l = K_Sj and d^2 = K_jj + lam - |l|^2.
@@ -186,10 +192,11 @@ def select_gradmatch(
 
     target="train" matches each partition's summed gradient; "val" matches the mean held-out
     gradient times the partition size (falls back to "train" without `inputs.val`). Gradients
-    are weight+bias of the last layer, or bias only with `bias_only`. When OMP stops early
-    (residual below `eps` relative to the target, or no row left that helps), the partition's
-    remaining budget is filled with random unpicked rows weighted by the mean OMP weight;
-    their number is the selection's `diagnostics["backfill_rows"]`.
+    are weight+bias of the last layer (the weight's alone for a layer without a bias), or bias
+    only with `bias_only`. When OMP stops early (residual below `eps` relative to the target,
+    or no row left that helps), the partition's remaining budget is filled with random unpicked
+    rows weighted by the mean OMP weight; their number is the selection's
+    `diagnostics["backfill_rows"]`.
     Finally all weights are multiplied by one common factor (the selection's `weight_scale`)
     so that they sum to the pool size N; relative weights, hence the direction of the matched
     gradient, are OMP's, across classes too (`select_balanced` joins them). A weighted loss
@@ -207,18 +214,20 @@ def select_gradmatch(
     device = pool.logits.device
     E_all = errors_of(pool)  # [N, C]
     H_all = None if bias_only else pool.embeddings
-
-    val_mean = None
-    if target == "val" and inputs.val is not None:
-        val = inputs.val
-        val_errors = errors_of(val).to(device)  # [Nv, C]
-        val_h = None if bias_only else val.embeddings.to(device)
-        val_mean = gradient_sum(val_errors, val_h, chunk_size=chunk_size).scaled(1.0 / len(val))
-
+    bias = inputs.head_has_bias  # False: the weight's gradient alone
+    val_mean = mean_val_gradient(inputs, target, bias_only, chunk_size)
     pool_as_target = int(target == "val" and val_mean is None)
     if granularity == "batch":
         return select_batches(
-            E_all, H_all, val_mean, budget, generator, lam=lam, eps=eps, batch_size=batch_size
+            E_all,
+            H_all,
+            val_mean,
+            budget,
+            generator,
+            lam=lam,
+            eps=eps,
+            batch_size=batch_size,
+            bias=bias,
         ).with_diagnostics(pool_as_target=pool_as_target)
 
     parts = random_partitions(len(pool), partition_size, generator)
@@ -231,14 +240,14 @@ def select_gradmatch(
         E = E_all[part].double()  # [P, C]
         H = None if H_all is None else H_all[part].double()  # [P, D]
         if val_mean is None:
-            goal = gradient_sum(E, H, chunk_size=chunk_size)
+            goal = gradient_sum(E, H, chunk_size=chunk_size, bias=bias)
         else:
             goal = val_mean.scaled(float(len(part)))
             goal = LastLayerGradient(
                 None if goal.weight is None else goal.weight.double(), goal.bias.double()
             )
         with serial_loop(E.device):
-            chosen, w = omp_nonneg(E, H, goal, k, lam=lam, eps=eps)
+            chosen, w = omp_nonneg(E, H, goal, k, lam=lam, eps=eps, bias=bias)
 
         # OMP may stop early: the rest of the partition's budget is random unpicked rows.
         free = torch.ones(len(part), dtype=torch.bool, device=device)
@@ -246,7 +255,30 @@ def select_gradmatch(
         free_rows = torch.nonzero(free).flatten()
         fill = free_rows[randperm(len(free_rows), generator, device)[: k - len(chosen)]]
         picked.append((part[chosen], w, part[fill]))
+    return join_partitions(picked, len(pool), budget, pool_as_target)
 
+
+def mean_val_gradient(
+    inputs: SelectionInputs, target: str, bias_only: bool, chunk_size: int
+) -> LastLayerGradient | None:
+    """The mean last-layer gradient of `inputs.val` on the pool's device (bias part only with
+    `bias_only`; a zero bias part for a layer without a bias), None unless target="val" and
+    there is a held-out split."""
+    if target != "val" or inputs.val is None:
+        return None
+    val = inputs.val
+    device = inputs.pool.logits.device
+    val_errors = errors_of(val).to(device)  # [Nv, C]
+    val_h = None if bias_only else val.embeddings.to(device)
+    total = gradient_sum(val_errors, val_h, chunk_size=chunk_size, bias=inputs.head_has_bias)
+    return total.scaled(1.0 / len(val))
+
+
+def join_partitions(
+    picked: list[tuple[Tensor, Tensor, Tensor]], n: int, budget: int, pool_as_target: int
+) -> Selection:
+    """The selection of every partition's (OMP rows, OMP weights, back-filled rows), weights
+    times one common factor so that they sum to the pool size `n`."""
     # Back-filled rows get the mean OMP weight of their partition (of all partitions if theirs
     # has none), so that every weight is on the scale OMP chose.
     all_omp = torch.cat([w for _, w, _ in picked])
@@ -262,22 +294,25 @@ def select_gradmatch(
         "backfill_rows": sum(len(fill) for _, _, fill in picked),
         "pool_as_target": pool_as_target,
     }
-    factor = len(pool) / w_all.sum()
+    factor = n / w_all.sum()
     return finish(torch.cat(rows), w_all * factor, budget, diagnostics, float(factor))
 
 
-def batch_gradients(errors: Tensor, embeddings: Tensor | None, batches: list[Tensor]) -> Tensor:
+def batch_gradients(
+    errors: Tensor, embeddings: Tensor | None, batches: list[Tensor], *, bias: bool = True
+) -> Tensor:
     """Mean last-layer gradient of each mini-batch, flattened as `last_layer_gradients` lays a
-    row out: [M, C*D + C] (weight row-major, then bias), or [M, C] bias only. float64."""
+    row out: [M, C*D + C] (weight row-major, then bias), [M, C*D] for the weight of a layer
+    without a bias (`bias=False`), or [M, C] bias only. float64."""
     atoms = []
     for rows in batches:
         e = errors[rows].double()  # [B, C]
-        bias = e.mean(0)  # [C]
+        bias_part = e.mean(0)  # [C]
         if embeddings is None:
-            atoms.append(bias)
+            atoms.append(bias_part)
         else:
             weight = e.T @ embeddings[rows].double() / len(rows)  # [C, D]
-            atoms.append(torch.cat([weight.flatten(), bias]))
+            atoms.append(torch.cat([weight.flatten(), bias_part]) if bias else weight.flatten())
     return torch.stack(atoms)  # [M, P]
 
 
@@ -291,23 +326,27 @@ def select_batches(
     lam: float,
     eps: float,
     batch_size: int,
+    bias: bool = True,
 ) -> Selection:
     """GradMatch per-batch: OMP over mini-batch mean gradients, picked batches expanded to their
     rows (in order of decreasing weight; the last one cut to the budget), weights per batch.
     OMP picks as many batches as it takes to cover the budget even if it picks the smallest.
     Matches the sum of all batch means (train) or M times the mean held-out gradient (val).
     If OMP stops before the budget is covered, random rows of unpicked batches fill it at the
-    mean OMP weight (`diagnostics["backfill_rows"]`)."""
+    mean OMP weight (`diagnostics["backfill_rows"]`). `bias=False`: the atoms are the weight's
+    gradients alone (a layer without a bias)."""
     n = errors.shape[0]
     device = errors.device
     batches = random_partitions(n, batch_size, generator)
     batches = [b.to(device) for b in batches]
-    atoms = batch_gradients(errors, embeddings, batches)  # [M, P]
+    atoms = batch_gradients(errors, embeddings, batches, bias=bias)  # [M, P]
     if val_mean is None:
         goal = atoms.sum(0)  # [P]
     else:
         parts = [] if val_mean.weight is None else [val_mean.weight.double().flatten()]
-        goal = torch.cat([*parts, val_mean.bias.double()]) * len(batches)  # [P]
+        if bias or val_mean.weight is None:  # no bias part for the weight of a layer without one
+            parts.append(val_mean.bias.double())
+        goal = torch.cat(parts) * len(batches)  # [P]
     # Batches come out of the split with batch_size rows or one fewer; OMP may pick any k of
     # them, so k is what even the smallest k cover the budget with.
     covered = torch.tensor(sorted(len(b) for b in batches)).cumsum(0)  # [M]
