@@ -573,7 +573,7 @@ def test_the_learner_array_writes_where_the_run_reads_its_learners(make_cfg, tmp
     assert learners_folder(run_dir, config) == run_dir / "learners"
 
 
-def test_a_learner_task_at_its_time_limit_is_submitted_again_for_its_group(tmp_path):
+def test_a_learner_task_at_its_time_limit_is_submitted_again_for_its_group(tmp_path, monkeypatch):
     """submitit requeues a task at its time limit only where its function has a `checkpoint`
     (else: "timed-out and not checkpointable", the learner in training lost and a retry spent):
     the array's function gives its own group again, through a pickle as submitit keeps it."""
@@ -581,13 +581,28 @@ def test_a_learner_task_at_its_time_limit_is_submitted_again_for_its_group(tmp_p
 
     from submitit.helpers import DelayedSubmission
 
+    from lipt.jigsaw.checkpoints import learner_file
+    from lipt.run import slurm_learners
     from lipt.run.slurm_learners import LearnerGroup, LearnerTask
 
     group = LearnerGroup(tmp_path / "run", [3, 4], {"pretrain": {"name": "jigsaw"}})
     task = pickle.loads(pickle.dumps(LearnerTask()))
+
+    def writes_one(g: LearnerGroup) -> dict:
+        g.folder.mkdir(parents=True, exist_ok=True)
+        (g.folder / learner_file(3)).write_bytes(b"")  # then the time limit, in learner 4
+        return {}
+
+    monkeypatch.setattr(slurm_learners, "train_learner_group", writes_one)
+    task(group)
     again = task.checkpoint(group)
     assert isinstance(again, DelayedSubmission) and isinstance(again.function, LearnerTask)
     assert again.args == (group,) and not again.kwargs
+    # an attempt that wrote none of its learners (one longer than the time limit) is not
+    # requeued max_num_timeout times: it fails, and learner_retries decide
+    monkeypatch.setattr(slurm_learners, "train_learner_group", lambda g: {})
+    task(group)
+    assert task.checkpoint(group) is None
 
 
 def test_a_job_on_a_saved_subset_is_not_taken_for_its_budget():

@@ -274,18 +274,20 @@ def test_a_resume_that_changes_how_main_training_steps_is_refused_before_any_wor
         # an int is a count of batches: 1 is one batch an epoch, not 1.0 (all of them)
         ("+trainer.limit_train_batches=1", "trainer.limit_train_batches=None"),
         # two processes share a step's batches: the budget's steps were counted on one
-        ("trainer.devices=2", "trainer.devices=1"),
+        ("trainer.devices=2", "trainer.processes=1"),
     ):
         with pytest.raises(UserError) as refused:
             train_stage.run(validate(make_cfg([*args, changed, "ckpt_path=last"])))
         message = str(refused.value)
         assert message.startswith(f"ckpt_path=last: {last} is of a run with {was}, this run has ")
-        assert changed.lstrip("+") in message and "\n" not in message
+        now = "trainer.processes=2" if changed == "trainer.devices=2" else changed.lstrip("+")
+        assert now in message and "\n" not in message
     assert _stamp(last) == before
     monkeypatch.undo()
     # Lightning's own values, spelt out or in another of its spellings, are no change.
     same = [*args, "+trainer.accumulate_grad_batches=1", "ckpt_path=last"]
     same += ["trainer.precision=32", "+trainer.gradient_clip_val=0", "+trainer.max_steps=-1"]
+    same += ["trainer.devices=auto", "+trainer.num_nodes=1"]  # one process on a CPU, as before
     summary = train_stage.run(validate(make_cfg(same)))
     assert torch.load(last, weights_only=True)["global_step"] == 32  # the budget's steps
     assert summary["stages"]["train"]["samples"] == 2 * 500  # two whole epochs of 16 steps

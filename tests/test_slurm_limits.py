@@ -18,6 +18,9 @@ TABLE = {
     "wide": ["wide 3 1-infinite 2", "wide 1 1-infinite 2"],  # 4 nodes (one drained), no max
     "two": ["two 2 1-infinite 2"],
     "mixed": ["mixed 4 1-infinite 64+"],  # nodes of different sizes
+    # idle nodes of 32 CPUs; the allocated line mixes sizes ("32+": some have more)
+    "gpu": ["gpu 4 1-infinite 32", "gpu 2 1-infinite 32+"],
+    "big": ["big 10 4-infinite 32"],  # jobs of at least 4 nodes
 }
 
 
@@ -48,6 +51,8 @@ def fake_sinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         ("2", "4", "two", "PartitionConfig", False),
         ("1", "4", "mixed", "PartitionConfig", False),  # node sizes sinfo does not list
         ("x", "4", "two", "PartitionConfig", False),  # squeue said nothing readable
+        ("1", "48", "gpu", "PartitionConfig", False),  # a node of the 32+ line may have 48
+        ("1", "8", "big", "PartitionNodeLimit", True),  # below the partition's MinNodes
     ],
 )
 def test_a_pending_job_is_given_up_only_where_its_partition_can_never_run_it(

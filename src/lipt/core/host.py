@@ -4,8 +4,9 @@ summary.json records `host` (CPU, cores, accelerator, torch threads, the cores t
 and, over main training's stages, how busy the cores it may not use were: a run pinned to one
 core with one thread (`hydra/callbacks=pin`, or `OMP_NUM_THREADS=1 taskset -c 1`) pays a
 one-core rate, but shared cache and memory still inflate its seconds, by up to ~40% measured
-here, when the other cores work beside it. The frontier's report names those runs. No torch at
-import: `host()` imports it where it runs.
+here, when the other cores work beside it. The frontier's report names those runs. Also how
+many processes a `trainer` node runs on this machine (`trainer_world_size`). No torch or
+Lightning at import: `host()` and `every_device` import them where they run.
 """
 
 from __future__ import annotations
@@ -110,3 +111,34 @@ def is_loaded(record: Mapping[str, Any]) -> bool:
     """Whether an unpinned run started or ended with more runnable work than cores."""
     cores = (record.get("host") or {}).get("cores") or os.cpu_count() or 1
     return max(record.get("load_average") or [0.0]) > cores
+
+
+def trainer_world_size(trainer: Mapping[str, Any]) -> int | None:
+    """The processes main training runs on, as Lightning's Trainer counts them: the `trainer`
+    node's devices x num_nodes, devices `auto` (or -1) being every CUDA GPU where the
+    accelerator may be one and there are some, else one device. None where the node alone does
+    not tell (`auto` on another accelerator, or a value Lightning refuses)."""
+    devices = trainer.get("devices", "auto")
+    if isinstance(devices, str) and "," in devices:  # "0,1": those GPUs
+        devices = [d for d in devices.split(",") if d.strip()]
+    elif isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    count: int | None = None
+    if isinstance(devices, (list, tuple)):
+        count = len(devices)
+    elif devices in ("auto", -1):
+        count = every_device(str(trainer.get("accelerator", "auto")), devices)
+    elif isinstance(devices, int) and devices > 0:
+        count = devices
+    return None if count is None else count * int(trainer.get("num_nodes", 1))
+
+
+def every_device(accelerator: str, devices: str | int) -> int | None:
+    """What devices `auto` or -1 count on `accelerator`, as Lightning resolves them."""
+    from lightning.pytorch.accelerators import CUDAAccelerator
+
+    if accelerator in ("auto", "gpu", "cuda") and CUDAAccelerator.is_available():
+        return CUDAAccelerator.auto_device_count()
+    if accelerator in ("auto", "cpu", "gpu", "mps") and devices == "auto":
+        return 1  # no CUDA GPU: one CPU, or Apple's one GPU
+    return None

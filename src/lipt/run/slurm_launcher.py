@@ -381,9 +381,9 @@ def _squeue(*args: str) -> str:
 
 def _more_than_partition_has(nodes: str, cpus: str, partition: str, reason: str) -> bool:
     """Whether a job of `nodes` nodes and `cpus` CPUs can never start on `partition` (several:
-    a,b; on none of them), as sinfo says: more nodes than it has in any state or than its
-    MaxNodes lets a job have (PartitionNodeLimit), more CPUs on each node than its largest
-    node's (PartitionConfig)."""
+    a,b; on none of them), as sinfo says: more nodes than it has in any state, or outside the
+    MinNodes..MaxNodes it lets a job have (PartitionNodeLimit); more CPUs on each node than its
+    largest node's, where sinfo tells it (PartitionConfig)."""
     if not (nodes.isdigit() and cpus.isdigit()) or int(nodes) < 1:
         return False
     try:
@@ -397,24 +397,29 @@ def _more_than_partition_has(nodes: str, cpus: str, partition: str, reason: str)
     except (OSError, subprocess.TimeoutExpired):
         return False
     has: dict[str, int] = {}  # nodes of each partition, summed over sinfo's lines of states
+    least: dict[str, int] = {}  # MinNodes of a job
     most: dict[str, float] = {}  # MaxNodes of a job, CPUs of its largest node
+    unsure: set[str] = set()  # "64+": nodes of several sizes in a line, the largest unsaid
     try:
         for line in out.stdout.splitlines():
             name, count, sizes, node_cpus = line.split()
-            top = sizes.rpartition("-")[2]
+            low, _, top = sizes.partition("-")
             has[name] = has.get(name, 0) + int(count)
             if reason == "PartitionNodeLimit":
-                most[name] = math.inf if not top.isdigit() else int(top)
-            elif "+" not in node_cpus:  # "64+": nodes that differ, which sinfo does not list
+                least[name] = int(low) if low.isdigit() else 1
+                most[name] = int(top) if top.isdigit() else math.inf
+            elif "+" in node_cpus:
+                unsure.add(name)
+            else:
                 most[name] = max(most.get(name, 0), int(node_cpus))
     except ValueError:
         return False
-    if not has or set(most) != set(has):
+    if not has or unsure or set(most) != set(has):
         return False
-    need = int(nodes) if reason == "PartitionNodeLimit" else int(cpus) / int(nodes)
-    return all(
-        (reason == "PartitionNodeLimit" and need > has[name]) or need > most[name] for name in has
-    )
+    if reason == "PartitionNodeLimit":
+        need = int(nodes)
+        return all(need > min(has[p], most[p]) or need < least[p] for p in has)
+    return all(int(cpus) / int(nodes) > most[p] for p in has)
 
 
 def _result(job: Any) -> tuple[str, Any]:

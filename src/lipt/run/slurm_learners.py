@@ -80,16 +80,30 @@ class LearnerTask:
     """`train_learner_group` as an array task runs it: a task that reaches its time limit
     (submitit's signal before it) is requeued for its group, as a preempted one is, and the
     learners it wrote are reused (lipt.jigsaw.checkpoints). A plain function is not requeued at
-    its time limit: the learner in training was lost and the task spent a retry."""
+    its time limit: the learner in training was lost and the task spent a retry. An attempt
+    that wrote none of its learners is not requeued (one learner longer than the time limit
+    would be, max_num_timeout times): it fails, and the launcher's learner_retries decide."""
+
+    def __init__(self) -> None:
+        self.missing_at_start: list[int] | None = None
 
     def __call__(self, group: LearnerGroup) -> dict[str, Any]:
+        self.missing_at_start = unwritten(group)
         return train_learner_group(group)
 
     def checkpoint(self, group: LearnerGroup) -> Any:
-        """What submitit submits again in this task's place (its requeue)."""
+        """What submitit submits again in this task's place (its requeue); None (no requeue)
+        where this attempt wrote no learner."""
         from submitit.helpers import DelayedSubmission
 
+        if self.missing_at_start is not None and unwritten(group) == self.missing_at_start:
+            return None
         return DelayedSubmission(self, group)
+
+
+def unwritten(group: LearnerGroup) -> list[int]:
+    """The group's learners without a checkpoint in its folder yet."""
+    return [i for i in group.ids if not (group.folder / learner_file(i)).is_file()]
 
 
 def train_learner_group(group: LearnerGroup) -> dict[str, Any]:

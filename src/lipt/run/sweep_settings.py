@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lipt.core.errors import UserError
+from lipt.core.host import trainer_world_size
 from lipt.run.slurm import LIPT_LAUNCHER
 
 # paths.output_dir as the configs set it: the folder Hydra makes for the job.
@@ -38,8 +39,6 @@ def check_ddp_in_multirun(trainer: DictConfig) -> None:
     relaunched = strategy.startswith(("ddp", "fsdp", "deepspeed"))
     if not auto and (not relaunched or strategy.startswith(IN_PROCESS_STRATEGIES)):
         return
-    from lipt.stages.training_plan import trainer_world_size  # Lightning: for DDP alone
-
     processes = trainer_world_size(trainer)
     if processes == 1 or (auto and (processes is None or processes < 2)):
         return

@@ -26,6 +26,7 @@ from torch import Tensor
 from lipt.core import console
 from lipt.core.artifacts import check_lightning_checkpoint, load_subset
 from lipt.core.errors import UserError
+from lipt.core.host import trainer_world_size
 from lipt.core.job import is_ddp_child, logged_before_this_process, sweep_dir_of_job
 from lipt.core.schema import HYDRA_KEYS
 from lipt.data import DataModule
@@ -57,6 +58,11 @@ class Resume:
     stages: dict[str, dict[str, Any]] | None = None  # stages.json: what the earlier stages cost
 
 
+# The processes main training runs on (trainer.devices x num_nodes, however spelt): a step's
+# batches are theirs together, and a step budget's steps were counted on them, so another number
+# resumed the schedule past its end (a cosine over 160 steps run for 256 on one device after two).
+PROCESSES = "trainer.processes"
+
 # The Trainer's arguments beside max_epochs that change what main training computes (how many
 # batches a step takes, where the fit ends, gradient clipping, the arithmetic's precision), with
 # the value Lightning gives each one the `trainer` node leaves out: a resume that adds one
@@ -64,11 +70,6 @@ class Resume:
 # sets another value.
 TRAINER_DEFAULTS: dict[str, Any] = {
     "accumulate_grad_batches": 1,
-    # The processes a step's batches come from (the whole pool's batch is theirs together), and
-    # what a step budget's steps were counted on: another number resumed the schedule past its
-    # end (a cosine over 160 steps run for 256 on one device after two).
-    "devices": "auto",
-    "num_nodes": 1,
     "gradient_clip_val": None,
     "gradient_clip_algorithm": None,
     "limit_train_batches": None,
@@ -99,6 +100,7 @@ RESULT_SETTINGS = (
     "scheduler",
     "trainer.max_epochs",
     *(f"trainer.{key}" for key in TRAINER_DEFAULTS),
+    PROCESSES,
     "dataset.name",
     "dataset.val_size",
     "dataset.split_seed",
@@ -151,10 +153,13 @@ def settled(config: Mapping[str, Any]) -> dict[str, Any]:
             settings[key.rpartition(".")[0]] = str(value).rpartition(".")[2]
         else:
             settings[key] = value
-    if "trainer" in config:
+    trainer = config.get("trainer")
+    if isinstance(trainer, Mapping):
         for key, default in TRAINER_DEFAULTS.items():  # left out (or null): Lightning's value
             value = same_as_lightning(key, settings.get(f"trainer.{key}"))
             settings[f"trainer.{key}"] = default if value is None else value
+        processes = trainer_world_size(trainer)  # None: `auto` on an accelerator it cannot count
+        settings[PROCESSES] = processes or f"{trainer.get('devices')} x {trainer.get('num_nodes')}"
     return settings
 
 

@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from lipt.budget import PoolSizes, Schedule
 from lipt.budget.modes import epoch_steps
 from lipt.core.errors import UserError
+from lipt.core.host import trainer_world_size
 from lipt.core.requeue import RequeueOnSignal
 from lipt.data import DataModule
 from lipt.data.seen import SeenSamples
@@ -50,37 +51,6 @@ class TrainingPlan:
     trainer: L.Trainer  # the `trainer` group's, with the callbacks and loggers
     reselect: Reselection | None
     dynamic: DynamicSetup | None
-
-
-def trainer_world_size(trainer: Mapping[str, Any]) -> int | None:
-    """The processes main training runs on, as Lightning's Trainer counts them: the `trainer`
-    node's devices x num_nodes, devices `auto` (or -1) being every CUDA GPU where the
-    accelerator may be one and there are some, else one device. None where the node alone does
-    not tell (`auto` on another accelerator, or a value Lightning refuses)."""
-    devices = trainer.get("devices", "auto")
-    if isinstance(devices, str) and "," in devices:  # "0,1": those GPUs
-        devices = [d for d in devices.split(",") if d.strip()]
-    elif isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
-        devices = int(devices)
-    count: int | None = None
-    if isinstance(devices, (list, tuple)):
-        count = len(devices)
-    elif devices in ("auto", -1):
-        count = every_device(str(trainer.get("accelerator", "auto")), devices)
-    elif isinstance(devices, int) and devices > 0:
-        count = devices
-    return None if count is None else count * int(trainer.get("num_nodes", 1))
-
-
-def every_device(accelerator: str, devices: str | int) -> int | None:
-    """What devices `auto` or -1 count on `accelerator`, as Lightning resolves them."""
-    from lightning.pytorch.accelerators import CUDAAccelerator
-
-    if accelerator in ("auto", "gpu", "cuda") and CUDAAccelerator.is_available():
-        return CUDAAccelerator.auto_device_count()
-    if accelerator in ("auto", "cpu", "gpu", "mps") and devices == "auto":
-        return 1  # no CUDA GPU: one CPU, or Apple's one GPU
-    return None
 
 
 def main_schedule(run: Run, dm: DataModule, pool_before_cleaning: int) -> Schedule:
