@@ -103,6 +103,14 @@ def test_a_methods_own_setting_names_the_reference_and_how_to_keep_it_off(
     assert precheck("train", ["+experiment=frontier_small", method, setting, fix], True) is None
 
 
+def test_a_key_the_reference_has_already_is_named_so(capsys: Any) -> None:
+    """`+key=` adds a key only where there is none: the reference's budget=full has `steps`,
+    and the refusal said its config "has no budget.steps"."""
+    args = ["+experiment=frontier_small", "+approach=coverage", "+budget.steps=all"]
+    line = refusal(args, capsys)
+    assert "whose config already has budget.steps;" in line, line
+
+
 def test_a_key_no_job_has_is_still_hydras_refusal(capsys: Any) -> None:
     line = refusal(["+experiment=frontier_small", "+approach=coverage", "selector.bogus=1"], capsys)
     assert line.startswith("Could not override 'selector.bogus'")

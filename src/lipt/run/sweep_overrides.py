@@ -516,6 +516,7 @@ def check_reference_takes(args: list[str], params: list[str], declared: Declared
         except ConfigCompositionException as e:
             named = re.search(r"'([^']+)'", str(e))
             key = named.group(1) if named else None
+            has = "already has" if "already" in str(e) else "has no"  # +key=: Hydra appends only
         override = next((o for o in job[len(reference) :] if key_of(o) == key), None)
         if override is None:
             return  # not an override of the methods': the precheck says what Hydra says
@@ -528,7 +529,7 @@ def check_reference_takes(args: list[str], params: list[str], declared: Declared
         raise UserError(
             f"{override} reaches the frontier's reference job too ({' '.join(reference)}: the "
             f"sweeper gives it every override outside hydra.sweeper.point_keys), whose config "
-            f"has no {key}; set a method's own keys in its approach's config file "
+            f"{has} {key}; set a method's own keys in its approach's config file "
             f"(docs/METHODS.md), or keep this one off the reference: "
             f"'hydra.sweeper.point_keys=[{fix_keys}]'"
         )
