@@ -355,6 +355,18 @@ def test_jobs_the_cluster_refuses_or_never_starts_end_in_one_line(
     assert not jobs_under(slurm_env, sweep, "PENDING,RUNNING")
 
 
+# A lipt launcher's settings that check_slurm_launcher reads (configs/hydra/launcher/slurm.yaml).
+LAUNCHER_CHECKED = {
+    "_target_": LIPT_LAUNCHER,
+    "learners_per_task": 1,
+    "learner_retries": 0,
+    "poll_s": 1,
+    "timeout_min": 60,
+    "signal_delay_s": 120,
+    "partition": None,
+}
+
+
 def test_a_partition_sbatch_chooses_is_left_to_sbatch(slurm_env, short_partition, monkeypatch):
     """Without hydra.launcher.partition the job goes where sbatch sends it: SBATCH_PARTITION or
     additional_parameters' partition, else the default; only the default's time limit is
@@ -363,15 +375,7 @@ def test_a_partition_sbatch_chooses_is_left_to_sbatch(slurm_env, short_partition
 
     for key, value in slurm_env.items():
         monkeypatch.setenv(key, value)
-    launcher = {
-        "_target_": LIPT_LAUNCHER,
-        "learners_per_task": 1,
-        "learner_retries": 0,
-        "poll_s": 1,
-        "timeout_min": 60,
-        "signal_delay_s": 120,
-        "partition": None,
-    }
+    launcher = dict(LAUNCHER_CHECKED)
     check_slurm_launcher(launcher, multirun=True)  # the default partition has no limit
     with pytest.raises(UserError, match=f"longer than partition {SHORT} allows"):
         check_slurm_launcher({**launcher, "partition": SHORT}, multirun=True)
@@ -387,15 +391,7 @@ def test_a_cluster_without_accounting_runs_the_jobs_with_a_warning(
     without it): the checks pass, with a warning that a cancelled job would go unnoticed."""
     from lipt.run.slurm import check_slurm_launcher
 
-    launcher = {
-        "_target_": LIPT_LAUNCHER,
-        "learners_per_task": 1,
-        "learner_retries": 0,
-        "poll_s": 1,
-        "timeout_min": 60,
-        "signal_delay_s": 120,
-        "partition": None,
-    }
+    launcher = dict(LAUNCHER_CHECKED)
     with pytest.MonkeyPatch.context() as env:
         for key, value in {**slurm_env, "SLURM_CONF": no_accounting}.items():
             env.setenv(key, value)

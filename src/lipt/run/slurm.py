@@ -32,7 +32,12 @@ def is_slurm_launcher(launcher: Mapping[str, Any] | None) -> bool:
     return launcher is not None and str(launcher.get("_target_")) in SLURM_LAUNCHERS
 
 
-def _client(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+def slurm_client(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    """A SLURM client's run (`args`: the tool, then its arguments), its output as text.
+
+    Raises:
+        OSError: no such tool; subprocess.TimeoutExpired: no answer in `timeout` seconds.
+    """
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -63,7 +68,7 @@ def accounting_problem() -> str | None:
 
 def _answers(tool: str, *args: str) -> str | None:
     try:
-        out = _client(tool, *args)
+        out = slurm_client(tool, *args)
     except subprocess.TimeoutExpired:
         return f"{tool} did not answer in 20 s"
     return _failed(tool, out) if out.returncode != 0 else None
@@ -72,7 +77,7 @@ def _answers(tool: str, *args: str) -> str | None:
 def partition_limits() -> tuple[dict[str, float | None], str | None]:
     """The cluster's partitions and their time limits in minutes (None: none), and its default
     partition (sinfo's '*'; None where it has none)."""
-    out = _client("sinfo", "-h", "-o", "%P %l")
+    out = slurm_client("sinfo", "-h", "-o", "%P %l")
     limits: dict[str, float | None] = {}
     default = None
     for line in out.stdout.splitlines():

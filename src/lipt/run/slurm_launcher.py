@@ -41,7 +41,7 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lipt.core.errors import UserError, fail, one_line
-from lipt.run.slurm import timeout_minutes
+from lipt.run.slurm import slurm_client, timeout_minutes
 from lipt.run.slurm_learners import (
     LearnerGroup,
     LearnerTask,
@@ -349,15 +349,20 @@ def never_starting(jobs: list[Any]) -> tuple[Any, str] | None:
     limit of its QOS or account), and why; None when each may still start."""
     by_id = {str(job.job_id): job for job in jobs}
     raw = sorted({job_id.split("_")[0] for job_id in by_id})
-    pending = _squeue("-r", "-t", "PENDING", "-j", ",".join(raw), "-o", "%i %D %C %P %r")
+    pending = _answer(
+        "squeue", "-h", "-r", "-t", "PENDING", "-j", ",".join(raw), "-o", "%i %D %C %P %r"
+    )
+    judged: dict[tuple[str, ...], bool] = {}  # an array's tasks pend alike: one sinfo for them
     for line in pending.splitlines():
         job_id, nodes, cpus, partition, reason = [*line.split(maxsplit=4), "", "", "", ""][:5]
         if job_id not in by_id:
             continue
-        if reason in ("PartitionNodeLimit", "PartitionConfig") and not _more_than_partition_has(
-            nodes, cpus, partition, reason
-        ):
-            continue  # nodes down or drained, or another limit: it may start later
+        if reason in ("PartitionNodeLimit", "PartitionConfig"):
+            asked = (nodes, cpus, partition, reason)
+            if asked not in judged:
+                judged[asked] = _more_than_partition_has(*asked)
+            if not judged[asked]:
+                continue  # nodes down or drained, or another limit: it may start later
         if reason in NEVER_STARTS:
             return by_id[job_id], f"{reason}, {NEVER_STARTS[reason]}"
         if reason.endswith("PerJobLimit"):
@@ -368,15 +373,13 @@ def never_starting(jobs: list[Any]) -> tuple[Any, str] | None:
     return None
 
 
-def _squeue(*args: str) -> str:
-    """squeue's answer ('' where the controller did not answer: the next look asks again)."""
+def _answer(*args: str) -> str:
+    """A SLURM client's answer ('' where the controller did not answer: the next look asks
+    again)."""
     try:
-        out = subprocess.run(
-            ["squeue", "-h", *args], capture_output=True, text=True, check=False, timeout=60
-        )
+        return slurm_client(*args, timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return out.stdout
 
 
 def _more_than_partition_has(nodes: str, cpus: str, partition: str, reason: str) -> bool:
@@ -386,22 +389,13 @@ def _more_than_partition_has(nodes: str, cpus: str, partition: str, reason: str)
     largest node's, where sinfo tells it (PartitionConfig)."""
     if not (nodes.isdigit() and cpus.isdigit()) or int(nodes) < 1:
         return False
-    try:
-        out = subprocess.run(
-            ["sinfo", "-h", "-p", partition, "-o", "%R %D %s %c"],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    answer = _answer("sinfo", "-h", "-p", partition, "-o", "%R %D %s %c")
     has: dict[str, int] = {}  # nodes of each partition, summed over sinfo's lines of states
     least: dict[str, int] = {}  # MinNodes of a job
     most: dict[str, float] = {}  # MaxNodes of a job, CPUs of its largest node
     unsure: set[str] = set()  # "64+": nodes of several sizes in a line, the largest unsaid
     try:
-        for line in out.stdout.splitlines():
+        for line in answer.splitlines():
             name, count, sizes, node_cpus = line.split()
             low, _, top = sizes.partition("-")
             has[name] = has.get(name, 0) + int(count)
