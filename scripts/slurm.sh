@@ -143,16 +143,27 @@ start_database() {
         GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
 }
 
+munge_answers() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
+
+dead_parts() {  # what of the cluster is not running, one a line (nothing: it is up)
+    local name
+    for name in slurmctld slurmd slurmdbd mariadb; do alive "$DIR/run/$name.pid" || echo "$name"; done
+    # munged may be the system's, with no PID file here: every job needs one that answers
+    munge_answers || echo munged
+}
+
 up() {
-    if alive "$DIR/run/slurmctld.pid"; then
-        local dead=()
-        for name in slurmd slurmdbd mariadb; do alive "$DIR/run/$name.pid" || dead+=("$name"); done
-        if [ ${#dead[@]} -eq 0 ]; then
-            say "already up ($DIR)"; echo "export SLURM_CONF=$DIR/slurm.conf"; return 0
-        fi
-        say "half up (${dead[*]} not running): stopping the rest, then starting it all"
-        down
+    local dead; dead="$(dead_parts | paste -sd ' ' -)"
+    if [ -z "$dead" ]; then
+        say "already up ($DIR)"; echo "export SLURM_CONF=$DIR/slurm.conf"; return 0
     fi
+    local name
+    for name in slurmctld slurmd slurmdbd mariadb munged; do
+        alive "$DIR/run/$name.pid" || continue
+        say "half up ($dead not running): stopping the rest, then starting it all"
+        down
+        break
+    done
     mkdir -p "$DIR"/{log,run,state,spool}
     install_packages
     for tool in slurmctld slurmd slurmdbd munged mariadbd sinfo; do
@@ -204,6 +215,8 @@ status() {
     alive "$DIR/run/slurmctld.pid" && sinfo
     return 0
 }
+
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0  # sourced (the tests): its functions only
 
 case "$cmd" in
     up) up ;;

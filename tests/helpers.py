@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from torch import nn
 
 from lipt.selection.api import SELECTORS as API_SELECTORS
 
@@ -145,3 +147,22 @@ def class_images(labels: np.ndarray, channels: int, size: int, seed: int) -> np.
     prototypes = rng.integers(0, 256, size=(int(labels.max()) + 1, channels, size, size))
     noise = rng.normal(0, 30, size=(len(labels), channels, size, size))
     return np.clip(prototypes[labels] + noise, 0, 255).astype(np.uint8)
+
+
+class HeadNet(nn.Module):
+    """A user's model as `model._target_` takes it: its final nn.Linear is `head`, not lipt's
+    `classifier`, with BatchNorm in its body."""
+
+    def __init__(self, in_channels: int, num_classes: int, width: int = 8) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))  # [B, C, H, W] -> [B, num_classes]

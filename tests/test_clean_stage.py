@@ -250,3 +250,46 @@ def test_a_class_rarer_than_the_probes_folds_is_refused_before_pre_training(
         "probe's cross-validation needs one per fold; use clean.probe_folds=2, or give the "
         "class at least 5 items"
     )
+
+
+@pytest.mark.parametrize(("setting", "bar"), [("false", False), ("null", True)])
+def test_a_cleaning_fold_draws_a_bar_unless_bars_are_turned_off(
+    make_cfg, monkeypatch, setting, bar
+):
+    """On a terminal: trainer.enable_progress_bar=false is kept, where each fold drew one."""
+    from lipt.core import console
+    from lipt.run.config import run_of
+
+    monkeypatch.setitem(console._state, "bars", True)  # a terminal
+    run = run_of(make_cfg([*FAST, "clean=cleanlab", f"trainer.enable_progress_bar={setting}"]))
+    parts = build_parts(run)
+    asked: list[object] = []
+    quiet = parts.quiet_trainer
+
+    def trainer(**overrides: object):
+        asked.append(overrides.get("enable_progress_bar"))
+        return quiet(**overrides)
+
+    import dataclasses
+
+    parts = dataclasses.replace(parts, quiet_trainer=trainer)
+    clean_stage.train_fold(run, parts, parts.dm.pool_indices[:64], 0.5, seed=0)
+    assert asked == [bar]
+
+
+def test_select_py_ranks_with_a_checkpoint_of_the_pool_before_cleaning(make_cfg, tmp_path):
+    """select.py clean=cleanlab ckpt_path=...: the checkpoint was compared with the pool after
+    cleaning had dropped rows of it, and refused ("a pool of 500 rows, this run 3xx") after the
+    cleaning's work, with a fix (dataset.pool_size) that could not help."""
+    from lipt.stages import pretrain as pretrain_stage
+
+    noisy = ["dataset.label_noise.rate=0.3"]
+    warm = tmp_path / "warm"
+    pretrain = [*FAST, *noisy, "pretrain=full", "pretrain.epochs=1", f"paths.output_dir={warm}"]
+    pretrain_stage.run(validate(make_cfg(pretrain, config_name="pretrain")))
+    picks = [*FAST, *noisy, "selector=el2n", "fraction=0.2", "clean=cleanlab", "clean.folds=2"]
+    picks += ["clean.epochs=1", f"ckpt_path={warm / 'pretrain.ckpt'}"]
+    summary = select_stage.run(validate(make_cfg(picks, config_name="select")))
+    clean = summary["stages"]["clean"]
+    assert clean["flagged"] > 0 and summary["train_size"] == clean["pool"] - clean["flagged"]
+    assert summary["subset_size"] == round(0.2 * summary["train_size"])

@@ -128,18 +128,28 @@ def test_two_processes_resume_a_run_that_saved_nothing_on_one(tmp_path):
     assert json.loads((out / "summary.json").read_text())["stages"]["train"]["samples"] == 500
 
 
+@pytest.mark.parametrize(
+    ("this", "earlier"),
+    [
+        (["fraction=0.2"], ["fraction=0.4"]),  # another fraction
+        # the same fraction drawn from another pool: label cleaning, one way or the other
+        (["fraction=0.2", "clean=none"], ["fraction=0.2", "clean=lipt"]),
+        (["fraction=0.2", "clean=lipt"], ["fraction=0.2", "clean=none"]),
+    ],
+)
 def test_an_extra_rank_waits_for_this_runs_subset_not_an_earlier_runs(
-    make_cfg, tmp_path, monkeypatch
+    make_cfg, tmp_path, monkeypatch, this, earlier
 ):
-    """srun starts every task with rank 0: in a folder an earlier run of another fraction left
+    """srun starts every task with rank 0: in a folder an earlier run of other settings left
     its subset.npz in, the extra rank trained on that one while rank 0 selected anew."""
-    run = run_of(make_cfg([*FAST, "selector=random", "budget=subset", "fraction=0.2"]))
+    selection = [*FAST, "selector=random", "budget=subset"]
+    run = run_of(make_cfg([*selection, *this]))
     parts = build_parts(run)
     dm, out = parts.dm, tmp_path / "run"
     out.mkdir()
     pool = dm.pool_indices
-    earlier = {**subset_meta(run, dm), "fraction": 0.4}
-    save_subset(out / SUBSET_FILE, pool[:200], torch.ones(200), earlier)
+    earlier_meta = subset_meta(run_of(make_cfg([*selection, *earlier])), dm)
+    save_subset(out / SUBSET_FILE, pool[:200], torch.ones(200), earlier_meta)
     chosen = pool[-100:]  # what rank 0 selects, written a moment after the extra rank starts
     write = functools.partial(
         save_subset, out / SUBSET_FILE, chosen, torch.ones(100), subset_meta(run, dm)

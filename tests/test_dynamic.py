@@ -360,6 +360,9 @@ def test_lipt_prunes_from_epoch_0_with_the_jigsaw_ensemble_within_its_budget(tmp
     assert ledger["pruned_share"]["0"] > 0.5 and ledger["pruned_share"]["4"] == 0
     assert abs(stages["train"]["samples"] / (0.4 * 500 * 5) - 1) < 0.15  # Poisson draws of 500
     assert json.loads((tmp_path / "stages.json").read_text())["score"] == stages["score"]
+    # the soup's merge report, as a selecting run writes it (wandb logs its table from it)
+    merged = json.loads((tmp_path / "merge_report.json").read_text())
+    assert len(merged["learners"]) == 3
 
 
 def test_a_tiny_lipt_budget_trains_every_epoch_of_the_run(tmp_path):

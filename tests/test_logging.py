@@ -110,3 +110,60 @@ def test_the_trained_share_after_label_cleaning_is_of_the_pool_as_read(tmp_path)
     block = console.closing_block(summary, tmp_path)
     assert "66,000 samples, 10.0% of the whole pool's 12 epochs (660,000)" in block
     assert "trained 10.0%" in console.job_line(summary, tmp_path, "#0")
+
+
+def test_tensorboards_hparams_table_holds_the_settings_and_summarys_figures(make_cfg, tmp_path):
+    """TensorBoard's HPARAMS tab shows a table only where metrics come with the settings: it
+    had none, and hparams.yaml held the model's four keys, not the run's config."""
+    import yaml
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    cfg = make_cfg(
+        [o for o in FAST if o != "logger=none"]
+        + ["logger=tensorboard", "selector=el2n", "budget=subset"]
+    )
+    train_stage.run(validate(cfg))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    session: dict[str, Any] = {}
+    experiment_metrics: set[str] = set()
+    for events in sorted((tmp_path / "tensorboard").rglob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        try:
+            contents = accumulator.PluginTagToContent("hparams").values()
+        except KeyError:  # an events file without the table
+            continue
+        for content in contents:
+            data = plugin_data_pb2.HParamsPluginData.FromString(content)
+            if data.HasField("session_start_info"):
+                session.update(data.session_start_info.hparams)
+            if data.HasField("experiment"):
+                experiment_metrics |= {m.name.tag for m in data.experiment.metric_infos}
+    assert session["selector/_target_"].string_value.endswith("select_el2n")
+    assert session["seed"].number_value == summary["config"]["seed"]
+    assert {"test_accuracy", "val_accuracy", "stages/train/samples"} <= experiment_metrics
+    hparams = yaml.safe_load(next((tmp_path / "tensorboard").rglob("hparams.yaml")).read_text())
+    assert hparams["selector"]["_target_"] == summary["config"]["selector"]["_target_"]
+
+
+def test_wandb_gets_the_subset_summary_json_counts_after_a_resume(make_cfg, tmp_path, monkeypatch):
+    """A resumed run trains on the latest re-selected subset; summary.json's class counts and
+    subset.png are of the first (subset.npz), and so is what wandb logs: it logged the latest."""
+    import torch
+
+    from lipt.core.artifacts import load_subset
+    from lipt.stages import train as train_module
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logged: list[Any] = []
+    monkeypatch.setattr(
+        train_module, "log_to_wandb", lambda _l, _d, subset, _o: logged.append(subset)
+    )
+    args = [o for o in FAST if o != "logger=none"] + ["logger=wandb", "selector=el2n"]
+    args += ["budget=subset", "fraction=0.2", "reselect_every=1", "trainer.max_epochs=3"]
+    train_stage.run(validate(make_cfg(args)))
+    (tmp_path / "summary.json").unlink()  # killed before its summary: the resume re-tests
+    train_stage.run(validate(make_cfg([*args, "ckpt_path=last"])))
+    first = load_subset(tmp_path / "subset.npz")[0]
+    assert len(logged) == 2 and all(torch.equal(subset, first) for subset in logged)

@@ -288,3 +288,23 @@ def test_refuses_already_pruned_and_tied_weights() -> None:
     tied[1].weight = tied[0].weight
     with pytest.raises(ValueError, match="tied"):
         prune_magnitude(tied, 0.9)
+
+
+@pytest.mark.parametrize("method", ["omp", "snip"])
+def test_channels_last_weights_are_pruned_as_the_standard_layouts(method: str) -> None:
+    """model.channels_last: torch's pruning views each weight flat, which NHWC convolution
+    weights cannot give ("view size is not compatible"): every jigsaw learner failed."""
+    density = 0.6
+    standard, nhwc = _net(), _net().to(memory_format=torch.channels_last)
+    assert not nhwc.conv1.weight.is_contiguous()
+    x, y = _batch(1)
+    if method == "omp":
+        expected, masks = prune_magnitude(standard, density), prune_magnitude(nhwc, density)
+    else:
+        expected = prune_snip(standard, density, x, y)
+        masks = prune_snip(nhwc, density, x.to(memory_format=torch.channels_last), y)
+    after, reference = nhwc.state_dict(), standard.state_dict()
+    for n in PRUNABLE:
+        assert torch.equal(masks[n], expected[n]), n
+        assert torch.equal(after[n], reference[n]), n
+    assert nhwc.conv1.weight.is_contiguous(memory_format=torch.channels_last)

@@ -26,7 +26,8 @@ from lipt.models.classifier import Classifier
 from lipt.run.config import run_of, validate
 from lipt.stages import train as train_stage
 from lipt.stages.build import build_datamodule
-from lipt.stages.resume import refuse_other_settings, settled
+from lipt.stages.result_settings import settled
+from lipt.stages.resume import refuse_other_settings
 from tests.helpers import FAST, run_entry, start_entry
 
 SUBSET = [*FAST, "selector=random", "budget=subset", "fraction=0.5"]

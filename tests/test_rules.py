@@ -361,3 +361,16 @@ def test_trainer_keys_lipt_sets_itself_are_refused(make_cfg, override, words):
 @pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp"])
 def test_the_shipped_trainers_pass(make_cfg, trainer):
     validate(make_cfg([f"trainer={trainer}"]), build=False)
+
+
+def test_a_checkpoint_beside_a_selector_that_ranks_with_no_model_is_refused(make_cfg, saved):
+    """select.py selector=random ckpt_path=...: the checkpoint was never read, without a word."""
+    message = refusal(make_cfg, ["selector=random", f"ckpt_path={saved['ckpt']}"], "select")
+    assert message.startswith(f"ckpt_path={saved['ckpt']} is a model to rank with, but selector=")
+    assert "drop ckpt_path" in message
+
+
+def test_pretrain_py_without_pre_training_writes_the_initial_model(make_cfg):
+    """pretrain.py pretrain=none (the common initial model, to rank with at init) was refused:
+    budget=lipt scores epoch 0 with the jigsaw ensemble, a budget pretrain.py never spends."""
+    validate(make_cfg(["pretrain=none"], config_name="pretrain"), build=False)

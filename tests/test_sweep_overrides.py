@@ -163,6 +163,25 @@ def test_a_single_run_of_an_approach_with_another_selector_is_refused(capsys: An
         assert precheck("train", ["+approach=coverage", *ok], False) is None
 
 
+def test_select_py_of_an_approach_picks_the_approachs_selector_or_is_refused(
+    capsys: Any,
+) -> None:
+    """select.py's own `override selector: coverage` comes first in Hydra's defaults tree and
+    wins over an approach's: `select.py +approach=random` selected with coverage and recorded
+    approach=random."""
+    from lipt.run.precheck import precheck
+
+    with pytest.raises(SystemExit) as exit_:
+        precheck("select", ["+approach=random"], False)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(
+        "error: select.py chooses selector=coverage ahead of +approach=random's selector=random"
+    ), err
+    for ok in (["+approach=random", "selector=random"], ["+approach=coverage"], []):
+        assert precheck("select", ok, False) is None
+    assert precheck("train", ["+approach=random"], False) is None  # train.py pins no selector
+
+
 def test_a_users_approach_on_the_search_path_is_held_to_its_pins(
     tmp_path: Path, capsys: Any
 ) -> None:

@@ -578,3 +578,15 @@ def test_validating_every_n_batches_of_a_shorter_epoch_is_one_line(make_cfg, tmp
     validate(make_cfg(whole))  # the pool is not known before the data is read
     with pytest.raises(UserError, match=r"main training's epoch has 4 \(500 images"):
         train_stage.run(validate(make_cfg([*whole, "+trainer.limit_train_batches=4"])))
+
+
+def test_jigsaw_pretrains_a_users_model_whose_head_is_not_called_classifier(make_cfg, tmp_path):
+    """`model._target_` of the user's, its final nn.Linear named `head`: every learner trained,
+    then the soup's learner heads were read as `classifier.weight` (KeyError)."""
+    jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=2", "pretrain.local_epochs=1"]
+    model = ["model._target_=tests.helpers.HeadNet", "~model.channels_last", "~model.compile"]
+    cfg = make_cfg([*FAST, *jigsaw, *model], config_name="pretrain")
+    pretrain_stage.run(validate(cfg))
+    payload = torch.load(tmp_path / "pretrain.ckpt", weights_only=False)
+    heads = payload["learner_heads"]
+    assert heads["weight"].shape == (2, 4, 8)  # learners x classes x the head's inputs

@@ -177,6 +177,24 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
+def share_text(share: float, decimals: int = 1) -> str:
+    """`share` as a percentage with `decimals` places, more where those would round a share
+    above 0 to 0% or one below 1 to 100% (0.04% of the pool, not 0.0%)."""
+    text = f"{share:.{decimals}%}"
+    for places in range(decimals + 1, 5):
+        zero, whole = f"{0:.{places - 1}%}", f"{1:.{places - 1}%}"
+        if not (0 < share < 1 and text in (zero, whole)):
+            break
+        text = f"{share:.{places}%}"
+    return text
+
+
+def total_seconds(stages: Mapping[str, Any]) -> float:
+    """End-to-end seconds: every stage's (pre-training, cleaning, selection, scoring, main
+    training), as the frontier counts a run's cost (lipt.report.frontier.costs)."""
+    return sum(float(figures.get("seconds") or 0.0) for figures in stages.values())
+
+
 # --------------------------------------------------------------------------- results
 
 
@@ -187,12 +205,18 @@ ARTIFACTS = (
     "checkpoints/last.ckpt",
     "pretrain.ckpt",
     "merge_report.json",
+    "label_issues.csv",  # label cleaning's list (the `clean` group), most likely wrong first
+    "label_issues.png",
 )
 
 
 def _seconds(stages: Mapping[str, Any]) -> str:
-    parts = [f"{name} {figures['seconds']:.1f} s" for name, figures in stages.items()]
-    return ", ".join(p for p in parts if p)
+    """Each stage's seconds and, after more than one, the run's end to end."""
+    parts = [
+        f"{name} {float(figures.get('seconds') or 0.0):.1f} s" for name, figures in stages.items()
+    ]
+    whole = f"; {total_seconds(stages):.1f} s in all" if len(parts) > 1 else ""
+    return ", ".join(parts) + whole
 
 
 def closing_block(summary: Mapping[str, Any], out: Path) -> str:
@@ -202,7 +226,8 @@ def closing_block(summary: Mapping[str, Any], out: Path) -> str:
         lines.append(f"  {'test accuracy':<17} {summary['test_accuracy']:.4f}")
     size, pool = summary.get("subset_size"), summary.get("train_size")
     if size is not None and pool and size < pool:
-        lines.append(f"  {'subset':<17} {_count(size)} of {_count(pool)} ({size / pool:.1%})")
+        share = share_text(size / pool)
+        lines.append(f"  {'subset':<17} {_count(size)} of {_count(pool)} ({share})")
     trained = _trained(summary)
     if trained:
         lines.append(f"  {'trained':<17} {trained}")
@@ -222,8 +247,8 @@ def _trained(summary: Mapping[str, Any]) -> str | None:
         return None
     samples, full, epochs = share
     return (
-        f"{_count(samples)} samples, {samples / full:.1%} of the whole pool's "
-        f"{epochs} epochs ({_count(full)})"
+        f"{_count(samples)} samples, {share_text(samples / full)} of the whole pool's "
+        f"{epochs} epoch{'s' * (epochs != 1)} ({_count(full)})"
     )
 
 
@@ -258,8 +283,8 @@ def job_line(summary: Mapping[str, Any], out: Path, label: str) -> str:
         parts.append(f"subset {_count(size)}")
     share = _trained_share(summary)
     if share is not None:
-        parts.append(f"trained {share[0] / share[1]:.1%}")
-    total = sum(float(s.get("seconds", 0.0)) for s in (summary.get("stages") or {}).values())
+        parts.append(f"trained {share_text(share[0] / share[1])}")
+    total = total_seconds(summary.get("stages") or {})
     parts += [f"{total:.0f} s", shown(out)]
     return "  ".join(parts)
 
@@ -271,11 +296,23 @@ def report_result(summary: Any, out: Path) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     if _state["multirun_job"] and HydraConfig.initialized():
-        job = HydraConfig.get().job
-        label = f"#{job.num} {' '.join(job.override_dirname.split(',')) or '(defaults)'}:"
+        hydra = HydraConfig.get()
+        excluded = hydra.job.config.override_dirname.exclude_keys
+        shown_overrides = job_overrides(hydra.overrides.task, excluded)
+        label = f"#{hydra.job.num} {shown_overrides or '(defaults)'}:"
         log.info(job_line(summary, out, label), extra={"job_line": True})
     else:
         log.info(closing_block(summary, out))
+
+
+def job_overrides(overrides: Iterable[str], excluded: Iterable[str] = ()) -> str:
+    """A multirun job's overrides as typed, sorted as Hydra's override_dirname sorts them and
+    without its excluded keys, one space between them (a value's own commas kept: [0,1])."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    skip = set(excluded)
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return " ".join(sorted(str(o.input_line) for o in parsed if o.key_or_group not in skip))
 
 
 def jobs_ended() -> None:

@@ -39,6 +39,8 @@ RANDAUGMENT_OPS = (
     "autocontrast",
     "equalize",
 )
+# The images torchvision's RandAugment takes (its colour operations know no other channel counts).
+RANDAUGMENT_CHANNELS = (1, 3)
 _SIGNED = {"shear_x", "shear_y", "translate_x", "translate_y", "rotate"} | {
     "brightness",
     "color",
@@ -120,8 +122,11 @@ def magnitudes(op: str, settings: RandAugmentSettings, height: int, width: int) 
 
 def rand_augment(x: Tensor, settings: RandAugmentSettings, generator: torch.Generator) -> Tensor:
     """`settings.num_ops` rounds; in each, every sample gets its own uniformly drawn operation
-    and sign. x: float [B, C, H, W] in [0, 255]."""
-    b, _, h, w = x.shape
+    and sign. x: float [B, C, H, W] in [0, 255], C grey (1) or RGB (3)."""
+    b, c, h, w = x.shape
+    if c not in RANDAUGMENT_CHANNELS:
+        # contrast would average a missing blue channel into NaN, colour take 3 of 4 as RGB
+        raise ValueError(f"RandAugment takes grey (1) or RGB (3) images, not {c} channels")
     for _ in range(settings.num_ops):
         ops = torch.randint(0, len(RANDAUGMENT_OPS), (b,), generator=generator)
         signs = torch.where(torch.rand(b, generator=generator) < 0.5, -1.0, 1.0)

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from lipt.core.errors import UserError
-from lipt.data.batch_transforms import RandAugmentSettings
+from lipt.data.batch_transforms import RANDAUGMENT_CHANNELS, RandAugmentSettings
 from lipt.data.noise import LabelChanges, flip_labels, read_train_labels
 from lipt.data.pool import whole_on_every_rank
 from lipt.data.resident import Augmentation, ResidentBatches, ResidentImages
@@ -88,6 +88,11 @@ class DataModule(L.LightningDataModule):
         labels, replaced when the data is read (lipt.data.noise)."""
         if pool_size is not None and pool_size < 1:
             raise ValueError(f"pool_size must be a positive count or None, not {pool_size}")
+        if len(mean) != channels or len(std) != channels:
+            # more values would broadcast grey images to as many channels, silently on both paths
+            raise ValueError(
+                f"mean {list(mean)} and std {list(std)} need one value per channel ({channels})"
+            )
         super().__init__()
         self.load = load
         self.num_classes, self.channels, self.image_size = num_classes, channels, image_size
@@ -414,6 +419,12 @@ class DataModule(L.LightningDataModule):
     ) -> DataLoader | ResidentBatches:
         """A jigsaw learner's own shard (positions in the original training split)."""
         assert self.splits is not None, "call setup() first"
+        if randaugment is not None and self.channels not in RANDAUGMENT_CHANNELS:
+            # a UserError: the learner loop stops at it, not each learner (NaN or TypeError)
+            raise UserError(
+                f"augment=randaugment takes grey (1) or RGB (3) images, but dataset.channels="
+                f"{self.channels}; use augment=none"
+            )
         weights = torch.ones(len(positions), dtype=torch.float32)
         if self.is_resident:
             return self._resident_loader(

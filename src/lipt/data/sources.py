@@ -421,6 +421,16 @@ def check_folder_classes(
         )
 
 
+def check_crop(resize: int, size: int) -> None:
+    """UserError for a short side (`resize`) below the centre crop (`size`): the crop would pad
+    every image with black borders."""
+    if resize < size:
+        raise UserError(
+            f"dataset.resize={resize} is below dataset.image_size={size}: the centre crop would "
+            f"pad every image with black borders; set dataset.resize={size} or more"
+        )
+
+
 def load_image_folder(
     data_dir: str,
     resize: Annotated[int, Interval(ge=1, le=8192)],
@@ -433,6 +443,7 @@ def load_image_folder(
             f"dataset.channels={channels}: an ImageFolder tree is read as grey (1) or RGB (3); "
             "set dataset.channels=1 or 3, with as many dataset.mean and dataset.std values"
         )
+    check_crop(resize, size)
     root = _existing_dir(data_dir, "imagenet")
     train_dir, val_dir = image_folder_dirs(data_dir)
     classes = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
@@ -495,5 +506,7 @@ def expected_files(load_target: str, settings: dict[str, Any]) -> list[Path]:
         train, test = cifar_files(settings.get("data_dir"), int(settings["num_classes"]))
         return train + test
     if reader == "load_image_folder":
+        if settings.get("resize") is not None and settings.get("size") is not None:
+            check_crop(int(settings["resize"]), int(settings["size"]))
         return list(image_folder_dirs(settings.get("data_dir")))
     return []  # synthetic data, or a reader lipt does not know: it checks its own input

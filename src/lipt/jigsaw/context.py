@@ -46,7 +46,9 @@ class PretrainContext:
     # The `trainer` node, resolved: `trainer` builds each learner's trainer from it, and a
     # learner's checkpoint records the keys that change its weights (precision, max_steps, ...).
     trainer_config: dict[str, Any] = field(default_factory=dict)
-    head: str = "classifier"  # the model's final nn.Linear, by name: the learners' heads
+    # The model's final nn.Linear, by name: the learners' heads (None: `classifier`, lipt's
+    # models', else the last nn.Linear, lipt.selection.gradients.resolve_head).
+    head: str | None = None
 
 
 @dataclass

@@ -27,6 +27,7 @@ from lipt.jigsaw.learner import Learner, learner_shards, reused_seconds, state_d
 from lipt.jigsaw.parts import JigsawSettings, Merge
 from lipt.jigsaw.soup import SoupResult
 from lipt.jigsaw.weights import StateDict, recompute_batchnorm_stats
+from lipt.selection.gradients import resolve_head
 from lipt.selection.types import LearnerHeads
 
 log = logging.getLogger(__name__)
@@ -348,7 +349,7 @@ def soup_result(
     soup: nn.Module,
     learners: Sequence[Learner],
     report: dict[str, Any],
-    head: str,
+    head: str | None,
     trained_here: bool,
 ) -> Pretrained:
     """Stage 1's result from a soup and its learners: the cost of the learners that exist (a
@@ -357,6 +358,9 @@ def soup_result(
     their seconds are part of this stage's (not when merging saved ones: merge_report.json keeps
     them all the same)."""
     present = [le for le in learners if le.status != "missing"]
+    # `head` None: the soup's `classifier`, else its last nn.Linear (a model of the user's)
+    layer = resolve_head(soup, head)
+    head = next(name for name, module in soup.named_modules() if module is layer)
     report["learner_seconds"] = round(sum(le.seconds for le in present), 3)
     return Pretrained(
         model=soup,

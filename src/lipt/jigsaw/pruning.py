@@ -120,10 +120,23 @@ def _prune_global(
     # that the state dict keeps the key order of an unpruned model.
     orders = {id(module): list(module._parameters) for module, _ in params}
 
+    # torch's pruning views each tensor flat, which weights in channels_last (model.channels_last)
+    # cannot give: they are pruned in the standard layout and put back in theirs afterwards.
+    nhwc = [
+        (module, name)
+        for module, name in params
+        if getattr(module, name).dim() == 4
+        and not getattr(module, name).is_contiguous()
+        and getattr(module, name).is_contiguous(memory_format=torch.channels_last)
+    ]
+    for module, name in nhwc:
+        getattr(module, name).data = getattr(module, name).data.contiguous()
     importance: dict[_ParamRef, Tensor] | None = None
     if scores is not None:
         assert len(scores) == len(params)
-        importance = {ref: score.detach() for ref, score in zip(params, scores, strict=True)}
+        importance = {
+            ref: score.detach().contiguous() for ref, score in zip(params, scores, strict=True)
+        }
 
     masks: dict[str, Tensor] = {}
     with torch.no_grad():
@@ -141,6 +154,9 @@ def _prune_global(
     for module, _ in params:
         for key in orders[id(module)]:
             module._parameters[key] = module._parameters.pop(key)
+    for module, name in nhwc:
+        weight = getattr(module, name)
+        weight.data = weight.data.contiguous(memory_format=torch.channels_last)
     assert sum(int(m.sum()) for m in masks.values()) == keep
     return masks
 

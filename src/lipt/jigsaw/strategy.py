@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "JigsawPretraining",
     "check_saved_seeds",
+    "check_seed_folders",
     "merge_saved",
     "pretrain_jigsaw",
     "seed_folder",
@@ -124,22 +125,28 @@ def seed_folder(folder: Path, seed: int, run_seed: int) -> Path:
 
 
 def check_saved_seeds(settings: JigsawSettings, seeds: list[int], run_seed: int) -> None:
-    """Before any merge: with `pretrain.merge_from`, every seed of `seeds` (the models
-    `selector.repeats` averages) other than the run's own must have a learner checkpoint in its
-    folder (`seed_folder`); the run's own seed is merged from the folder itself, whose missing
-    learners the merge names.
+    """Before any merge: `check_seed_folders` for the run's `pretrain.merge_from`."""
+    check_seed_folders(settings.merge_from, seeds, run_seed)
+
+
+def check_seed_folders(merge_from: str | None, seeds: list[int], run_seed: int) -> None:
+    """With `pretrain.merge_from`, every seed of `seeds` (the models `selector.repeats`
+    averages) other than the run's own must have a learner checkpoint in its folder
+    (`seed_folder`); the run's own seed is merged from the folder itself, whose missing
+    learners the merge names. lipt.run.rules checks a config with it before any work (a dry
+    run too).
 
     Raises:
         UserError: a seed without one, named with the folder it was looked for in.
     """
-    if not settings.merge_from:
+    if not merge_from:
         return
-    root = Path(str(settings.merge_from)).expanduser()
+    root = Path(str(merge_from)).expanduser()
     for seed in seeds:
         folder = seed_folder(root, seed, run_seed)
         if seed != run_seed and not any(folder.glob("learner_*.ckpt")):
             raise UserError(
-                f"pretrain.merge_from={settings.merge_from} holds no learners of seed {seed} "
+                f"pretrain.merge_from={merge_from} holds no learners of seed {seed} "
                 f"(looked in {folder}): each of the {len(seeds)} models of selector.repeats is "
                 "merged from learners of its own seed, which a run with selector.repeats "
                 "writes to seed_<seed> in its learner folder; drop selector.repeats, or "

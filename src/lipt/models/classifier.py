@@ -13,8 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim import Optimizer
+from torch.optim.lr_scheduler import ReduceLROnPlateau
 from torchmetrics.classification import MulticlassAccuracy
 
+from lipt.core.errors import UserError
 from lipt.core.seeding import global_rng_states, set_global_rng_states
 from lipt.models.loss import weighted_loss
 from lipt.models.schedules import Clock, cosine, is_torch_scheduler
@@ -33,6 +35,17 @@ LOGGED_METRICS = (
 PAPER_SGD = functools.partial(
     torch.optim.SGD, lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4
 )
+
+
+def plateau_config(schedule: Any) -> dict[str, Any]:
+    """Lightning's scheduler config for a torch scheduler stepped once per epoch. One that steps
+    on a metric (ReduceLROnPlateau) watches the validation loss it lowers (mode "min"), or the
+    accuracy it raises ("max"); an epoch without a validation (check_val_every_n_epoch > 1,
+    no validation split) leaves the learning rate as it is rather than failing the fit."""
+    if not isinstance(schedule, ReduceLROnPlateau):
+        return {"scheduler": schedule}
+    monitor = "val/loss" if schedule.mode == "min" else "val/acc"
+    return {"scheduler": schedule, "monitor": monitor, "strict": False}
 
 
 # A trainer that only trains: no logger, no checkpoints, no bars, no validation.
@@ -83,6 +96,7 @@ class Classifier(L.LightningModule):
         self.make_optimizer: Callable[..., Optimizer] = optimizer or PAPER_SGD
         self.make_scheduler: Callable[..., Any] = scheduler or cosine
         self.loss_norm, self.schedule_over = loss_norm, schedule_over
+        self.num_classes = num_classes
         # A step budget the fit stops at (lipt.models.schedules.StopAtStep); None: the Trainer's.
         self.total_steps = total_steps
         self.model = model
@@ -103,10 +117,31 @@ class Classifier(L.LightningModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
 
+    def logits(self, x: Any, batch: int) -> Tensor:
+        """The model's logits [batch, num_classes] for the inputs `x` of `batch` samples (`x`:
+        whatever the model takes, a tensor or not).
+
+        Raises:
+            UserError: a forward that gives anything else (a tuple, logits of other
+                classes), at the first batch; cross-entropy or the accuracy metric failed on
+                it later (after a whole epoch), in words that do not name the model.
+        """
+        out = self.model(x)
+        if isinstance(out, Tensor) and out.shape == (batch, self.num_classes):
+            return out
+        gave = f"a {type(out).__name__}"
+        if isinstance(out, Tensor):
+            gave = f"a tensor of shape {tuple(out.shape)} for a batch of {batch}"
+        raise UserError(
+            f"the model's forward gave {gave}, not the logits [batch, {self.num_classes}] "
+            f"that Classifier(num_classes={self.num_classes}) trains on: make forward return "
+            "the logits alone, one per class of the data"
+        )
+
     def training_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> Tensor:
         x, y, _, w = batch
         y = y.long()  # a user's int32 labels (int64 stays as it is, not copied)
-        per_sample = F.cross_entropy(self.model(x), y, reduction="none")  # [B]
+        per_sample = F.cross_entropy(self.logits(x, len(y)), y, reduction="none")  # [B]
         loss = weighted_loss(self, per_sample, w, self.loss_norm)  # sets self.last_losses
         if self._trainer is not None:
             batches = self.trainer.num_training_batches
@@ -123,14 +158,14 @@ class Classifier(L.LightningModule):
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         x, y, _ = batch
         y = y.long()
-        logits = self.model(x)
+        logits = self.logits(x, len(y))
         self.val_acc(logits, y)
         self.log("val/loss", F.cross_entropy(logits, y), sync_dist=True)
         self.log("val/acc", self.val_acc, prog_bar=True)
 
     def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         x, y, _ = batch
-        self.test_acc(self.model(x), y)
+        self.test_acc(self.logits(x, len(y)), y)
         self.log("test/acc", self.test_acc)
 
     def configure_optimizers(self) -> Any:
@@ -138,7 +173,7 @@ class Classifier(L.LightningModule):
         if is_torch_scheduler(self.make_scheduler):
             # A torch scheduler class configured as it is: stepped once per epoch.
             schedule = self.make_scheduler(optimizer)
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule}}
+            return {"optimizer": optimizer, "lr_scheduler": plateau_config(schedule)}
         budget = self.total_steps
         clock = Clock(
             total_steps=lambda: max(1, int(budget or self.trainer.estimated_stepping_batches)),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import lightning as L
+from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR, LRScheduler, OneCycleLR
 
@@ -82,7 +83,7 @@ def one_cycle(
         raise ValueError("div_factor and final_div_factor must be positive")
     progress = clock.progress
     if progress is None:
-        return OneCycleLR(
+        return _OneCycle(
             optimizer,
             max_lr=[group["lr"] for group in optimizer.param_groups],
             total_steps=max(1, int(clock.total_steps())),
@@ -102,6 +103,39 @@ def one_cycle(
         return _anneal(1.0, end, (done - pct_start) / rest if rest > 0 else 1.0, anneal_strategy)
 
     return LambdaLR(optimizer, factor)
+
+
+class _OneCycle(OneCycleLR):
+    """torch's OneCycleLR, where a phase of no steps is done at once rather than divided by
+    zero: the warm-up when pct_start x total_steps is 1 (0.1 of 10 steps), the annealing when
+    pct_start is 1 (torch failed there after the fit's last step). Every other step's learning
+    rate and momentum are torch's own."""
+
+    def get_lr(self) -> list[float | Tensor]:
+        step = self.last_epoch
+        if step > self.total_steps:
+            raise ValueError(f"stepped {step} times, past the {self.total_steps} total steps")
+        lrs: list[float | Tensor] = []
+        for group in self.optimizer.param_groups:
+            start = 0.0
+            for i, phase in enumerate(self._schedule_phases):
+                end = phase["end_step"]
+                if step <= end or i == len(self._schedule_phases) - 1:
+                    share = (step - start) / (end - start) if end != start else 1.0
+                    lrs.append(
+                        self._anneal_func(group[phase["start_lr"]], group[phase["end_lr"]], share)
+                    )
+                    if self.cycle_momentum:
+                        momentum = self._anneal_func(
+                            group[phase["start_momentum"]], group[phase["end_momentum"]], share
+                        )
+                        if self.use_beta1:
+                            group["betas"] = (momentum, *group["betas"][1:])
+                        else:
+                            group["momentum"] = momentum
+                    break
+                start = end
+        return lrs
 
 
 def _anneal(begin: float, finish: float, share: float, strategy: str) -> float:

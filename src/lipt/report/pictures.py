@@ -1,12 +1,15 @@
 """Pictures of a run: `subset.png` (the subset's classes beside the pool's, and sample images
-from the subset, each class by its name where the data set has names) and, with
-`logger=wandb`, the merge report, class histogram and pictures in the wandb run. Reads only;
-draws no random numbers (samples are evenly spaced, not drawn)."""
+from the subset, each class by its name where the data set has names), `label_issues.png` (the
+labels most likely wrong) and, with `logger=wandb`, the merge report, class histogram and
+pictures in the wandb run. Images are shown as stored (grey on a fixed 0-255 scale), names as
+typed. Reads only; draws no random numbers (samples are evenly spaced, not drawn); a picture
+that cannot be drawn is left out with a warning, and the run goes on."""
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,36 @@ from lipt.core.console import shown
 from lipt.data import DataModule
 from lipt.report.render import new_figure
 
+log = logging.getLogger(__name__)
+
 SUBSET_PICTURE = "subset.png"
 GRID_CLASSES = 10  # rows of the sample grid (the first classes, for data sets with many)
 GRID_COLUMNS = 8
+NAME_CHARS = 24  # a class name longer than this is shown cut: a folder's long name would
+# squeeze the axes it labels to nothing
+# Class names are shown as typed: a folder named "a$b^$c" is no TeX (matplotlib's mathtext
+# would draw "$...$" as a formula, and refuse one it cannot parse).
+PLAIN = {"parse_math": False}
+
+
+def shown_name(name: str) -> str:
+    """A class name as a picture labels it: cut to NAME_CHARS characters in the middle, since
+    names of one data set often differ only at their start or their end ("..._001")."""
+    if len(name) <= NAME_CHARS:
+        return name
+    tail = (NAME_CHARS - 1) // 2
+    return name[: NAME_CHARS - 1 - tail] + "…" + name[-tail:]
+
+
+def show_image(axes: Any, image: Tensor) -> None:
+    """`image` [C, H, W] uint8 as it is: RGB as is, one channel as grey on a fixed 0-255 scale
+    (imshow would stretch each grey image to its own range, a dim image shown bright and a flat
+    one black); of other channel counts, the first as grey (4 would be read as RGBA)."""
+    pixels = image.permute(1, 2, 0).numpy()  # [H, W, C]
+    if pixels.shape[2] == 3:
+        axes.imshow(pixels)
+    else:
+        axes.imshow(pixels[..., 0], cmap="gray", vmin=0, vmax=255)
 
 
 def class_counts(dm: DataModule, indices: Tensor) -> tuple[Tensor, Tensor]:
@@ -48,17 +78,25 @@ def sample_grid(dm: DataModule, indices: Tensor) -> tuple[list[int], list[list[T
 def write_subset_picture(dm: DataModule, indices: Tensor, path: Path) -> None:
     """subset.png: per-class shares of the pool and of the subset, side by side, and a grid of
     sample images from the subset (one row per class), each class by its name."""
-    figure = subset_figure(dm, indices)
+    try:
+        png = png_of(subset_figure(dm, indices), dpi=100)
+    except Exception as e:  # a picture that cannot be drawn is left out, not the run
+        log.warning(f"{path.name} not drawn: {type(e).__name__}: {e}")
+        return
+    atomic_write_bytes(path, png)
+
+
+def png_of(figure: Any, dpi: int) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    atomic_write_bytes(path, buffer.getvalue())
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
 
 
 def subset_figure(dm: DataModule, indices: Tensor) -> Any:
     """The figure of subset.png (a matplotlib Figure: its axes are the class bars and the grid)."""
     pool, subset = class_counts(dm, indices)
     present, grid = sample_grid(dm, indices)
-    names = dm.class_names
+    names = [shown_name(n) for n in dm.class_names]
     figure = new_figure(12, 5)
     left, right = figure.subplots(1, 2, width_ratios=[1, 1])
     classes = torch.arange(dm.num_classes).numpy()
@@ -69,7 +107,10 @@ def subset_figure(dm: DataModule, indices: Tensor) -> Any:
         left.set_xticks(classes)
         long_names = max(len(n) for n in names) > 3
         left.set_xticklabels(
-            names, rotation=40 if long_names else 0, ha="right" if long_names else "center"
+            names,
+            rotation=40 if long_names else 0,
+            ha="right" if long_names else "center",
+            **PLAIN,
         )
     left.set_xlabel("class")
     left.set_ylabel("share of images (%)")
@@ -78,11 +119,10 @@ def subset_figure(dm: DataModule, indices: Tensor) -> Any:
     tiles = [
         torch.cat(row + [torch.zeros_like(row[0])] * (GRID_COLUMNS - len(row)), 2) for row in grid
     ]
-    mosaic = torch.cat(tiles, 1).permute(1, 2, 0).numpy()  # [rows*H, cols*W, C]
-    right.imshow(mosaic[..., 0] if mosaic.shape[2] == 1 else mosaic, cmap="gray")
+    show_image(right, torch.cat(tiles, 1))  # [C, rows*H, cols*W]
     right.set_title("sample images from the subset (one row per class)")
     right.set_yticks([(r + 0.5) * grid[0][0].shape[1] for r in range(len(grid))])
-    right.set_yticklabels([names[c] for c in present])
+    right.set_yticklabels([names[c] for c in present], **PLAIN)
     right.set_xticks([])
     return figure
 
@@ -120,9 +160,9 @@ def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path)
         names: list[str | int] = ["class", "pool share", "subset share", "subset count"]
         classes = wandb.Table(columns=names)
         for c, name in enumerate(dm.class_names):
-            classes.add_data(
-                name, float(pool[c] / pool.sum()), float(subset[c] / subset.sum()), int(subset[c])
-            )
+            # shares of Python ints: 0.24, not float32's 0.23999999463558197
+            pool_share, subset_share = int(pool[c]) / int(pool.sum()), int(subset[c]) / len(indices)
+            classes.add_data(name, pool_share, subset_share, int(subset[c]))
         payload["subset/classes"] = classes
         payload["subset/class_histogram"] = wandb.plot.bar(
             classes, "class", "subset share", title="subset: share of each class"
@@ -133,11 +173,12 @@ def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path)
         run.log(payload)  # staged in this run's folder (lipt.run.cli.keep_caches_in)
 
 
-def log_sweep_report(config: Any, sweep: Path) -> Path | None:
+def log_sweep_report(config: Any, sweep: Path, since: float | None = None) -> Path | None:
     """With `logger=wandb`, at the end of a sweep: write lipt.report.sweep's tables and plots to
     <sweep>/report and log them (results table, accuracy against data used, seconds per stage)
     in a wandb run named "report" in the sweep's group. Returns the report folder (None: no
-    wandb logger in this sweep)."""
+    wandb logger in this sweep). `since`: only the summaries written since (the multirun's
+    own, lipt.report.sweep's --since)."""
     import csv
 
     node = (config.get("logger") or {}).get("wandb")
@@ -148,7 +189,8 @@ def log_sweep_report(config: Any, sweep: Path) -> Path | None:
     from lipt.report.sweep import parse_args, write_report
 
     out = sweep / "report"
-    write_report(parse_args([str(sweep), "--out", str(out)]))
+    since_args = [] if since is None else ["--since", repr(since)]
+    write_report(parse_args([str(sweep), "--out", str(out), *since_args]))
     with (out / "results.csv").open() as f:
         rows = list(csv.reader(f))
     columns: list[str | int] = list(rows[0])
@@ -198,8 +240,18 @@ def write_issues_picture(
     """label_issues.png: the first ISSUES_SHOWN flagged images, most likely wrong first
     (`positions` in the training split, [F]), each titled with its `given` class and the
     `suggested` one ([F] each)."""
+    try:
+        png = png_of(issues_figure(dm, positions, given, suggested), dpi=80)
+    except Exception as e:  # a picture that cannot be drawn is left out, not the run
+        log.warning(f"{path.name} not drawn: {type(e).__name__}: {e}")
+        return
+    atomic_write_bytes(path, png)
+
+
+def issues_figure(dm: DataModule, positions: Tensor, given: Tensor, suggested: Tensor) -> Any:
+    """The figure of label_issues.png (a matplotlib Figure: an axes per image shown)."""
     count = min(ISSUES_SHOWN, len(positions))
-    names = dm.class_names
+    names = [shown_name(n) for n in dm.class_names]
     rows = max(1, math.ceil(count / GRID_COLUMNS))
     figure = new_figure(2 * GRID_COLUMNS, 2.3 * rows + 0.6)
     axes = figure.subplots(rows, GRID_COLUMNS, squeeze=False)
@@ -207,12 +259,9 @@ def write_issues_picture(
         ax.set_axis_off()
         if k >= count:
             continue
-        image = dm.train_source.image(int(positions[k])).permute(1, 2, 0).numpy()  # [H, W, C]
-        ax.imshow(image[..., 0] if image.shape[2] == 1 else image, cmap="gray")
+        show_image(ax, dm.train_source.image(int(positions[k])))
         was, now = names[int(given[k])], names[int(suggested[k])]
-        ax.set_title(f"given: {was}\nsuggested: {now}", fontsize=8)
+        ax.set_title(f"given: {was}\nsuggested: {now}", fontsize=8, **PLAIN)
     title = f"the {count} labels most likely wrong, of {len(positions):,} flagged"
     figure.suptitle(title if count else "no label flagged")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=80)
-    atomic_write_bytes(path, buffer.getvalue())
+    return figure

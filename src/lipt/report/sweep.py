@@ -41,7 +41,10 @@ selector's own options when `selector.name` varies) are dropped: see `varying_ke
 `--group-by KEY ...` sets the keys instead.
 
 A summary.json that cannot be read, or whose test accuracy is not a number (NaN, infinite, text),
-is skipped with a warning, as is a job folder without one. Mistakes a user can fix (no such
+is skipped with a warning, as is a job folder without one. `--since TIME` reads only the
+summaries written since TIME: a multirun's own, where its sweep folder still holds an earlier
+multirun's jobs (Hydra numbers each multirun's job folders from 0, so a second one with fewer
+jobs or trials leaves the first one's last folders as they were). Mistakes a user can fix (no such
 directory, no summary.json in it, an unknown --group-by key) end with one line on stderr and exit
 code 2, as lipt's other commands do.
 """
@@ -119,17 +122,32 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Hashable]:
     return flat
 
 
-def load_summaries(sweep_dir: Path) -> tuple[list[Run], list[str]]:
+# How much older than `since` a file written since may look: file systems that keep whole
+# seconds, and the clocks of a cluster's nodes and its file server, which differ a little.
+CLOCK_SLACK_S = 2.0
+
+
+def load_summaries(sweep_dir: Path, since: float | None = None) -> tuple[list[Run], list[str]]:
     """Every readable summary.json under `sweep_dir`, and a warning for each one skipped: an
     unreadable or truncated file, one whose test accuracy is neither null nor a finite number
     (a mean over it would be NaN, its pairs and the frontier wrong), or a Hydra job directory
-    (it has `.hydra/`) without one."""
+    (it has `.hydra/`) without one. `since` (a time.time()): only the files written since,
+    those of the multirun that began then, where a sweep folder reused by another `-m` run
+    still holds the earlier one's jobs (one warning counts them)."""
     if not sweep_dir.is_dir():
         raise UserError(f"{sweep_dir} is not a directory (pass a sweep dir, multirun/<job>/<time>)")
     runs: list[Run] = []
     warnings: list[str] = []
+    earlier = [] if since is None else written_before(sweep_dir, since)
+    if earlier:
+        warnings.append(
+            f"left out {len(earlier)} run{'s' * (len(earlier) > 1)} of an earlier multirun in "
+            f"{sweep_dir} (written before this one began): "
+            + ", ".join(str(p.parent.relative_to(sweep_dir)) for p in earlier[:3])
+            + (", ..." if len(earlier) > 3 else "")
+        )
     for path in sorted(sweep_dir.rglob("summary.json")):
-        if LEARNERS_DIR in path.relative_to(sweep_dir).parts[:-1]:
+        if LEARNERS_DIR in path.relative_to(sweep_dir).parts[:-1] or path in earlier:
             continue  # a learner array task's own record (hydra/launcher=slurm), not a run
         try:
             summary = json.loads(path.read_text())
@@ -151,9 +169,20 @@ def load_summaries(sweep_dir: Path) -> tuple[list[Run], list[str]]:
         runs.append(Run(path, summary, flatten(summary["config"])))
     for hydra_dir in sorted(sweep_dir.rglob(".hydra")):
         job_dir = hydra_dir.parent
-        if hydra_dir.is_dir() and not (job_dir / "summary.json").exists():
+        if not hydra_dir.is_dir() or (job_dir / "summary.json").exists():
+            continue
+        if since is None or hydra_dir.stat().st_mtime >= since - CLOCK_SLACK_S:
             warnings.append(f"skipped {job_dir}: no summary.json (the run failed or is running)")
     return runs, warnings
+
+
+def written_before(sweep_dir: Path, since: float) -> list[Path]:
+    """The summary.json files under `sweep_dir` written before `since` (CLOCK_SLACK_S aside)."""
+    return [
+        path
+        for path in sorted(sweep_dir.rglob("summary.json"))
+        if path.stat().st_mtime < since - CLOCK_SLACK_S
+    ]
 
 
 # --- grouping -------------------------------------------------------------------------------
@@ -357,6 +386,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="x-axis of accuracy_vs_data.png (default: data used, as the paper's figure 2)",
     )
     parser.add_argument(
+        "--since",
+        type=float,
+        metavar="TIME",
+        help="only the runs whose summary.json was written at or after TIME (seconds since the "
+        "epoch, as `date +%%s` prints): a multirun's own, in a sweep folder an earlier one used",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="KEY=VALUE",
         help="the group the others are paired against, seed by seed (results.md, paired.csv); "
@@ -367,7 +403,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def write_report(args: argparse.Namespace) -> str:
     """Read the sweep, write the four files; returns the line to print. Raises UserError."""
-    runs, warnings = load_summaries(args.sweep_dir)
+    runs, warnings = load_summaries(args.sweep_dir, args.since)
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if not runs:

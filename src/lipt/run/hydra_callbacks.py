@@ -46,7 +46,15 @@ log = logging.getLogger(__name__)
 
 class SweepTable(Callback):
     """At the end of a multirun: a short table of the sweep's summaries (lipt.report.sweep's
-    grouping: one row per swept setting, mean over seeds) and where the sweep folder is."""
+    grouping: one row per swept setting, mean over seeds) and where the sweep folder is: of
+    this multirun's own runs, where its folder still holds an earlier multirun's (a resumed one,
+    ckpt_path=last, keeps its finished jobs' summaries as they were, so it reads them all)."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.start = time.time()
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         console.jobs_ended()
@@ -55,9 +63,13 @@ class SweepTable(Callback):
         if other_swept_keys(swept_overrides(config)) is not None:
             return  # jigsaw learner jobs: the soup callback, where there is one, merges them
         sweep = Path(str(config.hydra.sweep.dir))
-        runs, _ = load_summaries(sweep) if sweep.is_dir() else ([], [])
+        since = None if config.get("ckpt_path") == "last" else self.start
+        runs, warnings = load_summaries(sweep, since) if sweep.is_dir() else ([], [])
         if not runs:
             return
+        for warning in warnings:
+            if warning.startswith("left out"):  # a failed job's line: its own log said why
+                log.warning(warning)
         keys = varying_keys([run.config for run in runs])
         columns = [c for c in MARKDOWN_COLUMNS if c[0] in SWEEP_COLUMNS]
         header = [*keys, *(name for name, _ in columns)]
@@ -70,7 +82,7 @@ class SweepTable(Callback):
         for cells in [header, *rows]:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)))
         keep_caches_in(sweep)  # the report's wandb run keeps its caches in the sweep's folder
-        report = log_sweep_report(config, sweep)  # with logger=wandb: also into wandb
+        report = log_sweep_report(config, sweep, since)  # with logger=wandb: also there
         made = f"in {shown(report)}" if report else f"with {report_command(sweep)}"
         lines.append(f"  (tables and plots {made})")
         print("\n".join(lines), flush=True)

@@ -96,7 +96,9 @@ def check_optimizer(cfg: DictConfig) -> None:
         schedule = make(optimizer) if is_torch_scheduler(make) else make(optimizer, clock)
         parameter.grad = torch.zeros(1)
         optimizer.step()
-        if schedule is not None:
+        if isinstance(schedule, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            schedule.step(0.0)  # it steps on the monitored metric (lipt.models.classifier)
+        elif schedule is not None:
             schedule.step()
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from lipt.core.budget import PoolSizes
 from lipt.core.errors import UserError
 from lipt.core.settings import DatasetSettings
+from lipt.data.batch_transforms import RANDAUGMENT_CHANNELS
 from lipt.run.groups import as_typed
 from lipt.stages.run import Run
 
@@ -97,6 +98,13 @@ def _selector(run: Run) -> None:
         )
     if settings.stage == "select" and selector is None:
         raise UserError("selector=none selects nothing; choose a selector, e.g. selector=glister")
+    ckpt = settings.ckpt_path if settings.stage == "select" else None
+    if ckpt and selector is not None and not selector.needs_model:
+        raise UserError(
+            f"ckpt_path={ckpt} is a model to rank with, but selector="
+            f"{selector.name} ranks with none; drop ckpt_path, or choose a selector that ranks "
+            "with a model (e.g. selector=glister)"
+        )
     repeats = 1 if selector is None else selector.repeats
     if selector is None or repeats == 1 or settings.stage == "pretrain":
         return  # pretrain.py selects nothing: a selector there only labels the run
@@ -114,10 +122,11 @@ def _selector(run: Run) -> None:
 
 def _budget(run: Run) -> None:
     """A subset needs a selector (or a saved subset), the whole pool takes none, and lipt's
-    pruning needs the jigsaw ensemble. select.py selects, whatever main training would spend."""
+    pruning needs the jigsaw ensemble. select.py selects and pretrain.py pre-trains, whatever
+    main training would spend."""
     budget, selector, settings = run.budget, run.selector, run.settings
-    if settings.stage == "select":
-        return
+    if settings.stage in ("select", "pretrain"):
+        return  # main training's budget: train.py's alone
     if budget.trains_subset and selector is None and settings.subset_path is None:
         raise UserError(
             f"budget={budget.name} trains a subset, but selector=none chooses none; choose a "
@@ -193,8 +202,8 @@ def _main_training(run: Run) -> None:
     if stage == "pretrain" and settings.ckpt_path is not None:
         raise UserError(
             f"ckpt_path={settings.ckpt_path} is ignored: pretrain.py resumes from no checkpoint "
-            "(run again in the same folder, it reuses the jigsaw learners saved there); drop "
-            "ckpt_path"
+            "(run again in the same folder, it reuses the jigsaw learners and a full warm-up's "
+            "epochs saved there); drop ckpt_path"
         )
 
 
@@ -335,11 +344,17 @@ def _jigsaw(run: Run) -> None:
                 f"pretrain.merge_from={merge_from} is not a folder; give the folder holding "
                 "learner_<i>.ckpt (e.g. <sweep dir>/learners)"
             )
+        _merge_from_seeds(run, str(merge_from))
     min_learners = pretrain.get("min_learners")
     if min_learners is not None and min_learners > n:
         raise UserError(
             f"pretrain.min_learners={min_learners} is invalid: use null (half) or 1..{n} "
             "(pretrain.num_learners)"
+        )
+    if "num_ops" in augment and run.dataset.channels not in RANDAUGMENT_CHANNELS:
+        raise UserError(  # as lipt.data.DataModule refuses it, here before any work
+            f"augment=randaugment takes grey (1) or RGB (3) images, but dataset.channels="
+            f"{run.dataset.channels}; use augment=none"
         )
     if "num_ops" in augment and augment["magnitude"] >= augment["num_magnitude_bins"]:
         raise UserError(  # augment=randaugment
@@ -359,6 +374,19 @@ def _jigsaw(run: Run) -> None:
             f"merge.ratios={list(ratios)} is invalid: a list of ratios needs one above 0 "
             "(or a number of grid steps, or running_mean)"
         )
+
+
+def _merge_from_seeds(run: Run, merge_from: str) -> None:
+    """`selector.repeats` merges each of its models from the saved learners of its own seed:
+    the folder must hold them all (the check the run makes before its first merge)."""
+    from lipt.core.seeding import repeat_seed  # torch, as check_groups imported it
+    from lipt.jigsaw.strategy import check_seed_folders
+
+    selector, settings = run.selector, run.settings
+    if selector is None or settings.stage == "pretrain" or not pretrains(run):
+        return  # pretrain.py, a saved subset or ckpt_path: no models of other seeds are merged
+    seeds = [repeat_seed(settings.seed, r) for r in range(selector.repeats)]
+    check_seed_folders(merge_from, seeds, settings.seed)
 
 
 def _clean(run: Run) -> None:

@@ -427,6 +427,9 @@ def check_approach_choices(args: list[str], params: list[str], declared: Declare
         declared.config_name, searchpath
     )[1]
     pins: dict[str, dict[str, str]] = {}
+    # The stage's own `override group: option` (select.py: selector=coverage) comes before an
+    # approach's in Hydra's defaults tree, and Hydra keeps a group's first override.
+    stage = stage_pins(repo, declared.config_name)
     for settings, is_reference in chosen:
         approach = settings.get(APPROACH)
         if approach is None:
@@ -435,6 +438,13 @@ def check_approach_choices(args: list[str], params: list[str], declared: Declare
             pins[approach] = pinned_choices(repo, f"{APPROACH}/{approach}")
         for group, pinned in pins[approach].items():
             other = settings.get(group)
+            if other is None and stage.get(group, pinned) != pinned:
+                raise UserError(
+                    f"{declared.config_name}.py chooses {group}={stage[group]} ahead of "
+                    f"+{APPROACH}={approach}'s {group}={pinned} (Hydra keeps a group's first "
+                    f"override): its runs would select with {stage[group]} under the name "
+                    f"{approach}; add {group}={pinned}"
+                )
             if other is None or other == pinned:
                 continue
             whose = (
@@ -449,6 +459,20 @@ def check_approach_choices(args: list[str], params: list[str], declared: Declare
                 f"name {approach}; drop {group}={other}, or make that method an approach of its "
                 f"own (docs/METHODS.md)"
             )
+
+
+def stage_pins(repo: Any, config_name: str) -> dict[str, str]:
+    """The group options a stage's primary config (select.yaml) chooses with `override group:
+    option` in its own defaults list."""
+    from hydra.core.default_element import GroupDefault
+
+    loaded = repo.load_config(config_name)
+    elements = [] if loaded is None else loaded.defaults_list or []
+    return {
+        str(e.group).lstrip("/"): e.value
+        for e in elements
+        if isinstance(e, GroupDefault) and e.override and isinstance(e.value, str)
+    }
 
 
 def pinned_choices(repo: Any, path: str) -> dict[str, str]:

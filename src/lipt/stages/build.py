@@ -101,6 +101,8 @@ def build_datamodule(run: Run) -> DataModule:
     less the label and the reader's, which `load` has taken already."""
     node = DatasetSettings.module_node(run.node("dataset"))
     dm = instantiate(node, batch_size=run.settings.batch_size, _convert_="all")
+    if dm.device is None:  # no trainer yet (jigsaw learners, scoring): where the trainer says
+        dm.device = str(scoring_device(run))
     dm.setup()
     return cast(DataModule, dm)
 

@@ -5,14 +5,16 @@ folds), cleanlab's `find_label_issues` on them, then the run trains without the 
 
 Writes label_issues.csv (index, given, suggested, score; most likely wrong first),
 label_issues.png and clean.json (stages.clean, the cost and, when the wrong labels are known,
-precision and recall); with `clean.datalab` (lipt's finder), cleanlab's Datalab on the same
-embeddings and probabilities: datalab_issues.csv and datalab_summary.json. A resumed run of
-K-fold cleaning reads them back instead of training the folds again; lipt's is recomputed,
-reusing the saved jigsaw learners.
+precision and recall, and the settings of the run that found them); with `clean.datalab`
+(lipt's finder), cleanlab's Datalab on the same embeddings and probabilities:
+datalab_issues.csv and datalab_summary.json. A resumed run of K-fold cleaning reads them back
+instead of training the folds again, where an attempt with its settings found them (not an
+earlier run's of others in the folder); lipt's is recomputed, reusing the saved jigsaw learners.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -39,8 +41,9 @@ from lipt.data import DataModule
 from lipt.jigsaw.context import Pretrained
 from lipt.report.pictures import ISSUES_PICTURE, write_issues_picture
 from lipt.selection import PoolOutputs, model_outputs
-from lipt.stages.build import CleaningMethod, Parts
+from lipt.stages.build import CleaningMethod, Parts, progress_bars
 from lipt.stages.pretrain import pretrain_model, pretrain_stats
+from lipt.stages.result_settings import DATA_KEY, settled
 from lipt.stages.results import Cleaned
 from lipt.stages.run import Run
 
@@ -52,25 +55,28 @@ CLEAN_FILE = "clean.json"
 def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | None:
     """Find the pool's label issues with the `clean` method, write them, and apply its action
     to the data module. `resume`: the run resumes (ckpt_path=last), so K-fold issues already
-    written are read back rather than found again; an extra DDP rank always reads rank 0's."""
+    written are read back rather than found again; an extra DDP rank always reads rank 0's.
+    Only issues an attempt with this run's settings found are read back (`cleaned_with`)."""
     method, dm = parts.cleaning, parts.dm
     if method is None:
         return None
     method.check_pool(dm.train_source.labels[dm.pool_indices])  # before any pre-training
     saved, costs = out / ISSUES_FILE, out / CLEAN_FILE
-    if is_ddp_child():  # srun starts every task at once: rank 0 may still be finding them
-        wait_for_file(costs)
+    settings = cleaning_settings(run, dm)
+    if is_ddp_child():  # srun starts every task at once: rank 0 may still be finding them,
+        # where an earlier run of other settings may have left its own
+        wait_for_file(costs, ready=functools.partial(cleaned_with, settings))
+    earlier = recorded_cleaning(costs, settings)  # None: no attempt with these settings
     reuse = is_ddp_child() or (resume and method.reuses_saved_issues)
     scored: Scored | None = None
-    if reuse and saved.is_file() and costs.is_file():
+    if reuse and earlier is not None and saved.is_file():
         cleaned = Cleaned(read_issues(saved), {})
         log.info(f"cleaning: {len(cleaned.issues):,} label issues read from {saved}")
     else:
         cleaned, scored = find_scored_issues(run, parts, method)
-    if (resume or is_ddp_child()) and costs.is_file():
+    if (resume or is_ddp_child()) and earlier is not None:
         # What the attempt that found them recorded: a resume's re-merge is not their cost.
-        recorded = json.loads(costs.read_text())
-        cleaned.stats, cleaned.pretrain_stats = recorded["clean"], recorded.get("pretrain")
+        cleaned.stats, cleaned.pretrain_stats = earlier["clean"], earlier.get("pretrain")
     elif not is_ddp_child():
         issues = cleaned.issues
         write_issues(saved, issues)  # before Datalab: one that fails leaves the flags on disk
@@ -79,10 +85,42 @@ def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | Non
         recorded = {"clean": cleaned.stats}
         if cleaned.pretrain_stats is not None:
             recorded["pretrain"] = cleaned.pretrain_stats
+        recorded[SETTINGS_KEY] = settings
         write_json(costs, recorded)  # with label_issues.csv, what a resume reads back
         write_issues_picture(dm, issues.rows, issues.given, issues.suggested, out / ISSUES_PICTURE)
     apply_action(dm, cleaned.issues, method.action)
     return cleaned
+
+
+# In clean.json: the settings of the run that found the issues (`cleaning_settings`).
+SETTINGS_KEY = "settings"
+
+
+def cleaning_settings(run: Run, dm: DataModule) -> dict[str, Any]:
+    """What clean.json records of the run that found its issues, as a resume's checkpoint
+    records it (lipt.stages.result_settings.settled, and the data set's name)."""
+    return {**settled(run.config), DATA_KEY: dm.data_name}
+
+
+def recorded_cleaning(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """clean.json at `path` where an attempt with `settings` wrote it, else None (none there,
+    an unreadable one, or an earlier run's of other settings, or an older lipt's that recorded
+    none)."""
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict) or "clean" not in recorded:
+        return None
+    # through JSON as clean.json holds them: (1, 2) is [1, 2] there
+    return recorded if recorded.get(SETTINGS_KEY) == json.loads(json.dumps(settings)) else None
+
+
+def cleaned_with(settings: dict[str, Any], path: Path) -> bool:
+    """Whether the clean.json at `path` was written by an attempt with `settings`: under srun
+    an extra rank starts with rank 0, and may find an earlier run's in the folder before rank 0
+    replaces it."""
+    return recorded_cleaning(path, settings) is not None
 
 
 @dataclass(frozen=True)
@@ -201,7 +239,7 @@ def train_fold(
     trainer = parts.quiet_trainer(
         max_epochs=math.ceil(epochs),
         max_steps=steps,
-        enable_progress_bar=console.bars_enabled(),
+        enable_progress_bar=progress_bars(run) and console.bars_enabled(),  # =false is kept
     )
     L.seed_everything(seed, workers=True, verbose=False)
     dm.set_subset(rows)

@@ -83,6 +83,8 @@ def dynamic_pruning(
             stages = {"pretrain": ranking.pretrain_stats, **stages}
         if resume.stages is None:
             write_json(out / STAGES_FILE, stages)
+        if ranking.pretrained is not None and ranking.pretrained.report:  # a soup made here
+            write_json(out / "merge_report.json", ranking.pretrained.report)
     callback = DynamicPruning(method, parts.dm, run.settings.seed, scores, audit_dir=audit)
     return DynamicSetup(callback, ranking.pretrained, ranking.pretrain_stats, score_stats)
 

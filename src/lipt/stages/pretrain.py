@@ -129,6 +129,12 @@ def load_pretrained(
     payload = load_checkpoint(path) if payload is None else payload
     check_is_pretrain_checkpoint(path, payload)
     data_name = parts.dm.data_name
+    if payload.get("data") is None:
+        raise UserError(
+            f"ckpt_path={path} records no data set it was pre-trained on, so it is no "
+            "pretrain.ckpt of pretrain.py; give the pretrain.ckpt pretrain.py wrote, or rank "
+            "with a model of your own through the Python API (lipt.select(model, ...))"
+        )
     if payload.get("data") != data_name:
         raise UserError(
             f"{path} was pre-trained on {payload.get('data')!r}, this run uses {data_name!r}; "
@@ -144,13 +150,31 @@ def load_pretrained(
         )
     model = parts.initial_model(run.settings.seed)
     try:
-        model.load_state_dict(payload["state_dict"], strict=True)
+        model.load_state_dict(unwrapped(payload["state_dict"], model), strict=True)
     except RuntimeError as e:
         # torch's first line only names the class: its first reason says what differs
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         reason = lines[1] if len(lines) > 1 else lines[0] if lines else type(e).__name__
         raise UserError(f"{path} does not fit model={here['_target_']} ({reason})") from e
     return model
+
+
+# What wrappers put before a module's own keys, leaving its weights as they are: DataParallel
+# and DistributedDataParallel (`module.`), torch.compile's OptimizedModule (`_orig_mod.`).
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def unwrapped(state_dict: Mapping[str, Any], model: nn.Module) -> dict[str, Any]:
+    """`state_dict` with the wrapper prefixes that every one of its keys carries removed, where
+    `model`'s own keys have none (a soup saved from a DDP- or torch.compile-wrapped model)."""
+    own = set(model.state_dict())
+    keys = dict(state_dict)
+    while keys and not own & set(keys):
+        prefix = next((p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in keys)), None)
+        if prefix is None:
+            break
+        keys = {k.removeprefix(prefix): v for k, v in keys.items()}
+    return keys
 
 
 def model_difference(saved: Any, here: Mapping[str, Any]) -> str:

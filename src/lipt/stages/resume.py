@@ -5,8 +5,9 @@ folder: summary.json, where it finished (it stands: `finished_summary`); checkpo
 main training's last epoch; subset.npz and the subsets re-selected after it (subsets/), what main
 training trains on; stages.json, what the stages before main training cost then. Each is checked
 here, before any work: a checkpoint main training cannot resume from, a finished summary, a
-checkpoint or a subset of a run with other settings than this run's (`RESULT_SETTINGS`, the
-data set), is refused in one line (`refuse_other_settings`). Main training's checkpoints record
+checkpoint or a subset of a run with other settings than this run's
+(lipt.stages.result_settings.RESULT_SETTINGS, the data set), is refused in one line
+(`refuse_other_settings`). Main training's checkpoints record
 the settings (`RunRecord`). Label cleaning's files are read back by lipt.stages.clean, where the
 cleaning method says whether they may be.
 """
@@ -26,14 +27,13 @@ from torch import Tensor
 from lipt.core import console
 from lipt.core.artifacts import check_lightning_checkpoint, load_subset
 from lipt.core.errors import UserError
-from lipt.core.host import trainer_world_size
 from lipt.core.job import is_ddp_child, logged_before_this_process, sweep_dir_of_job
-from lipt.core.schema import HYDRA_KEYS
 from lipt.data import DataModule
 from lipt.data.sources import undigested_name
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
-from lipt.report.sweep import flatten
 from lipt.selection.reselection import latest_subset
+from lipt.stages.clean import CLEAN_FILE, SETTINGS_KEY
+from lipt.stages.result_settings import DATA_KEY, settled
 from lipt.stages.run import Run
 from lipt.stages.select import (
     STAGES_FILE,
@@ -58,73 +58,12 @@ class Resume:
     stages: dict[str, dict[str, Any]] | None = None  # stages.json: what the earlier stages cost
 
 
-# The processes main training runs on (trainer.devices x num_nodes, however spelt): a step's
-# batches are theirs together, and a step budget's steps were counted on them, so another number
-# resumed the schedule past its end (a cosine over 160 steps run for 256 on one device after two).
-PROCESSES = "trainer.processes"
-
-# The Trainer's arguments beside max_epochs that change what main training computes (how many
-# batches a step takes, where the fit ends, gradient clipping, the arithmetic's precision), with
-# the value Lightning gives each one the `trainer` node leaves out: a resume that adds one
-# (+trainer.accumulate_grad_batches=2 after a run without it) changes it as much as one that
-# sets another value.
-TRAINER_DEFAULTS: dict[str, Any] = {
-    "accumulate_grad_batches": 1,
-    "gradient_clip_val": None,
-    "gradient_clip_algorithm": None,
-    "limit_train_batches": None,
-    "max_steps": -1,
-    "min_epochs": None,
-    "min_steps": None,
-    "precision": "32-true",
-}
-# The settings a run's results depend on, as summary.json's `config` records them: a finished
-# run's summary stands for a resume only where they are this run's. Others (loggers, folders,
-# workers, progress bars) may change between attempts.
-RESULT_SETTINGS = (
-    "seed",
-    "fraction",
-    "reselect_every",
-    "init_from",
-    "subset_path",
-    "batch_size",
-    "selector",
-    "budget",
-    "pretrain",
-    "augment",
-    "prune",
-    "merge",
-    "clean",
-    "model",
-    "optimizer",
-    "scheduler",
-    "trainer.max_epochs",
-    *(f"trainer.{key}" for key in TRAINER_DEFAULTS),
-    PROCESSES,
-    "dataset.name",
-    "dataset.val_size",
-    "dataset.split_seed",
-    "dataset.pool_size",
-    "dataset.label_noise",
-    "dataset.train_labels",
-)
-# Of those, how the work runs and where the learners are kept, not what it computes: they may
-# change between attempts too (saved learners are checked by their own recipe).
-PASSED_OVER = (
-    "model.channels_last",
-    "model.compile",
-    "pretrain.num_threads",
-    "pretrain.learner_dir",
-    "pretrain.merge_from",
-)
-
-
 def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
     """Resuming a sweep re-runs its every job: one that finished keeps its results as they are
     (a second test pass would overwrite its stage timings with a resume's).
 
     Raises:
-        UserError: summary.json is of a run with other settings (`RESULT_SETTINGS`): it
+        UserError: summary.json is of a run with other settings (lipt.stages.result_settings): it
             would stand for this one.
     """
     finished = out / "summary.json"
@@ -137,58 +76,6 @@ def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
     return summary
 
 
-def settled(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The `RESULT_SETTINGS` of a resolved config, by dotted key, less `PASSED_OVER` and
-    Hydra's instantiation keys but `_target_`, by its last name: what a group's option is
-    (scheduler=linear, not cosine, when every other key is equal), where a `_target_` moved to
-    another module by a new lipt version is no other setting."""
-    settings: dict[str, Any] = {}
-    for key, value in flatten(config).items():
-        last = key.rpartition(".")[2]
-        if key in PASSED_OVER or (last in HYDRA_KEYS and last != "_target_"):
-            continue
-        if not any(key == s or key.startswith(f"{s}.") for s in RESULT_SETTINGS):
-            continue
-        if last == "_target_":  # scheduler._target_: lipt.models.schedules.cosine -> cosine
-            settings[key.rpartition(".")[0]] = str(value).rpartition(".")[2]
-        else:
-            settings[key] = value
-    trainer = config.get("trainer")
-    if isinstance(trainer, Mapping):
-        for key, default in TRAINER_DEFAULTS.items():  # left out (or null): Lightning's value
-            value = same_as_lightning(key, settings.get(f"trainer.{key}"))
-            settings[f"trainer.{key}"] = default if value is None else value
-        processes = trainer_world_size(trainer)  # None: `auto` on an accelerator it cannot count
-        settings[PROCESSES] = processes or f"{trainer.get('devices')} x {trainer.get('num_nodes')}"
-    return settings
-
-
-# Spellings Lightning takes for one setting: precision's aliases, and values that mean "off".
-PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed"}
-# (values, of types) that mean "off": limit_train_batches=1 (an int) is one batch an epoch
-NO_LIMIT = {
-    "gradient_clip_val": ((0, 0.0), (int, float)),
-    "limit_train_batches": ((1.0,), (float,)),
-}
-
-
-def same_as_lightning(key: str, value: Any) -> Any:
-    """`value` of trainer.`key` in the one spelling Lightning reads it as: precision 32 is
-    "32-true", a clip of 0 no clipping (None), a limit of 1.0 of the batches no limit (None);
-    None stays None (the key is left out)."""
-    if value is None:
-        return None
-    if key == "precision":
-        return PRECISION_ALIASES.get(str(value), str(value))
-    off, types = NO_LIMIT.get(key, ((), ()))
-    if type(value) in types and value in off:
-        return None
-    return value
-
-
-# The key the data set's name goes by in a record (as in subset.npz's meta): it digests an
-# ImageFolder tree's files, so it changes with them.
-DATA_KEY = "dataset"
 NEW_RUN = "pass a new hydra.run.dir to start a new run"
 
 
@@ -266,7 +153,7 @@ def resume_of(run: Run, dm: DataModule, out: Path) -> Resume:
 def resume_checkpoint(run: Run, dm: DataModule, out: Path) -> tuple[str | None, int | None]:
     """The checkpoint main training resumes from (ckpt_path) and the epochs it completed,
     checked now, before anything of the run starts: a Lightning checkpoint of main training, of
-    a run with this run's settings (`RESULT_SETTINGS`) and data. (None, None) where main
+    a run with this run's settings (lipt.stages.result_settings) and data. (None, None) where main
     training starts from its first epoch.
 
     Raises:
@@ -316,6 +203,20 @@ def checkpoint_path(run: Run, out: Path) -> Path | None:
     )
 
 
+def with_cleaning(recorded: dict[str, Any], out: Path) -> dict[str, Any]:
+    """A subset file's `recorded` selection settings, with clean=none where it records no
+    label cleaning (lipt.stages.select.cleaning_meta); left as they are beside an older lipt's
+    clean.json, which recorded neither what it cleaned with nor the subset's cleaning."""
+    if "clean" in recorded:
+        return recorded
+    costs = out / CLEAN_FILE
+    try:
+        older = SETTINGS_KEY not in json.loads(costs.read_text())
+    except (OSError, ValueError):
+        older = False  # none there (or unreadable): the subset was selected without cleaning
+    return recorded if older else {**recorded, "clean": "none"}
+
+
 def kept_subset(
     run: Run, dm: DataModule, out: Path, completed: int | None
 ) -> tuple[tuple[Tensor, Tensor] | None, Tensor | None]:
@@ -332,7 +233,8 @@ def kept_subset(
     if not resuming or run.settings.subset_path or not run.trains_subset or not saved.is_file():
         return None, None
     indices, weights, recorded = load_subset(saved)
-    refuse_other_settings(f"{saved} was selected with", recorded, subset_meta(run, dm))
+    now = {"clean": "none", **subset_meta(run, dm)}
+    refuse_other_settings(f"{saved} was selected with", with_cleaning(recorded, out), now)
     check_subset_fits(dm, saved, indices, weights, recorded)
     if completed is None:
         # Killed after selection, before main training saved an epoch: the subset is kept.

@@ -160,15 +160,33 @@ def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
         "pretrain": run.pretrain_name,
         "fraction": float(run.settings.fraction),
         "seed": run.settings.seed,
+        **cleaning_meta(run),
     }
 
 
-def select_subset(run: Run, parts: Parts, made: Pretrained | None = None) -> Selected:
+# Keys of the `clean` group that change neither the flagged labels nor what is done with them.
+NOT_CLEANING = ("_target_", "name", "datalab")
+
+
+def cleaning_meta(run: Run) -> dict[str, Any]:
+    """The label cleaning the pool had before it was selected from: `clean` (its name) and
+    its keys that change the pool, as `clean.<key>`. None for clean=none: a subset file of a
+    run without cleaning is as it was (lipt.stages.resume reads none as clean=none)."""
+    node = run.node("clean")
+    if "_target_" not in node:
+        return {}
+    keys = sorted(key for key in node if key not in NOT_CLEANING)
+    return {"clean": str(node.get("name")), **{f"clean.{key}": node[key] for key in keys}}
+
+
+def select_subset(
+    run: Run, parts: Parts, made: Pretrained | None = None, loaded: Ranking | None = None
+) -> Selected:
     """Stage 2 as select.py and train.py run it: the ranking model(s) (`made`: pre-trained in
-    this run already, by label cleaning), then the subset."""
+    this run already, by label cleaning; `loaded`: ckpt_path's, read already), then the subset."""
     check_held_out(run, parts.dm)  # before any pre-training
     needs_model = chosen_selector(run).needs_model
-    ranking = ranking_models(run, parts, made) if needs_model else Ranking([])
+    ranking = loaded or (ranking_models(run, parts, made) if needs_model else Ranking([]))
     start = time.perf_counter()
     diagnostics: dict[str, int] = {}
     profile: dict[str, float] = {}
@@ -270,8 +288,13 @@ def run(run: Run) -> dict[str, Any]:
     out = run_dir(run.folder)
     parts = build_parts(run)
     dm = parts.dm
+    # ckpt_path's model is checked against the pool as read, before label cleaning drops rows
+    # of it (the pool it was pre-trained on), and before cleaning's work.
+    ranks = run.settings.ckpt_path and chosen_selector(run).needs_model
+    loaded = ranking_models(run, parts) if ranks else None
     cleaned = clean_pool(run, parts, out, resume=False)
-    selected = select_subset(run, parts, None if cleaned is None else cleaned.pretrained)
+    made = None if cleaned is None else cleaned.pretrained
+    selected = select_subset(run, parts, made, loaded)
     write_selection(run, dm, out, selected)
     counts = subset_class_counts(dm, selected.indices)
     stages = with_cleaning(selected.stages(), cleaned)

@@ -17,15 +17,18 @@ read it from there instead of recomputing it.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.core.saving import save_hparams_to_yaml
+from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from torch import Tensor, nn
 
 from lipt.core.artifacts import write_json
+from lipt.core.console import share_text, shown
 from lipt.core.errors import UserError
 from lipt.core.host import core_ticks, host, load_average, other_cores_busy
 from lipt.core.job import (
@@ -80,11 +83,15 @@ def fit_and_test(run: Run, dm: DataModule, plan: TrainingPlan, resume: str | Non
     L.seed_everything(run.settings.seed, workers=True, verbose=False)
     subset_size = plan.subset_size
     processes = plan.trainer.world_size
-    line = describe_training(run, subset_size, len(dm.pool_indices), plan.epochs, processes)
+    pool, steps = len(dm.pool_indices), plan.module.total_steps
+    line = describe_training(run, subset_size, pool, plan.epochs, processes, steps, resume)
     dynamic, reselect, module, trainer = plan.dynamic, plan.reselect, plan.module, plan.trainer
     log.info(line if dynamic is None else f"{line}; {describe(dynamic.callback.method)}")
+    started = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
-    seconds = module.seconds_trained()  # before the test pass; earlier attempts' included
+    # The fit's wall time, before the test pass, and earlier attempts' checkpointed seconds: the
+    # module's own clock starts after the set-up, under DDP after the other processes started.
+    seconds = module.seconds_before + time.perf_counter() - started
     samples = module.total_samples_seen()
     # The last epoch's validation accuracy: what hyper-parameters are chosen on (never test).
     val_metric = trainer.callback_metrics.get("val/acc")
@@ -112,19 +119,28 @@ def fit_and_test(run: Run, dm: DataModule, plan: TrainingPlan, resume: str | Non
 
 
 def describe_training(
-    run: Run, train_size: int, pool_size: int, epochs: int, processes: int = 1
+    run: Run,
+    train_size: int,
+    pool_size: int,
+    epochs: int,
+    processes: int = 1,
+    steps: int | None = None,
+    resumed: str | None = None,
 ) -> str:
-    """The line that opens main training: the model, its epochs and images, where it starts,
-    and on how many devices (`processes`: the trainer's world size, every node's)."""
-    share = f"{train_size / pool_size:.0%} of the pool" if pool_size else "the pool"
-    start = "pre-trained" if run.settings.init_from == "pretrained" else "initial"
+    """The line that opens main training: the model, its epochs (and the optimiser steps a
+    step budget stops at) and images, where it starts (`resumed`: the checkpoint a resumed
+    fit continues from), and on how many devices (`processes`: the trainer's world size, every
+    node's)."""
+    share = f"{share_text(train_size / pool_size, 0)} of the pool" if pool_size else "the pool"
+    init = "pre-trained" if run.settings.init_from == "pretrained" else "initial"
+    start = f"resumed from {shown(Path(resumed))}" if resumed else f"from the {init} model"
     strategy = run.node("trainer").get("strategy")
     where = f", {processes} devices ({strategy})" if processes > 1 else ""
     model = str(run.node("model")["_target_"]).rsplit(".", 1)[-1]
-    return (
-        f"training: {model}, {epochs} epoch{'s' * (epochs != 1)} "
-        f"on {train_size:,} images ({share}), from the {start} model{where}"
-    )
+    length = f"{epochs} epoch{'s' * (epochs != 1)}"
+    if steps is not None:  # a step budget: the epochs it spans, the last one cut short
+        length = f"{steps:,} optimiser step{'s' * (steps != 1)} in {length}"
+    return f"training: {model}, {length} on {train_size:,} images ({share}), {start}{where}"
 
 
 def run(run: Run) -> dict[str, Any]:
@@ -161,7 +177,7 @@ def run(run: Run) -> dict[str, Any]:
     summary["load_average"] = [machine_before[1], load_average()]
     if trainer.is_global_zero:
         write_json(out / "summary.json", summary)
-    log_the_run(trainer, dm, None if subset is None else subset[0], out, summary)
+    log_the_run(trainer, dm, initial, out, summary)  # the subset summary.json counts
     return summary
 
 
@@ -169,9 +185,17 @@ def log_the_run(
     trainer: L.Trainer, dm: DataModule, subset: Tensor | None, out: Path, summary: dict[str, Any]
 ) -> None:
     """The summary into every logger, so a dashboard can compare the runs of a sweep."""
+    metrics = run_metrics(summary)
     for logger in trainer.loggers:
-        logger.log_hyperparams(summary["config"])
-        logger.log_metrics(run_metrics(summary))
+        if isinstance(logger, TensorBoardLogger):
+            # Its HPARAMS table holds the metrics given beside the settings (it logs them too);
+            # its hparams.yaml was written when the fit started, with the model's alone.
+            logger.log_hyperparams(summary["config"], metrics)
+            if trainer.is_global_zero:
+                save_hparams_to_yaml(Path(logger.log_dir) / "hparams.yaml", logger.hparams)
+        else:
+            logger.log_hyperparams(summary["config"])
+            logger.log_metrics(metrics)
         if trainer.is_global_zero and type(logger).__name__ == "WandbLogger":
             log_to_wandb(logger, dm, subset, out)
         logger.save()

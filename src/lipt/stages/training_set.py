@@ -117,7 +117,9 @@ def selected_for(meta: dict[str, Any], path: Path) -> bool:
         recorded = load_subset(path)[2]
     except UserError:
         return False
-    return all(recorded.get(key, value) == value for key, value in meta.items())
+    # A file without a cleaning record was selected from the pool as it is (clean=none).
+    wanted, recorded = {"clean": "none", **meta}, {"clean": "none", **recorded}
+    return all(recorded.get(key, value) == value for key, value in wanted.items())
 
 
 def training_set_of(
