@@ -180,3 +180,37 @@ def test_a_resume_finds_the_issues_again_beside_an_earlier_runs(two_runs):
     assert again is not None and torch.equal(again.issues.rows, mine.issues.rows)
     saved = json.loads((out / clean_stage.CLEAN_FILE).read_text())
     assert saved["clean"]["flagged"] == len(mine.issues)
+
+
+def test_a_resume_reads_the_issues_back_whatever_main_training_it_changes(make_cfg):
+    """Cleaning comes before selection and main training: a resume with another
+    trainer.max_epochs found every issue again (all K folds trained anew)."""
+    run = validate(make_cfg([*NOISY, "dataset.label_noise.seed=4"]))
+    other = validate(make_cfg([*NOISY, "dataset.label_noise.seed=4", "trainer.max_epochs=3"]))
+    assert clean_stage.cleaning_settings(other, build_parts(other).dm) == (
+        clean_stage.cleaning_settings(run, build_parts(run).dm)
+    )
+    folds = validate(make_cfg([*NOISY, "dataset.label_noise.seed=4", "clean.folds=3"]))
+    assert clean_stage.cleaning_settings(folds, build_parts(folds).dm) != (
+        clean_stage.cleaning_settings(run, build_parts(run).dm)
+    )
+
+
+def test_an_older_lipts_cleaning_is_read_back_on_every_resume(two_runs, monkeypatch):
+    """Its clean.json records no settings: the first resume found the issues again and wrote a
+    clean.json with settings beside a subset that records no cleaning, and the second resume
+    refused that subset as one of clean=none."""
+    run, mine, folder, _ = two_runs
+    costs = folder / clean_stage.CLEAN_FILE
+    older = json.loads(costs.read_text())
+    del older[clean_stage.SETTINGS_KEY]
+    costs.write_text(json.dumps(older))
+    monkeypatch.setattr(clean_stage, "find_scored_issues", _never)
+    for _ in range(2):
+        again = clean_stage.clean_pool(run, build_parts(run), folder, resume=True)
+        assert again is not None and torch.equal(again.issues.rows, mine.issues.rows)
+        assert json.loads(costs.read_text()) == older  # left as the older lipt wrote it
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the issues were found again")

@@ -59,6 +59,8 @@ def test_randaugment_on_two_channel_data_is_refused_by_the_config_checks(make_cf
     with pytest.raises(UserError, match=r"dataset.channels=2; use augment=none"):
         validate(make_cfg([*two, "augment=randaugment"]))
     validate(make_cfg([*two, "augment=none"]))
+    # where no jigsaw learner trains, no image is augmented
+    validate(make_cfg([*two, "augment=randaugment", "pretrain=none", "budget=infobatch"]))
 
 
 def _tree(root) -> None:

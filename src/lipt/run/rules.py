@@ -351,10 +351,11 @@ def _jigsaw(run: Run) -> None:
             f"pretrain.min_learners={min_learners} is invalid: use null (half) or 1..{n} "
             "(pretrain.num_learners)"
         )
-    if "num_ops" in augment and run.dataset.channels not in RANDAUGMENT_CHANNELS:
+    channels = run.dataset.channels
+    if "num_ops" in augment and pretrains(run) and channels not in RANDAUGMENT_CHANNELS:
         raise UserError(  # as lipt.data.DataModule refuses it, here before any work
             f"augment=randaugment takes grey (1) or RGB (3) images, but dataset.channels="
-            f"{run.dataset.channels}; use augment=none"
+            f"{channels}; use augment=none"
         )
     if "num_ops" in augment and augment["magnitude"] >= augment["num_magnitude_bins"]:
         raise UserError(  # augment=randaugment

@@ -43,7 +43,7 @@ from lipt.report.pictures import ISSUES_PICTURE, write_issues_picture
 from lipt.selection import PoolOutputs, model_outputs
 from lipt.stages.build import CleaningMethod, Parts, progress_bars
 from lipt.stages.pretrain import pretrain_model, pretrain_stats
-from lipt.stages.result_settings import DATA_KEY, settled
+from lipt.stages.result_settings import DATA_KEY, PROCESSES, settled
 from lipt.stages.results import Cleaned
 from lipt.stages.run import Run
 
@@ -67,6 +67,10 @@ def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | Non
         # where an earlier run of other settings may have left its own
         wait_for_file(costs, ready=functools.partial(cleaned_with, settings))
     earlier = recorded_cleaning(costs, settings)  # None: no attempt with these settings
+    if earlier is None and resume and not is_ddp_child():
+        # An older lipt's record, of no settings: what it found stands, as it did then (its
+        # subset records no cleaning either: lipt.stages.resume.with_cleaning)
+        earlier = older_cleaning(costs)
     reuse = is_ddp_child() or (resume and method.reuses_saved_issues)
     scored: Scored | None = None
     if reuse and earlier is not None and saved.is_file():
@@ -96,10 +100,44 @@ def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | Non
 SETTINGS_KEY = "settings"
 
 
+# Selection's and main training's settings, which label cleaning (before both) does not use:
+# a resume that changes one (trainer.max_epochs) reads the issues back rather than finding them
+# again. clean=lipt's soup is jigsaw's, which takes neither `fraction` nor the main epochs.
+NOT_FOR_CLEANING = (
+    "selector",
+    "budget",
+    "fraction",
+    "reselect_every",
+    "init_from",
+    "subset_path",
+    "trainer.max_epochs",
+    "trainer.min_epochs",
+    "trainer.max_steps",
+    "trainer.min_steps",
+    PROCESSES,
+)
+
+
 def cleaning_settings(run: Run, dm: DataModule) -> dict[str, Any]:
-    """What clean.json records of the run that found its issues, as a resume's checkpoint
-    records it (lipt.stages.result_settings.settled, and the data set's name)."""
-    return {**settled(run.config), DATA_KEY: dm.data_name}
+    """What clean.json records of the run that found its issues: its result settings
+    (lipt.stages.result_settings.settled) less `NOT_FOR_CLEANING`, and the data set's name."""
+    settings = {
+        key: value
+        for key, value in settled(run.config).items()
+        if not any(key == s or key.startswith(f"{s}.") for s in NOT_FOR_CLEANING)
+    }
+    return {**settings, DATA_KEY: dm.data_name}
+
+
+def older_cleaning(path: Path) -> dict[str, Any] | None:
+    """clean.json at `path` as an older lipt wrote it (issues and costs, no settings), else
+    None."""
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    older = isinstance(recorded, dict) and "clean" in recorded and SETTINGS_KEY not in recorded
+    return recorded if older else None
 
 
 def recorded_cleaning(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
