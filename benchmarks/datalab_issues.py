@@ -33,6 +33,8 @@ resumes a killed run; --markdown rewrites the table after each row.
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import statistics
 import sys
 import time
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
-from measure import ResultFile, host_line, log, pinned, print_caveat, shared_caveat
+from measure import ResultFile, host_line, log, pinned, print_caveat, shared_caveat, user_errors
 
 DUPLICATES, OUTLIERS = 200, 200
 VAL_SIZE, SPLIT_SEED = 5000, 0  # configs/dataset/fashion_mnist.yaml's split
@@ -310,19 +312,12 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], header: str) -> None:
     atomic_write_bytes(path, (text + "\n").encode())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--markdown", type=Path, default=None, help="the table, as rows land")
-    args = parser.parse_args()
-    settings = {"threads": args.threads}  # rows are found by model and seed
-    results = ResultFile(args.json, settings)
-    host = host_line()
-    print(host, flush=True)
-    header = (
+def markdown_header(host: str, argv: list[str]) -> str:
+    """The --markdown file's opening: what was planted and found, the machine, and the command
+    that made it (this run's own arguments and niceness, not a fixed command)."""
+    nice = f"nice -n {os.nice(0)} " if os.nice(0) else ""
+    command = f"{nice}python {shlex.join(['benchmarks/datalab_issues.py', *argv])}"
+    return (
         "# Datalab's outliers and near duplicates on lipt's embeddings\n\n"
         f"{DUPLICATES} near duplicates and {OUTLIERS} inverted images planted in "
         "Fashion-MNIST's pool (55,400 items), found by cleanlab's Datalab on the jigsaw soup's "
@@ -332,10 +327,26 @@ def main() -> None:
         'or its source is flagged; "nearest is source" and the "lowest scores" columns say '
         "what Datalab's neighbours and scores rank, free of its thresholds. What ran and how: "
         "benchmarks/datalab_issues.py's docstring. "
-        f"Machine: {host.removeprefix('host: ')}; `nice -n 10`, shared with other work.\n\n"
-        "    nice -n 10 python benchmarks/datalab_issues.py --seeds 0 1 2 "
-        "--json datalab_issues.json --markdown docs/results/label_issues/datalab.md"
+        f"Machine: {host.removeprefix('host: ')}; niceness {os.nice(0)}.\n\n"
+        f"    {command}"
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's)")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None, help="the table, as rows land")
+    args = parser.parse_args()
+    if args.threads < 0:  # before the first row loads and plants the data
+        parser.error(f"--threads {args.threads}: give a thread count, or 0 for torch's")
+    settings = {"threads": args.threads}  # rows are found by model and seed
+    results = ResultFile(args.json, settings)
+    host = host_line()
+    print(host, flush=True)
+    header = markdown_header(host, sys.argv[1:])
     rows = []
     for seed in args.seeds:
         for model in args.models:
@@ -353,4 +364,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():
+        main()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
-from measure import ResultFile, compose_config, host_line, log, pinned, print_caveat
+from measure import ResultFile, compose_config, host_line, log, pinned, print_caveat, user_errors
 
 # The noise the targets are judged on: not the 40% the frontier and the tests use.
 NOISE = ["symmetric:0.3", "pairs:0.25"]
@@ -43,17 +43,20 @@ def overrides_of(method: str) -> list[str]:
     return [f"clean={name}", *(k if "." in k.split("=")[0] else f"clean.{k}" for k in keys)]
 
 
-def detect(
+def config_of(
     method: str, noise: str, noise_seed: int, seed: int, out: Path, extra: list[str]
-) -> dict[str, Any]:
-    import shutil
+) -> Any:
+    """The validated `clean` run of `method` on `noise`.
 
+    Raises:
+        UserError: a noise that is not kind:rate, or a setting lipt refuses.
+    """
+    from lipt.core.errors import UserError
     from lipt.run.config import validate
-    from lipt.stages.build import build_parts
-    from lipt.stages.clean import find_scored_issues
 
-    kind, rate = noise.split(":")
-    shutil.rmtree(out, ignore_errors=True)  # saved jigsaw learners would be reused, not timed
+    kind, sep, rate = noise.partition(":")
+    if not sep or not kind or not rate:
+        raise UserError(f"--noise {noise!r}: give kind:rate, e.g. symmetric:0.3 or pairs:0.25")
     cfg = compose_config(
         "select",
         [
@@ -67,7 +70,19 @@ def detect(
             *overrides_of(method),
         ],
     )
-    run = validate(cfg)
+    return validate(cfg)
+
+
+def detect(
+    method: str, noise: str, noise_seed: int, seed: int, out: Path, extra: list[str]
+) -> dict[str, Any]:
+    import shutil
+
+    from lipt.stages.build import build_parts
+    from lipt.stages.clean import find_scored_issues
+
+    shutil.rmtree(out, ignore_errors=True)  # saved jigsaw learners would be reused, not timed
+    run = config_of(method, noise, noise_seed, seed, out, extra)
     parts = build_parts(run)
     assert parts.cleaning is not None
     cleaned, _ = find_scored_issues(run, parts, parts.cleaning)
@@ -91,14 +106,21 @@ def main() -> None:
     parser.add_argument("--noise-seed", type=int, default=11)
     parser.add_argument("--methods", nargs="+", default=METHODS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's)")
     parser.add_argument("--core", type=int, default=None, help="pin to this core")
     parser.add_argument("--out", type=Path, default=Path("multirun/label_issues"))
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--set", nargs="*", default=[], help="more overrides, e.g. dataset=...")
     args = parser.parse_args()
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "json", "core")}
+    for noise in args.noise:  # every run's settings checked before the first one is measured
+        for method in args.methods:
+            config_of(method, noise, args.noise_seed, 0, args.out, args.set)
     results = ResultFile(args.json, settings)
+    # Imported before any row is timed: every finder calls cleanlab, and the first row
+    # measured would pay its import (about a second) in its detection seconds alone.
+    import cleanlab.filter  # noqa: F401
+
     rows = []
     with pinned(args.threads, args.core):
         print(host_line(), flush=True)
@@ -145,4 +167,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():
+        main()

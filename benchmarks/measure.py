@@ -6,6 +6,8 @@
   `is_pinned`, `is_busy_beside` and `is_loaded` read it as they read a run.
 - `shared_caveat`: the line that names measurements other work shared the machine with: shared
   cache, memory and cores inflate their seconds (by up to ~40% on one pinned core here).
+- `user_errors`: a mistake in the arguments or overrides ends the run in one line, as the
+  entry points report it, not in a traceback.
 - `ResultFile`: rows written as each lands, atomically, so a benchmark stopped midway keeps
   what it measured and a re-run with the same arguments measures only what is missing.
 
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lipt.core.errors import UserError, fail, one_line
 from lipt.core.host import (
     BUSY_SHARE,
     allowed_cores,
@@ -56,17 +59,31 @@ def compose_config(config: str, overrides: Sequence[str]) -> DictConfig:
 
 
 @contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Report a `UserError` (a bad setting lipt refused) or a Hydra composition error (an
+    unknown group option or key in an override) as `error: <message>`, exit code 2."""
+    from hydra.errors import HydraException
+
+    try:
+        yield
+    except (UserError, HydraException) as e:
+        fail(one_line(e))
+
+
+@contextlib.contextmanager
 def pinned(threads: int | None, core: int | None = None) -> Iterator[None]:
-    """Run the block with `threads` torch threads (None: torch's) and, given `core`, on that
+    """Run the block with `threads` torch threads (None or 0: torch's) and, given `core`, on that
     core alone; both restored after. Only a run held to some of the cores can tell how busy the
     others were beside it (`other_cores_busy`); one core and one thread is `is_pinned`."""
+    if threads is not None and threads < 0:
+        raise SystemExit(f"error: --threads {threads}: give a thread count, or 0 for torch's")
     cores = allowed_cores()
     if core is not None:
         if core not in cores:
             raise SystemExit(f"error: --core {core}: this process may use cores {sorted(cores)}")
         os.sched_setaffinity(0, {core})
     try:
-        with torch_threads(threads):
+        with torch_threads(threads or None):  # 0, as None: torch's (set_num_threads refuses 0)
             yield
     finally:
         if core is not None:
@@ -133,7 +150,8 @@ def print_caveat(records: Sequence[Mapping[str, Any]]) -> None:
 class ResultFile:
     """A benchmark's rows in `path` as {"args": settings, "rows": [...]}, rewritten atomically
     after each row. A row measured by an earlier run with the same settings is taken from the
-    file instead of measured again; other settings start afresh. No path: rows in memory only."""
+    file instead of measured again. A file of other settings is refused, not overwritten: its
+    rows are another run's measurements. No path: rows in memory only."""
 
     def __init__(self, path: Path | None, settings: Mapping[str, Any]) -> None:
         self.path = path
@@ -146,8 +164,16 @@ class ResultFile:
         if self.path is None or not self.path.is_file():
             return []
         earlier = json.loads(self.path.read_text())
-        if earlier.get("args") != self.settings:
-            return []
+        recorded = earlier.get("args", {})
+        if recorded != self.settings:
+            keys = sorted(set(recorded) | set(self.settings))
+            changed = [k for k in keys if recorded.get(k) != self.settings.get(k)]
+            was = ", ".join(f"{k}={recorded.get(k)}" for k in changed[:3])
+            now = ", ".join(f"{k}={self.settings.get(k)}" for k in changed[:3])
+            raise UserError(
+                f"{self.path} holds rows measured with {was}, this run has {now}: pass the "
+                "same arguments to resume it, or another path to start a new one"
+            )
         rows = list(earlier.get("rows", []))
         log(f"resuming: {len(rows)} rows measured earlier in {self.path}")
         return rows

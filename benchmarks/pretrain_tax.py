@@ -42,7 +42,16 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
-from measure import ROOT, ResultFile, compose_config, host_line, log, pinned, print_caveat
+from measure import (
+    ROOT,
+    ResultFile,
+    compose_config,
+    host_line,
+    log,
+    pinned,
+    print_caveat,
+    user_errors,
+)
 
 STRATEGIES = ("none", "full", "jigsaw")
 MERGE_FIELDS = {k: k for k in ("merge_seconds", "evaluations", "eval_forward_samples", "kept")}
@@ -200,6 +209,8 @@ def tax_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         ratios = [full[r["seed"]] / r["seconds"] for r in group if r["seed"] in full]
         pretrained = name not in ("full", "none")  # a jigsaw row: what the ratio is about
         ratio = f"{statistics.fmean(ratios):.1f}x" if ratios and pretrained else "-"
+        if len(ratios) > 1 and pretrained:  # each seed's, as the mean hides a seed below it
+            ratio += f" ({', '.join(f'{v:.1f}' for v in ratios)})"
         title = {"full": f"full (E={args.full_epochs})"}.get(name, name)
         lines.append(
             f"| {title}{f' [{label}]' if label else ''} | {len(group)} | {avg('seconds')} "
@@ -216,10 +227,17 @@ def tax_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
 
 
 def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
-    first = {r["strategy"]: r for r in rows if r["seed"] == 0}
+    """One line per strategy and jigsaw variant: the first seed's costs, and the test accuracy
+    over the seeds of that strategy and variant alone."""
+    keys = list(dict.fromkeys((r["strategy"], r.get("variant", "")) for r in rows))
+    first = {k: r for r in rows if r["seed"] == 0 for k in [(r["strategy"], r.get("variant", ""))]}
     acc = {
-        name: [r["test_accuracy"] for r in rows if r["strategy"] == name and "test_accuracy" in r]
-        for name in (*STRATEGIES, "random")
+        key: [
+            r["test_accuracy"]
+            for r in rows
+            if (r["strategy"], r.get("variant", "")) == key and "test_accuracy" in r
+        ]
+        for key in keys
     }
     jig_extra = f", {' '.join(args.jigsaw)}" if args.jigsaw else ""
     labels = {"none": "none (untrained init)", "full": f"full (E={args.full_epochs})"}
@@ -230,21 +248,25 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         f"| test acc. %, {args.selector} {pct}% (mean ± std, {args.seeds} seeds) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for name in (s for s in STRATEGIES if s in first):
-        r = first[name]
+    for key in (k for k in keys if k in first and k[0] in STRATEGIES):
+        r, (name, label) = first[key], key
         merge = r.get("merge_seconds")
         lines.append(
-            f"| {labels[name]} | {r['seconds']:.1f} | {'-' if merge is None else f'{merge:.1f}'} "
-            f"| {r['samples']:,} | {r['unique_samples']:,} | {mean_std(acc[name])} |"
+            f"| {labels[name]}{f' [{label}]' if label else ''} | {r['seconds']:.1f} "
+            f"| {'-' if merge is None else f'{merge:.1f}'} "
+            f"| {r['samples']:,} | {r['unique_samples']:,} | {mean_std(acc[key])} |"
         )
-    lines.append(f"| random {pct}% subset (no model) | - | - | - | - | {mean_std(acc['random'])} |")
-    if "full" not in first or "jigsaw" not in first:
+    random = acc.get(("random", ""), [])
+    lines.append(f"| random {pct}% subset (no model) | - | - | - | - | {mean_std(random)} |")
+    jigsaws = [k for k in keys if k[0] == "jigsaw" and k in first]
+    if ("full", "") not in first or not jigsaws:
         return "\n".join(lines)
-    full, jig = first["full"], first["jigsaw"]
+    full, jig = first[("full", "")], first[jigsaws[0]]
     soup = jig.get("soup_val_accuracy")
     lines += [
         "",
-        f"full / jigsaw: wall time {full['seconds'] / max(jig['seconds'], 1e-9):.2f}x, "
+        f"full / jigsaw{f' [{jigsaws[0][1]}]' if jigsaws[0][1] else ''}: wall time "
+        f"{full['seconds'] / max(jig['seconds'], 1e-9):.2f}x, "
         f"training samples {full['samples'] / max(jig['samples'], 1):.1f}x, "
         f"unique samples {full['unique_samples'] / max(jig['unique_samples'], 1):.1f}x "
         f"(wall time without the merge: "
@@ -299,4 +321,5 @@ def measure_all(args: argparse.Namespace, strategies: list[str]) -> list[dict[st
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():
+        main()

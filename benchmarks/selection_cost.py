@@ -33,7 +33,7 @@ from lipt.run.config import run_of
 from lipt.selection.types import LearnerHeads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
-from measure import compose_config, host_line, measured, print_caveat
+from measure import compose_config, host_line, measured, print_caveat, user_errors
 
 TARGET = {
     "random": 2,
@@ -44,7 +44,7 @@ TARGET = {
     "gradmatch": 5,
     "craig": 5,
     "ccs": 2,
-    "coverage": 2,  # issue 12: the default's selection within 2x one inference pass
+    "coverage": 2,  # the default's selection within 2x one inference pass
 }
 SELECTORS = list(TARGET)  # every selector with a cost target, in this order
 # The jigsaw stage's learner count (configs/pretrain/jigsaw.yaml); `coverage` applies each
@@ -229,6 +229,8 @@ def main() -> None:
     parser.add_argument("--skip-small", action="store_true")
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give a count of at least 1")
     if args.worker:
         large_worker(args.worker, args.n, args.classes, args.dim)
         return
@@ -263,4 +265,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():
+        main()

@@ -12,7 +12,8 @@ ckpt_path=...`, then `train.py subset_path=...`. A selector that needs no model 
 `train.py` alone; with the same seed it draws the same subset and trains from the same initial
 model as `python train.py selector=random`. With --reselect-every R every run is one
 `train.py ... reselect_every=R` (pre-training in-process), random included (re-sampled every R
-epochs). Every stage's summary.json lands under --out, finished runs are not repeated, and the
+epochs). Every stage's summary.json lands under --out, finished runs are not repeated (one
+that ran with other settings there is refused: pass another --out for them), and the
 final table (and --json, rewritten as each run lands: every seed's figures) reports test and
 validation accuracy, mean ± std over seeds, and the paired difference against random with the
 same seed; after it, a caveat where other work shared the machine while a run trained (as its
@@ -33,9 +34,11 @@ from lipt.run.config import validate
 from lipt.stages import pretrain as pretrain_stage
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
+from lipt.stages.result_settings import settled
+from lipt.stages.resume import refuse_other_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # measure.py, also under runpy
-from measure import compose_config, print_caveat
+from measure import compose_config, print_caveat, user_errors
 
 SELECTORS = [
     "random",
@@ -49,10 +52,28 @@ SELECTORS = [
     "coverage",
 ]
 MODEL_FREE = ("random",)
+NEW_OUT = "pass another --out for these settings"
 
 
 def cached(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def finished(config: str, overrides: list[str], out: Path) -> dict | None:
+    """The summary.json of the `config` stage that finished in `out` with these overrides;
+    None where none finished.
+
+    Raises:
+        UserError: the one there ran with other settings (another --epochs, --pretrain or
+            --override in the same --out): its figures would stand for this run's.
+    """
+    summary = cached(out / "summary.json")
+    if summary is None:
+        return None
+    run = validate(compose_config(config, [f"paths.output_dir={out}", *overrides]))
+    recorded, now = settled(summary.get("config", {})), settled(run.config)
+    refuse_other_settings(f"{out / 'summary.json'} is of a run with", recorded, now, NEW_OUT)
+    return summary
 
 
 def common(args: argparse.Namespace, seed: int) -> list[str]:
@@ -69,7 +90,7 @@ def common(args: argparse.Namespace, seed: int) -> list[str]:
 def pretrained(seed: int, args: argparse.Namespace) -> Path:
     """out/pretrain/seed<k>/pretrain.ckpt, pre-trained once per seed."""
     out = Path(args.out) / "pretrain" / f"seed{seed}"
-    if cached(out / "summary.json") is None:
+    if finished("pretrain", common(args, seed), out) is None:
         pretrain_stage.run(
             validate(compose_config("pretrain", [f"paths.output_dir={out}", *common(args, seed)]))
         )
@@ -79,28 +100,41 @@ def pretrained(seed: int, args: argparse.Namespace) -> Path:
 def run_one(selector: str, fraction: float, seed: int, args: argparse.Namespace) -> dict | None:
     tag = selector if not args.reselect_every else f"{selector}_reselect{args.reselect_every}"
     out = Path(args.out) / tag / f"f{fraction}" / f"seed{seed}"
-    summary = cached(out / "summary.json")
-    if summary is not None or args.cached_only:  # resumable: finished runs are not repeated
-        return summary
     overrides = [f"selector={selector}", f"fraction={fraction}", *common(args, seed)]
+    select_dir = out / "select"
+    apart = not args.reselect_every and selector not in MODEL_FREE and args.pretrain != "none"
     if args.reselect_every:
         overrides.append(f"reselect_every={args.reselect_every}")
-    elif selector not in MODEL_FREE and args.pretrain != "none":
+    train_overrides = (
+        [*overrides, f"subset_path={select_dir / 'subset.npz'}"] if apart else overrides
+    )
+    # Resumable: a finished run is not repeated, but only where it ran with these settings.
+    summary = finished("train", train_overrides, out)
+    if summary is not None or args.cached_only:
+        return summary
+    if apart:
         ckpt = pretrained(seed, args)
-        select_dir = out / "select"
-        if cached(select_dir / "summary.json") is None:
+        select_overrides = [f"ckpt_path={ckpt}", *overrides]
+        if finished("select", select_overrides, select_dir) is None:
             select_stage.run(
                 validate(
-                    compose_config(
-                        "select",
-                        [f"paths.output_dir={select_dir}", f"ckpt_path={ckpt}", *overrides],
-                    )
+                    compose_config("select", [f"paths.output_dir={select_dir}", *select_overrides])
                 )
             )
-        overrides.append(f"subset_path={select_dir / 'subset.npz'}")
     return train_stage.run(
-        validate(compose_config("train", [f"paths.output_dir={out}", *overrides]))
+        validate(compose_config("train", [f"paths.output_dir={out}", *train_overrides]))
     )
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    """Compose and validate every selector and fraction's run before any of them trains: a bad
+    --selectors, --fractions or --override is refused in one line, not after hours of runs."""
+    for fraction in args.fractions:
+        for selector in args.selectors:
+            overrides = [f"selector={selector}", f"fraction={fraction}", *common(args, 0)]
+            if args.reselect_every:
+                overrides.append(f"reselect_every={args.reselect_every}")
+            validate(compose_config("train", ["paths.output_dir=/tmp/lipt-check", *overrides]))
 
 
 def select_seconds(
@@ -147,6 +181,7 @@ def main() -> None:
     args = parser.parse_args()
     if "random" not in args.selectors and not args.no_baseline:
         args.selectors = ["random", *args.selectors]  # the baseline every table shows
+    check_settings(args)
 
     results: dict[str, dict[str, dict[int, dict[str, float | None]]]] = {}
     summaries = []  # each run's summary.json: the machine and how busy it was
@@ -212,4 +247,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with user_errors():
+        main()

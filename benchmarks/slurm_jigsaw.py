@@ -146,6 +146,9 @@ def main() -> None:
     parser.add_argument("--epoch-seconds", type=float, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if any(not 1 <= k <= NUM_LEARNERS for k in args.per_task):
+        parser.error(f"--per-task {args.per_task}: give learners a task, 1 to {NUM_LEARNERS}")
+    from lipt.core.artifacts import atomic_write_bytes
     from lipt.run.slurm import accounting_problem, slurm_problem
 
     # no client (sinfo, sbatch), no controller, or no accounting (the timings come from sacct)
@@ -153,10 +156,12 @@ def main() -> None:
     if problem is not None:
         sys.exit(f"error: no SLURM cluster answers ({problem}); make slurm-up, or set SLURM_CONF")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="lipt-slurm-jigsaw-") as tmp:
         rows.append(in_process(Path(tmp)))
         for k in args.per_task:
+            if args.json:  # as each row lands, atomically: a failed array keeps the rows before
+                atomic_write_bytes(args.json, json.dumps(rows, indent=1).encode())
             rows.append(as_array(Path(tmp), k))
     cpus = subprocess.run(["sinfo", "-h", "-o", "%C"], capture_output=True, text=True).stdout
     print(f"SLURM: one node, CPUs (allocated/idle/other/total) {cpus.strip()}")
@@ -184,7 +189,7 @@ def main() -> None:
         for row in rows:
             print(f"{row['row']}: pre-training tax {row['wall_s'] / args.epoch_seconds:.2f} epochs")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        atomic_write_bytes(args.json, json.dumps(rows, indent=1).encode())
 
 
 if __name__ == "__main__":

@@ -607,3 +607,16 @@ def test_lipts_packages_are_reached_from_import_lipt_alone():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_dynamic_pruning_takes_numpy_scores_and_refuses_nan_ones():
+    """numpy's initial_scores gave AttributeError ('numpy.ndarray' has no 'float'); NaN ones
+    were taken, and every epoch's draw would rank them anyhow."""
+    data = data_module(False, val_size=0.2, batch_size=32)
+    n = len(data.pool_indices)
+    scores = np.linspace(0.1, 1.0, n)
+    pruning = lipt.DynamicPruning(lipt.LiptBudget(budget=0.5), data, initial_scores=scores)
+    assert torch.equal(pruning.scores, torch.as_tensor(scores).float())
+    scores[3] = np.nan
+    with pytest.raises(ValueError, match="initial_scores hold NaN"):
+        lipt.DynamicPruning(lipt.LiptBudget(budget=0.5), data, initial_scores=scores)

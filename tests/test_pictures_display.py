@@ -121,6 +121,8 @@ def test_a_picture_that_cannot_be_drawn_is_left_out_not_the_run(
     monkeypatch.setattr(pictures, "subset_figure", broken)
     monkeypatch.setattr(pictures, "issues_figure", broken)
     rows = dm.pool_indices[:3]
+    for name in ("subset.png", "label_issues.png"):  # an earlier run's in the folder
+        (tmp_path / name).write_bytes(b"an earlier run's picture")
     with caplog.at_level(logging.WARNING):
         write_subset_picture(dm, rows, tmp_path / "subset.png")
         labels = dm.train_source.labels[rows]

@@ -66,6 +66,13 @@ class TerminalHandler(logging.StreamHandler):
         self.setStream(sys.stdout)
         super().emit(record)
 
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        # The reader of stdout has gone (`python train.py | head`): the run goes on, and the
+        # log file keeps the line; logging's report would be a traceback for every line after.
+        if isinstance(sys.exc_info()[1], BrokenPipeError):
+            return
+        super().handleError(record)
+
 
 # The package's own folder (src/lipt/): a checkout named lipt/ holds the venv's libraries too.
 PACKAGE_DIR = str(Path(__file__).resolve().parents[1]) + os.sep

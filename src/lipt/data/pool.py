@@ -105,9 +105,15 @@ def check_labelled(dataset: Any, name: str = "dataset") -> None:
         )
     held = held_labels(dataset)
     if held is not None and (held.is_floating_point() or held.ndim != 1 or int(held.min()) < 0):
+        low = "" if held.is_floating_point() or held.ndim != 1 else f", smallest {int(held.min())}"
         raise ValueError(
-            f"{name}'s labels are not class indices ({held.dtype}, shape {tuple(held.shape)}); "
-            "give a 1-d tensor of integers >= 0"
+            f"{name}'s labels are not class indices ({held.dtype}, shape {tuple(held.shape)}"
+            f"{low}); give a 1-d tensor of integers >= 0"
+        )
+    if held is not None and int(held[0]) != int(item[1]):  # lipt reads the held ones at once
+        raise ValueError(
+            f"{name}.targets[0] is {int(held[0])} but {name}[0]'s label is {int(item[1])}: make "
+            ".targets the items' labels (or map them with the data set's target_transform)"
         )
 
 
@@ -136,6 +142,16 @@ def validation_rows(val_size: Any, n: int) -> int:
     return rows
 
 
+def whole_number(key: str, value: Any, least: int | None) -> int:
+    """`value` as Python's int (a numpy integer too), at least `least` where one is given;
+    ValueError naming `key` for anything else (a float, None, a str, a bool)."""
+    wrong = isinstance(value, bool) or not isinstance(value, numbers.Integral)
+    if wrong or (least is not None and value < least):
+        at_least = "" if least is None else f" >= {least}"
+        raise ValueError(f"{key} must be an integer{at_least}, got {value!r}")
+    return int(value)
+
+
 def held_labels(dataset: Any) -> Tensor | None:
     """Every label at once where the data set keeps them (a TensorDataset's, `.targets`), else
     None. `.targets` go through the data set's `target_transform` as its items' labels do
@@ -146,9 +162,40 @@ def held_labels(dataset: Any) -> Tensor | None:
     if not isinstance(targets, Tensor | list):
         return None
     transform = getattr(dataset, "target_transform", None)
-    if transform is None:
-        return torch.as_tensor(targets)
-    return torch.as_tensor([int(transform(t)) for t in targets])
+    if transform is not None:
+        targets = [transform(t) for t in targets]
+    if isinstance(targets, list) and not all(is_class_index(t) for t in targets):
+        # class names, say, that __getitem__ maps to indices: the items' labels are read instead
+        return None
+    return torch.as_tensor(targets)
+
+
+def check_subset(indices: Tensor, weights: Tensor, n: int, val_indices: Tensor) -> None:
+    """ValueError for a subset main training cannot train on as meant: an index outside
+    0..n-1 (it would fail inside a loader, mid-epoch), one in the validation split (its
+    accuracy would then be measured on trained items), or a weight that is NaN, infinite or
+    negative (a loss turned into NaN, or ascended); none at all (an epoch of no batches)."""
+    if len(indices) == 0:
+        raise ValueError("set_subset: no indices; give at least one, or None to train on the pool")
+    outside = (indices < 0) | (indices >= n)
+    if bool(outside.any()):
+        raise ValueError(
+            f"set_subset: {int(outside.sum())} index(es) outside the data set's {n} items "
+            f"(first: {int(indices[outside][0])}); give positions 0..{n - 1}"
+        )
+    held_out = torch.isin(indices, val_indices)
+    if bool(held_out.any()):
+        raise ValueError(
+            f"set_subset: {int(held_out.sum())} index(es) in the validation split (first: "
+            f"{int(indices[held_out][0])}); choose from the pool (pool_indices), or make the "
+            "data module with val_size=0 to train on every item"
+        )
+    bad = ~torch.isfinite(weights) | (weights < 0)
+    if bool(bad.any()):
+        raise ValueError(
+            f"set_subset: {int(bad.sum())} weight(s) NaN, infinite or negative (first: "
+            f"{float(weights[bad][0])}); give finite loss weights >= 0"
+        )
 
 
 class IndexedItems(Dataset):
@@ -229,7 +276,9 @@ class PoolDataModule(L.LightningDataModule):
 
     Raises:
         ValueError: at construction, for data without (input, class index) items, a bad
-            `val_size`, `batch_size` or `resident` without a TensorDataset.
+            `val_size`, a `batch_size`, `eval_batch_size`, `num_workers`, `seed` or
+            `split_seed` that is not an integer in range, or `resident` without a
+            TensorDataset.
     """
 
     def __init__(
@@ -263,20 +312,27 @@ class PoolDataModule(L.LightningDataModule):
             )
         if resident and eval_view is not None:
             raise ValueError("resident=True serves the tensors as they are: drop eval_view")
-        for key, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
-            if value is not None and (isinstance(value, bool) or int(value) < 1):
-                raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
+        try:  # read only without a trainer: a misspelt one would fail at the first batch
+            torch.device(device or "cpu")
+        except RuntimeError as e:
+            raise ValueError(f'device={device!r} is no torch device: give "cpu" or "cuda"') from e
+        evaluating = batch_size if eval_batch_size is None else eval_batch_size
+        counts = {"batch_size": batch_size, "eval_batch_size": evaluating}
+        counts.update(num_workers=num_workers, seed=seed, split_seed=split_seed)
+        for key, value in counts.items():
+            least = 1 if key.endswith("batch_size") else 0 if key == "num_workers" else None
+            counts[key] = whole_number(key, value, least)
         n_val = validation_rows(val_size, n)
         self.train_set, self.eval_set = train, train if eval_view is None else eval_view
-        self.batch_size = int(batch_size)
-        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self.batch_size, self.eval_batch_size = counts["batch_size"], counts["eval_batch_size"]
         self.num_workers, self.resident, self.seed, self.device = (
-            num_workers,
+            counts["num_workers"],
             resident,
-            seed,
+            counts["seed"],
             device,
         )
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(split_seed))
+        split = torch.Generator().manual_seed(counts["split_seed"])
+        perm = torch.randperm(n, generator=split)
         self.val_indices = perm[:n_val].sort().values
         self.pool_indices = perm[n_val:].sort().values
         self.tensors: ResidentTensors | None = None
@@ -292,15 +348,23 @@ class PoolDataModule(L.LightningDataModule):
         return len(cast(Sized, self.train_set))
 
     def set_subset(self, indices: Tensor | None, weights: Tensor | None = None) -> None:
-        """Train on `indices` (positions in `train`) with loss `weights` (default 1); None: the
-        whole pool."""
+        """Train on `indices` (positions in `train`, outside the validation split) with loss
+        `weights` (finite, >= 0; default 1); tensors, numpy arrays or lists. None: the whole
+        pool.
+
+        Raises:
+            ValueError: weights of another shape than the indices, or NaN, infinite or
+                negative; no index, or one outside the data set or in the validation split.
+        """
         if indices is not None:
             indices = torch.as_tensor(indices).long().cpu()
-            weights = torch.ones(len(indices)) if weights is None else weights.float().cpu()
+            weights = torch.ones(len(indices)) if weights is None else weights
+            weights = torch.as_tensor(weights).float().cpu()
             if weights.shape != indices.shape:
                 raise ValueError(
                     f"weights {tuple(weights.shape)} != indices {tuple(indices.shape)}"
                 )
+            check_subset(indices, weights, len(self), self.val_indices)
         self.subset_indices, self.subset_weights = indices, weights
 
     def labels(self) -> Tensor:

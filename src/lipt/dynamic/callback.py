@@ -76,9 +76,12 @@ class DynamicPruning(L.Callback):
         self.method, self.dm, self.seed, self.audit_dir = method, datamodule, seed, audit_dir
         self.pool = datamodule.pool_indices  # [N] positions in the data set, ascending
         n = len(self.pool)
-        scores = method.initial_scores(n) if initial_scores is None else initial_scores
+        given = None if initial_scores is None else torch.as_tensor(initial_scores)  # numpy too
+        scores = method.initial_scores(n) if given is None else given
         if scores.shape != (n,):
             raise ValueError(f"initial scores {tuple(scores.shape)} do not fit the pool of {n}")
+        if given is not None and not bool(torch.isfinite(given).all()):
+            raise ValueError("initial_scores hold NaN or infinite values: give each row a score")
         self.scores = scores.float().clone()  # [N], on the training device during fit
         # The pool row of each position of the data set (-1: not in the pool).
         self.row_of = torch.full((int(self.pool.max()) + 1,), -1, dtype=torch.int64)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from lipt.core import console
 from lipt.core.errors import one_line
+from lipt.core.schema import check_mapping, fields_of
 from lipt.core.seeding import torch_threads
 from lipt.core.settings import LearnerOptim
 from lipt.data import LearnerData
@@ -40,6 +41,7 @@ from lipt.jigsaw.parts import (
 )
 from lipt.models.classifier import PAPER_SGD, QUIET_TRAINER, Classifier
 from lipt.models.schedules import LEARNER_SCHEDULES
+from lipt.selection.api import seed_of
 from lipt.selection.gradients import resolve_head
 
 # (learner id, its shard) -> the trained, pruned learner
@@ -156,6 +158,34 @@ PARTS: dict[str, tuple[type | tuple[type, ...], str]] = {
 }
 
 
+def check_learner_data(data: Any) -> None:
+    """ValueError unless `data` is a lipt data module the learners can train on (a
+    PoolDataModule): a bare data set has no pool, validation split or shards."""
+    needed = ("pool_indices", "val_indices", "batch_size", "shard_dataloader", "eval_loader")
+    if not all(hasattr(data, name) for name in needed):
+        raise ValueError(
+            f"data must be a lipt data module, not a {type(data).__name__}: wrap your data set "
+            "in lipt.PoolDataModule(dataset, val_size=0.1), whose validation split scores the soup"
+        )
+
+
+def check_optim(optim: Any, spell: str = "{}") -> None:
+    """Raise ValueError for an `optim` that is not None or a mapping of the learners' optimiser
+    settings (lipt.core.settings.LearnerOptim: lr, weight_decay, scheduler) in their ranges.
+    `spell`: as check_pretrain_args's."""
+    name = spell.format("optim")
+    if optim is None:
+        return
+    if not isinstance(optim, Mapping):
+        raise ValueError(
+            f"{name} must be a dict of the learners' lr, weight_decay and scheduler, or None, "
+            f"not {optim!r}"
+        )
+    declared = fields_of(LearnerOptim)
+    assert declared is not None, "LearnerOptim is a TypedDict"
+    check_mapping(name, {k: _plain(v) for k, v in optim.items()}, declared, False)
+
+
 def check_parts(spell: str = "{}", **parts: Any) -> None:
     """Raise ValueError for a `prune`, `merge` or `augment` that is neither None (the default)
     nor an instance of lipt.jigsaw.parts' classes for it (a name, say: the config's spelling).
@@ -181,6 +211,7 @@ def check_jigsaw_keywords(data: LearnerData, keywords: Mapping[str, Any], spell:
     given = {**defaults, **{k: v for k, v in keywords.items() if k in defaults}}
     check_pretrain_args(data, **given, spell=spell)
     check_parts(spell, **{k: v for k, v in keywords.items() if k in PARTS})
+    check_optim(keywords.get("optim"), spell)
 
 
 def head_name(model: nn.Module, head: str | None = None) -> tuple[str, int]:
@@ -189,9 +220,15 @@ def head_name(model: nn.Module, head: str | None = None) -> tuple[str, int]:
     learners' heads are read from their weights by this name.
 
     Raises:
-        ValueError: no such nn.Linear, one that is the model itself (it has no name), or one
-            with fewer than 2 outputs (a logit per class).
+        ValueError: a `head` that is not a name, no such nn.Linear, one that is the model
+            itself (it has no name), or one with fewer than 2 outputs (a logit per class).
     """
+    if head is not None and not isinstance(head, str):
+        # the learners are copies of factory()'s model: a layer object is in none of them
+        raise ValueError(
+            f"head must be the name of the model's final nn.Linear (a str such as "
+            f'"net.head"), not a {type(head).__name__}'
+        )
     layer = resolve_head(model, head)
     name = head if head is not None else next(n for n, m in model.named_modules() if m is layer)
     if not name:
@@ -326,7 +363,9 @@ def jigsaw_pretrain(
     (every learner's and candidate soup's held-out score), `.samples`, `.counts`.
 
     Raises:
-        ValueError: before any training, for a factory whose model has no nn.Linear `head`
+        ValueError: before any training, for `data` that is not a lipt data module, a `seed`
+            that is not an integer, an `optim` other than a dict of lr, weight_decay and
+            scheduler in their ranges, a factory whose model has no nn.Linear `head`
             (or one with a single output), whose forward fails on the pool's first items or
             returns other than the logits [batch, the head's outputs], a `prune`, `merge` or
             `augment` that is not an instance of its lipt.jigsaw.parts classes, data without a
@@ -335,8 +374,11 @@ def jigsaw_pretrain(
             Lightning cannot run here (an unknown name, a GPU on a machine without one); and for
             fewer than `min_learners` (default: half) usable learners at the end.
     """
+    check_learner_data(data)
     check_pretrain_args(data, num_learners, batches_per_learner, local_epochs, min_learners)
     check_parts(prune=prune, merge=merge, augment=augment)
+    check_optim(optim)
+    seed = seed_of(seed)
     check_accelerator(accelerator)
     init = _common_init(factory, seed)
     head, classes = head_name(init, head)

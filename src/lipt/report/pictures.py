@@ -82,6 +82,7 @@ def write_subset_picture(dm: DataModule, indices: Tensor, path: Path) -> None:
         png = png_of(subset_figure(dm, indices), dpi=100)
     except Exception as e:  # a picture that cannot be drawn is left out, not the run
         log.warning(f"{path.name} not drawn: {type(e).__name__}: {e}")
+        path.unlink(missing_ok=True)  # an earlier run's in the folder is not this one's
         return
     atomic_write_bytes(path, png)
 
@@ -244,6 +245,7 @@ def write_issues_picture(
         png = png_of(issues_figure(dm, positions, given, suggested), dpi=80)
     except Exception as e:  # a picture that cannot be drawn is left out, not the run
         log.warning(f"{path.name} not drawn: {type(e).__name__}: {e}")
+        path.unlink(missing_ok=True)  # an earlier run's in the folder is not this one's
         return
     atomic_write_bytes(path, png)
 

@@ -38,7 +38,11 @@ def launch(config_name: str, stage_module: str) -> None:
     args = check_flags(sys.argv[1:])
     if is_checked_first(args):
         shown = args.cfg is not None
-        jobs = precheck(config_name, args.overrides, args.multirun, shown, args.run)
+        try:
+            jobs = precheck(config_name, args.overrides, args.multirun, shown, args.run)
+        except KeyboardInterrupt:  # Ctrl-C while checking (a dry run reads the data): no run yet
+            print("stopped by SIGINT before the run started; nothing was written", file=sys.stderr)
+            sys.exit(128 + signal.SIGINT)
         if jobs is not None:  # dry_run=true
             print(
                 f"dry run: {jobs} job{'s' if jobs != 1 else ''} composed, checked and built; "
@@ -61,6 +65,12 @@ def launch(config_name: str, stage_module: str) -> None:
         made_now = made_for_this_job(output_dir, started)
         keep_caches_in(output_dir)
         console.setup(multirun_job=is_multirun())
+        # A job run in the sweep's own process (the basic launcher) meets SIGTERM as a single
+        # run does (Lightning's handler in a fit), not as the sweep that waits on other
+        # processes' jobs (sweep_sigterm)
+        in_sweep = signal.getsignal(signal.SIGTERM) is sweep_sigterm
+        if in_sweep:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
             with released_after(output_dir):
                 summary = stage(validate(cfg))
@@ -83,12 +93,58 @@ def launch(config_name: str, stage_module: str) -> None:
             if isinstance(e.__context__, KeyboardInterrupt):
                 stopped_by_signal(signal.SIGINT, str(cfg.get("stage")), output_dir)
             raise
+        finally:
+            if in_sweep:
+                signal.signal(signal.SIGTERM, sweep_sigterm)
 
     started = time.time()  # after precheck's probes: a run folder Hydra makes is changed later
+    if args.multirun and is_checked_first(args):
+        signal.signal(signal.SIGTERM, sweep_sigterm)
     try:
         main()
     except HydraException as e:  # `--help` composes the overrides outside Hydra's error report
         fail(one_line(e) + override_hint(e))
+    except (KeyboardInterrupt, SweepStopped) as e:  # outside a job: Hydra's start, a sweep's wait
+        signum = e.signum if isinstance(e, SweepStopped) else signal.SIGINT
+        print(f"stopped by {signum.name}; {how_to_resume(e, args.multirun)}", file=sys.stderr)
+        sys.exit(128 + signum)
+
+
+class SweepStopped(BaseException):
+    """SIGTERM reached a sweep's own process while its launcher waits on jobs run elsewhere
+    (joblib's workers): raised there, so that the launcher ends its workers (joblib aborts on
+    any exception), which otherwise went on training every job of a sweep that had ended."""
+
+    def __init__(self, signum: signal.Signals) -> None:
+        super().__init__(f"stopped by {signum.name}")
+        self.signum = signum
+
+
+def sweep_sigterm(signum: int, frame: Any) -> None:
+    """The SIGTERM handler of a sweep's own process (launch): see SweepStopped."""
+    raise SweepStopped(signal.Signals(signum))
+
+
+def how_to_resume(e: BaseException, multirun: bool) -> str:
+    """What to run after a stop outside a job: a sweep resumes in its folder; a run stopped
+    while Hydra started it had not begun its work."""
+    if not multirun:
+        return "the run had not started; run it again"
+    folder = sweep_dir_of(e)
+    return f"resume with the same command and ckpt_path=last hydra.sweep.dir={folder or '<sweep>'}"
+
+
+def sweep_dir_of(e: BaseException) -> str | None:
+    """The sweep folder, read where the sweep was stopped: Hydra's sweepers (the basic one,
+    which every launcher runs under by default) hold it as `sweep_dir` while their jobs run;
+    the sweep's process has no HydraConfig of its own to read it from."""
+    import traceback
+
+    for frame, _ in traceback.walk_tb(e.__traceback__):
+        found = frame.f_locals.get("sweep_dir")
+        if isinstance(found, str | Path):
+            return str(found)
+    return None
 
 
 def check_flags(args: list[str]) -> argparse.Namespace:
@@ -103,6 +159,8 @@ def check_flags(args: list[str]) -> argparse.Namespace:
         fail(f"{' '.join(unread)} would not be read: give Hydra's flags ({flags}) first")
     if known.resolve and not (known.cfg or known.help):
         fail("--resolve only goes with --cfg job|hydra|all (or --help)")
+    if known.shell_completion and not (known.help or known.hydra_help):
+        check_shell_completion(known.overrides)
     commands = [
         flag
         for flag, given in (
@@ -122,6 +180,25 @@ def check_flags(args: list[str]) -> argparse.Namespace:
         )
         fail(f"{' and '.join(commands)} do not go together: {fix}")
     return known
+
+
+# What Hydra's --shell-completion takes: one command, for one of the shells it has a plugin for.
+COMPLETION_COMMANDS = ("install", "uninstall", "query")
+COMPLETION_SHELLS = ("bash", "zsh", "fish")
+
+
+def check_shell_completion(overrides: list[str]) -> None:
+    """--shell-completion takes one of install=, uninstall= or query= a shell: Hydra answers
+    anything else (none given, a shell it has no plugin for) with a traceback."""
+    given = [o for o in overrides if o.partition("=")[0] in COMPLETION_COMMANDS]
+    if len(given) == 1 and given[0].partition("=")[2] in COMPLETION_SHELLS:
+        return
+    shells = ", ".join(COMPLETION_SHELLS)
+    what = " ".join(given) or "no command"
+    fail(
+        f"--shell-completion takes one of install=, uninstall= or query= one shell ({shells}), "
+        f"not {what}: --shell-completion install=bash"
+    )
 
 
 def is_checked_first(args: argparse.Namespace) -> bool:

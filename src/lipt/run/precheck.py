@@ -127,6 +127,9 @@ def refusal_line(e: Exception, given: list[str]) -> str:
         message = f"{key}: {message}"
     if isinstance(e, OverrideParseException):  # Hydra names the override on another line
         message = f"{e.override} cannot be read: {parse_reason(e.message)} ({GRAMMAR})"
+        quoted = quoted_override(e.override, e.message)
+        if quoted is not None:
+            message = f"{e.override} cannot be read: {quoted} ({GRAMMAR})"
     return message + ("" if isinstance(e, UserError) else override_hint(e))
 
 
@@ -245,6 +248,24 @@ def interpolating_override(message: str, args: list[str]) -> str | None:
     return None
 
 
+LEXER_FAILED = "LexerNoViableAltException: "
+
+
+def quoted_override(override: str, message: str) -> str | None:
+    """How to write an override whose value has a character Hydra's lexer reads only inside
+    quotes (a non-ASCII letter: a folder named `ü`), where the parser's `message` points at
+    one; None otherwise. The fix is given as typed in a shell: the quotes Hydra needs inside
+    the shell's."""
+    lines = message.splitlines()
+    if len(lines) < 2 or not lines[0].startswith(LEXER_FAILED) or "^" not in lines[1]:
+        return None
+    at = lines[1].index("^") - len(LEXER_FAILED)
+    key, _, value = override.partition("=")
+    if not 0 <= at < len(override) or override[at].isascii() or "'" in value or '"' in value:
+        return None
+    return f"Hydra reads {override[at]!r} only in a quoted value: write \"{key}='{value}'\""
+
+
 def parse_reason(message: str) -> str:
     """The parser's reason in Hydra's message of an override it cannot read, without the line
     that repeats the override, the link, or the parser's list of the tokens it expected."""
@@ -281,9 +302,29 @@ def check_writable(arg: str) -> None:
     from lipt.run.preflight import unwritable
 
     key, _, value = arg.partition("=")
-    problem = unwritable(Path(value))
+    problem = unwritable(Path(value)) or full(Path(value))
     if problem is not None:
         raise UserError(f"{key}={value} cannot be written ({problem}); choose a writable folder")
+
+
+# The least free space a run folder's disk must have: Hydra writes .hydra/ and the log first
+# (about 10 KiB), and a full disk there ended in Hydra's traceback, a half-written hydra.yaml
+# left behind; lipt's own files report a full disk in one line (lipt.core.artifacts).
+MIN_FREE_BYTES = 1 << 20
+
+
+def full(folder: Path) -> str | None:
+    """Why `folder` (or the nearest folder above it that exists) is too full to start a run
+    in, or None: less than MIN_FREE_BYTES free."""
+    import shutil
+
+    probe = folder.expanduser().absolute()
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free >= MIN_FREE_BYTES:
+        return None
+    return f"its disk is full: {free // 1024} KiB free at {probe}; free 1 MiB or more"
 
 
 def check_output_dir(cfg: DictConfig, multirun: bool) -> None:
@@ -295,7 +336,7 @@ def check_output_dir(cfg: DictConfig, multirun: bool) -> None:
     from lipt.run.preflight import unwritable
 
     folder = str(cfg.paths.output_dir)
-    problem = unwritable(Path(folder))
+    problem = unwritable(Path(folder)) or full(Path(folder))
     if problem is None:
         return
     paths = OmegaConf.to_container(cfg.paths)  # as set: not resolved

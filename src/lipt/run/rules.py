@@ -98,13 +98,6 @@ def _selector(run: Run) -> None:
         )
     if settings.stage == "select" and selector is None:
         raise UserError("selector=none selects nothing; choose a selector, e.g. selector=glister")
-    ckpt = settings.ckpt_path if settings.stage == "select" else None
-    if ckpt and selector is not None and not selector.needs_model:
-        raise UserError(
-            f"ckpt_path={ckpt} is a model to rank with, but selector="
-            f"{selector.name} ranks with none; drop ckpt_path, or choose a selector that ranks "
-            "with a model (e.g. selector=glister)"
-        )
     repeats = 1 if selector is None else selector.repeats
     if selector is None or repeats == 1 or settings.stage == "pretrain":
         return  # pretrain.py selects nothing: a selector there only labels the run

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from lipt.core.errors import UserError
+from lipt.core.errors import UserError, one_line
 from lipt.core.schema import check_mapping, parameters
 from lipt.core.settings import matches_validation
 from lipt.selection.ccs import select_ccs
@@ -84,9 +84,9 @@ def budget_of(budget: int | float, pool_size: int) -> int:
         raise ValueError(f"budget must be a count or a share of the pool, not {budget!r}")
     # numpy's integers and floats are counts and shares as Python's are
     budget = int(budget) if isinstance(budget, numbers.Integral) else float(budget)
-    count = round(budget * pool_size) if isinstance(budget, float) else budget
-    if isinstance(budget, float) and not 0.0 < budget <= 1.0:
+    if isinstance(budget, float) and not 0.0 < budget <= 1.0:  # NaN too, before round() of it
         raise ValueError(f"a budget share must be in (0, 1], got {budget}")
+    count = round(budget * pool_size) if isinstance(budget, float) else budget
     if not 1 <= count <= pool_size:
         raise ValueError(
             f"budget {budget!r} selects {count} of a pool of {pool_size}; give 1..{pool_size} "
@@ -221,7 +221,7 @@ def labels_of_pool(pool: Iterable[Any]) -> PoolOutputs:
 
     Raises:
         ValueError: no batch, or a dataset index that comes twice (a row must not be selected
-            twice, nor the pool look larger than it is).
+            twice, nor the pool look larger than it is); UserError: a negative label.
     """
     targets, indices = [], []
     for batch in pool:
@@ -231,6 +231,13 @@ def labels_of_pool(pool: Iterable[Any]) -> PoolOutputs:
         raise ValueError("the pool is empty")
     order, idx_sorted = index_order(torch.cat(indices))
     labels = torch.cat(targets)[order]
+    if bool((labels < 0).any()):  # -1, "unlabelled" in some data sets, is no class
+        first = int(torch.nonzero(labels < 0)[0, 0])
+        raise UserError(
+            f"the pool has {int((labels < 0).sum())} negative label(s) (dataset index "
+            f"{int(idx_sorted[first])}: label {int(labels[first])}): give every item a class "
+            "index >= 0, or leave the unlabelled items out of the data set"
+        )
     n, classes = len(idx_sorted), int(labels.max()) + 1
     return PoolOutputs(torch.zeros(n, classes), torch.zeros(n, 0), labels, idx_sorted)
 
@@ -280,10 +287,82 @@ def pool_batches(data: Any) -> Callable[[], Iterable[Any]]:
 
 
 def pool_size_of(data: Any, batches: Callable[[], Iterable[Any]]) -> int:
+    """The pool's rows: a data module's pool, else the batches' dataset indices.
+
+    Raises:
+        ValueError: a batch that is not (x, y, idx) (a loader of the data set's own (x, y)
+            items, say), read before any model runs.
+    """
     indices = getattr(data, "pool_indices", None)
     if isinstance(indices, Tensor):
         return len(indices)
-    return sum(len(batch[2]) for batch in batches())
+    size = 0
+    for batch in batches():
+        if not isinstance(batch, tuple | list) or len(batch) < 3:
+            kind = type(batch).__name__
+            shown = f"a {kind} of {len(batch)}" if isinstance(batch, tuple | list) else f"a {kind}"
+            raise ValueError(
+                f"data's batches must be (x, y, idx), idx the dataset positions, not {shown}: "
+                "wrap the data set in lipt.PoolDataModule(dataset) and pass that"
+            )
+        size += len(batch[2])
+    return size
+
+
+def seed_of(seed: Any) -> int:
+    """`seed` as Python's int (a numpy integer too: a seed of a sweep drawn with numpy).
+
+    Raises:
+        ValueError: anything but an integer (None, a float, a bool).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    return int(seed)
+
+
+def check_model_runs(model: nn.Module, batches: Callable[[], Iterable[Any]]) -> None:
+    """The model once over the pool's first two inputs, in eval mode, on its parameters'
+    device: a forward that fails on the data's inputs (numpy's float64 embeddings for float32
+    weights, another width) is a ValueError saying so rather than torch's error mid-pass. The
+    RNG (a loader draws a seed) and every submodule's train/eval flag are left as they were.
+
+    Raises:
+        ValueError: the forward raises.
+    """
+    flags = {m: m.training for m in model.modules()}
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        x = torch.as_tensor(next(iter(batches()))[0][:2])
+        try:
+            model.eval()(x.to(device))
+        except Exception as e:
+            raise ValueError(
+                f"the model fails on the data's inputs ({type(e).__name__}: {one_line(e)}): "
+                f"make its forward take a batch of them ({tuple(x.shape)}, {x.dtype}; "
+                "numpy's float64 as float32: x.astype(np.float32)), its weights of their dtype"
+            ) from e
+        finally:
+            for module, training in flags.items():
+                module.train(training)
+
+
+def check_learner_heads(learner_heads: Any, head: nn.Linear | None = None) -> None:
+    """ValueError unless `learner_heads` is None or the jigsaw learners' heads, of the shape
+    of the model's `head` where it is given (heads of another soup's model)."""
+    if learner_heads is None:
+        return
+    if not isinstance(learner_heads, LearnerHeads):
+        raise ValueError(
+            "learner_heads must be the jigsaw learners' heads, lipt.jigsaw_pretrain(...)"
+            f".learner_heads, or None, not a {type(learner_heads).__name__}"
+        )
+    shape = tuple(learner_heads.weight.shape[1:])
+    if head is not None and shape != (head.out_features, head.in_features):
+        raise ValueError(
+            f"learner_heads are [classes, features] {shape}, the model's head "
+            f"{(head.out_features, head.in_features)}: give the heads of this model's soup"
+        )
 
 
 def select(
@@ -308,15 +387,20 @@ def select(
     `data`: a lipt data module (its `pool_dataloader()`, and `val_dataloader()` when its
     validation split is not empty, unless `val` is given) or an iterable of (x, y, idx) batches.
     `learner_heads`: the jigsaw learners' heads of a soup (lipt.jigsaw_pretrain), which the
-    default selector, coverage, ensembles with it. The same `seed` gives the same subset.
+    default selector, coverage, ensembles with it. The same `seed` (an integer, a numpy one
+    too) gives the same subset.
 
     Raises:
-        ValueError: before any model runs, for a bad budget, selector, head or data, or a
-            selector that matches the validation split (GLISTER, GradMatch's target="val")
-            without one; after the pass over the pool, for a label outside the head's classes
-            or outputs that are NaN or infinite.
+        ValueError: before any model runs, for a bad budget, seed, selector, head,
+            learner_heads or data (batches other than (x, y, idx)), a model that fails on the
+            pool's first inputs (another dtype or width), or a selector that matches
+            the validation split (GLISTER, GradMatch's target="val") without one; after the
+            pass over the pool, for a label outside the head's classes (a negative one for
+            `random`, which runs no model) or outputs that are NaN or infinite.
     """
     fn = selector_of(selector)
+    seed = seed_of(seed)
+    check_learner_heads(learner_heads)
     batches = pool_batches(data)
     budget = budget_of(budget, pool_size_of(data, batches))
     check_held_out(fn, data, val)
@@ -325,7 +409,9 @@ def select(
         return pick(SelectionInputs(pool=labels_of_pool(batches())), budget, fn, seed, balance)
     if not models:
         raise ValueError("this selector ranks the pool with a model: pass the model")
-    resolve_head(models[0], head)  # a bad head fails here, before the pool is scored
+    # a bad head, or learner heads of another model, fail here, before the pool is scored
+    check_learner_heads(learner_heads, resolve_head(models[0], head))
+    check_model_runs(models[0], batches)
     if val is None and len(getattr(data, "val_indices", ())) > 0:
         val = data.val_dataloader()
     inputs = rank_pool(models, batches, val, head, learner_heads)

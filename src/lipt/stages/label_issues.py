@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -32,6 +33,7 @@ from lipt.cleaning.inputs import (
 from lipt.cleaning.issues import probe_issues, score_pool
 from lipt.jigsaw.api import check_jigsaw_keywords, head_name, jigsaw_pretrain
 from lipt.jigsaw.context import Pretrained
+from lipt.selection.api import seed_of
 
 
 @dataclass(frozen=True)
@@ -99,9 +101,10 @@ def find_label_issues(
     0.77 on 30% symmetric noise, recall 0.88 against 0.90 (README.md, "Wrong labels").
 
     Raises:
-        ValueError: before any training, for data without (input, class index) items, labels
-            outside the head's classes, a class with fewer items in the pool than `folds`, a
-            head that is not an nn.Linear or has one output, an unknown or bad option, what
+        ValueError: before any training, for data without (input, class index) items, a
+            `seed` that is not an integer, labels outside the head's classes, a class with
+            fewer items in the pool than `folds`, a head that is not a name, not an nn.Linear
+            or has one output, an unknown or bad option, what
             lipt.jigsaw_pretrain refuses (no validation split, a pool too small for its
             learners), or inputs with a NaN or an infinity where the data set holds them in
             memory (a TensorDataset); after the pass over the pool and before the probe, for
@@ -109,6 +112,14 @@ def find_label_issues(
     """
     start = time.perf_counter()
     dm = pool_data(data)
+    seed = seed_of(seed)
+    if isinstance(folds, np.integer):  # a numpy integer is a count as Python's is
+        folds = int(folds)
+    if jigsaw is not None and not isinstance(jigsaw, Mapping):
+        raise ValueError(
+            f"jigsaw must be a dict of lipt.jigsaw_pretrain's keywords (jigsaw={{'num_learners': "
+            f"4}}) or None, not a {type(jigsaw).__name__}"
+        )
     check_options(folds, weight_decay, filter_by, jigsaw)
     with torch.random.fork_rng(devices=[]):  # the jigsaw stage makes the init under `seed`
         head, classes = head_name(factory(), head)

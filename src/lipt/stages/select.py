@@ -290,8 +290,10 @@ def run(run: Run) -> dict[str, Any]:
     dm = parts.dm
     # ckpt_path's model is checked against the pool as read, before label cleaning drops rows
     # of it (the pool it was pre-trained on), and before cleaning's work.
-    ranks = run.settings.ckpt_path and chosen_selector(run).needs_model
-    loaded = ranking_models(run, parts) if ranks else None
+    ranks = chosen_selector(run).needs_model
+    if run.settings.ckpt_path and not ranks:  # a sweep's baseline beside selectors that rank
+        log.warning(f"ckpt_path is not read: selector={run.selector.name} ranks with no model")
+    loaded = ranking_models(run, parts) if ranks and run.settings.ckpt_path else None
     cleaned = clean_pool(run, parts, out, resume=False)
     made = None if cleaned is None else cleaned.pretrained
     selected = select_subset(run, parts, made, loaded)
