@@ -620,3 +620,20 @@ def test_dynamic_pruning_takes_numpy_scores_and_refuses_nan_ones():
     scores[3] = np.nan
     with pytest.raises(ValueError, match="initial_scores hold NaN"):
         lipt.DynamicPruning(lipt.LiptBudget(budget=0.5), data, initial_scores=scores)
+
+
+def test_budgets_take_numpy_numbers_of_every_width():
+    """np.float64 is a float, np.float32 is not: LiptBudget(budget=np.float32(0.5)) was refused
+    as "a value that is no setting"."""
+    assert lipt.LiptBudget(budget=np.float32(0.5)).budget == 0.5
+    assert lipt.InfoBatch(ratio=np.float32(0.25), delta=np.float16(0.875)).ratio == 0.25
+    with pytest.raises(ValueError, match="budget"):  # lipt's UserError is a ValueError
+        lipt.LiptBudget(budget=np.float32(1.5))
+
+
+def test_reselection_refuses_a_seed_before_training():
+    """Reselection(seed=None) was taken, and failed at the first re-selection, an epoch in."""
+    data = data_module(False, val_size=0.2, batch_size=32)
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        lipt.Reselection(1, data, 0.2, "random", seed=None)
+    assert lipt.Reselection(1, data, 0.2, "random", seed=np.int64(3)) is not None

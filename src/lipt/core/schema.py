@@ -49,7 +49,7 @@ def check_mapping(
     node lacks is not checked (the target's default applies) unless it is declared Required."""
     values = {k: v for k, v in node.items() if k not in HYDRA_KEYS}
     try:
-        text = json.dumps(values, default=to_jsonable_python)  # nan stays NaN: refused below
+        text = json.dumps(values, default=_jsonable)  # nan stays NaN: refused below
     except (TypeError, ValueError) as e:
         raise UserError(f"{prefix or 'the config'} holds a value that is no setting: {e}") from e
     try:
@@ -60,6 +60,15 @@ def check_mapping(
 
 _typed_dict: Any = typing_extensions.TypedDict  # called with a dict built here: mypy cannot follow
 _CONFIG = ConfigDict(arbitrary_types_allowed=True, allow_inf_nan=False)
+
+
+def _jsonable(value: Any) -> Any:
+    """A value json cannot write, as it reads: numpy's scalars (np.float32(0.5), which the
+    Python API is given) as the Python numbers they hold, anything else as pydantic writes it."""
+    item = getattr(value, "item", None)
+    if type(value).__module__ == "numpy" and callable(item) and getattr(value, "ndim", 1) == 0:
+        return item()
+    return to_jsonable_python(value)
 
 
 def _adapter(declared: tuple[tuple[str, Any], ...], open_keys: bool) -> TypeAdapter[Any]:

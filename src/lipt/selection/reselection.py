@@ -29,7 +29,14 @@ from lipt.core.artifacts import atomic_write_bytes, load_subset, save_subset
 from lipt.core.seeding import reselect_seed
 from lipt.data import SubsetData
 from lipt.data.pool import check_subset_data
-from lipt.selection.api import Selector, budget_of, check_held_out, select, selector_of
+from lipt.selection.api import (
+    Selector,
+    budget_of,
+    check_held_out,
+    seed_of,
+    select,
+    selector_of,
+)
 from lipt.selection.gradients import resolve_head
 
 # (the LightningModule being trained, epoch, profile to fill) -> indices, weights; the profile
@@ -123,6 +130,7 @@ class Reselection(L.Callback):
             # a bad selector or budget fails here, not epochs later
             check_held_out(selector_of(selector), datamodule, None)
             budget_of(budget, len(datamodule.pool_indices))
+            seed = seed_of(seed)  # None failed at the first re-selection, an epoch in
             choose = selecting(datamodule, budget, selector, head, seed, balance)
         self.every, self.dm, self.choose = every, datamodule, choose
         self.out_dir, self.meta = out_dir, meta or {}
