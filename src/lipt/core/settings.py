@@ -159,6 +159,10 @@ class ModelOptions(Checked):
     compile: bool = False  # torch.compile the forward pass
 
 
+# The `model` keys for how the model runs, not constructor arguments: no weight is theirs.
+MODEL_RUN_KEYS = frozenset(ModelOptions.keys())
+
+
 def matches_validation(selector: str, target: Any) -> bool:
     """Whether a selector's target is the validation split: GLISTER, and GradMatch with
     target="val" (each needs one: the pool would silently stand in for it)."""

@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,17 @@ def sample_grid(dm: DataModule, indices: Tensor) -> tuple[list[int], list[list[T
 def write_subset_picture(dm: DataModule, indices: Tensor, path: Path) -> None:
     """subset.png: per-class shares of the pool and of the subset, side by side, and a grid of
     sample images from the subset (one row per class), each class by its name."""
+    write_picture(path, lambda: subset_figure(dm, indices), dpi=100)
+
+
+def write_picture(path: Path, figure: Callable[[], Any], dpi: int) -> None:
+    """The PNG of `figure()` at `path`, atomically. A picture that cannot be drawn is left out
+    with a warning, not the run, and an earlier run's of that name goes: it is not this one's."""
     try:
-        png = png_of(subset_figure(dm, indices), dpi=100)
-    except Exception as e:  # a picture that cannot be drawn is left out, not the run
+        png = png_of(figure(), dpi=dpi)
+    except Exception as e:
         log.warning(f"{path.name} not drawn: {type(e).__name__}: {e}")
-        path.unlink(missing_ok=True)  # an earlier run's in the folder is not this one's
+        path.unlink(missing_ok=True)
         return
     atomic_write_bytes(path, png)
 
@@ -241,13 +248,7 @@ def write_issues_picture(
     """label_issues.png: the first ISSUES_SHOWN flagged images, most likely wrong first
     (`positions` in the training split, [F]), each titled with its `given` class and the
     `suggested` one ([F] each)."""
-    try:
-        png = png_of(issues_figure(dm, positions, given, suggested), dpi=80)
-    except Exception as e:  # a picture that cannot be drawn is left out, not the run
-        log.warning(f"{path.name} not drawn: {type(e).__name__}: {e}")
-        path.unlink(missing_ok=True)  # an earlier run's in the folder is not this one's
-        return
-    atomic_write_bytes(path, png)
+    write_picture(path, lambda: issues_figure(dm, positions, given, suggested), dpi=80)
 
 
 def issues_figure(dm: DataModule, positions: Tensor, given: Tensor, suggested: Tensor) -> Any:

@@ -25,7 +25,7 @@ from lipt.cleaning import JigsawCleaning, KFoldCleaning
 from lipt.core import console
 from lipt.core.artifacts import AtomicCheckpointIO
 from lipt.core.job import sweep_dir_of_job
-from lipt.core.settings import DatasetSettings, ModelOptions, SelectorSettings
+from lipt.core.settings import MODEL_RUN_KEYS, DatasetSettings, SelectorSettings
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext, Strategy
 from lipt.models.classifier import QUIET_TRAINER, Classifier
@@ -105,10 +105,6 @@ def build_datamodule(run: Run) -> DataModule:
         dm.device = str(scoring_device(run))
     dm.setup()
     return cast(DataModule, dm)
-
-
-# The model group's keys for how the model runs, not constructor arguments: no weight is theirs.
-MODEL_RUN_KEYS = frozenset(ModelOptions.keys())
 
 
 def build_model(run: Run, seed: int) -> nn.Module:

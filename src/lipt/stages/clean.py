@@ -132,26 +132,27 @@ def cleaning_settings(run: Run, dm: DataModule) -> dict[str, Any]:
 def older_cleaning(path: Path) -> dict[str, Any] | None:
     """clean.json at `path` as an older lipt wrote it (issues and costs, no settings), else
     None."""
-    try:
-        recorded = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    older = isinstance(recorded, dict) and "clean" in recorded and SETTINGS_KEY not in recorded
-    return recorded if older else None
+    recorded = cleaning_record(path)
+    return recorded if recorded and SETTINGS_KEY not in recorded else None
 
 
 def recorded_cleaning(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
     """clean.json at `path` where an attempt with `settings` wrote it, else None (none there,
     an unreadable one, or an earlier run's of other settings, or an older lipt's that recorded
     none)."""
+    recorded = cleaning_record(path)
+    # through JSON as clean.json holds them: (1, 2) is [1, 2] there
+    wanted = json.loads(json.dumps(settings))
+    return recorded if recorded and recorded.get(SETTINGS_KEY) == wanted else None
+
+
+def cleaning_record(path: Path) -> dict[str, Any] | None:
+    """clean.json at `path` as written (None: none there, or unreadable)."""
     try:
         recorded = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(recorded, dict) or "clean" not in recorded:
-        return None
-    # through JSON as clean.json holds them: (1, 2) is [1, 2] there
-    return recorded if recorded.get(SETTINGS_KEY) == json.loads(json.dumps(settings)) else None
+    return recorded if isinstance(recorded, dict) and "clean" in recorded else None
 
 
 def cleaned_with(settings: dict[str, Any], path: Path) -> bool:

@@ -25,10 +25,11 @@ from lipt.core.artifacts import load_checkpoint
 from lipt.core.errors import UserError
 from lipt.core.job import run_dir
 from lipt.core.seeding import repeat_seed
+from lipt.core.settings import MODEL_RUN_KEYS
 from lipt.jigsaw.context import Pretrained, data_split, heads_from_payload
 from lipt.jigsaw.strategy import JigsawPretraining, check_saved_seeds
 from lipt.selection import LearnerHeads
-from lipt.stages.build import MODEL_RUN_KEYS, Parts, build_parts
+from lipt.stages.build import Parts, build_parts
 from lipt.stages.jigsaw import run_learner_job
 from lipt.stages.pretrain_outputs import write_pretrain_outputs
 from lipt.stages.run import Run

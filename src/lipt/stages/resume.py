@@ -32,7 +32,7 @@ from lipt.data import DataModule
 from lipt.data.sources import undigested_name
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.selection.reselection import latest_subset
-from lipt.stages.clean import CLEAN_FILE, SETTINGS_KEY
+from lipt.stages.clean import CLEAN_FILE, older_cleaning
 from lipt.stages.result_settings import DATA_KEY, settled
 from lipt.stages.run import Run
 from lipt.stages.select import (
@@ -209,11 +209,8 @@ def with_cleaning(recorded: dict[str, Any], out: Path) -> dict[str, Any]:
     clean.json, which recorded neither what it cleaned with nor the subset's cleaning."""
     if "clean" in recorded:
         return recorded
-    costs = out / CLEAN_FILE
-    try:
-        older = SETTINGS_KEY not in json.loads(costs.read_text())
-    except (OSError, ValueError):
-        older = False  # none there (or unreadable): the subset was selected without cleaning
+    # none there (or unreadable): the subset was selected without cleaning
+    older = older_cleaning(out / CLEAN_FILE) is not None
     return recorded if older else {**recorded, "clean": "none"}
 
 

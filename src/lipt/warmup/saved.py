@@ -10,15 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lipt.core.settings import ModelOptions
+from lipt.core.settings import MODEL_RUN_KEYS
 from lipt.data import DataModule
 from lipt.jigsaw.checkpoints import TRAINER_KEYS_OUTSIDE_RECIPE
 from lipt.jigsaw.context import PretrainContext, data_split
 from lipt.models.classifier import Classifier
 
 WARMUP_DIR = "warmup"
-# The `model` keys for how the model runs (channels_last, compile): no weight is theirs.
-MODEL_RUN_KEYS = frozenset(ModelOptions.keys())
 
 
 def warmup_checkpoint(
