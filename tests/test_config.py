@@ -212,7 +212,7 @@ REFUSED = [
     # a required key left out: named, not a constructor's TypeError
     (["~seed"], ["seed must be set"]),
     (["~dataset.mean"], ["dataset.mean must be set"]),
-    (["~dataset.eval_batch_size"], ["dataset.eval_batch_size must be set"]),
+    (["~dataset.flip"], ["dataset.flip must be set"]),
     (["selector=glister", "~selector.name"], ["selector.name must be set"]),
     # every jigsaw merge scores its soup on the validation split
     (["dataset.val_size=0"], ["pretrain=jigsaw", "dataset.val_size=0"]),

@@ -400,9 +400,9 @@ RELIABILITY_QUOTES = [
     ),
     (
         "train",
-        ["~dataset.eval_batch_size"],
+        ["~dataset.flip"],
         False,
-        "dataset.eval_batch_size must be set; pass dataset.eval_batch_size=...",
+        "dataset.flip must be set; pass +dataset.flip=..., or add it to the config file",
     ),
     ("train", ["optim.lr=0.05"], False, "Could not override 'optim.lr'"),
     (

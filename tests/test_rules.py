@@ -350,6 +350,12 @@ def test_pretraining_keys_of_a_pipeline_pass(make_cfg, tmp_path, saved, stage, o
         ("+trainer.logger=false", ["trainer.logger=false", "logger=none"]),
         ("+trainer.plugins=[]", ["trainer.plugins=[]", "atomic checkpoint"]),
         ("+trainer.enable_checkpointing=false", ["rolling last.ckpt", "ckpt_path=last"]),
+        (  # the Trainer's own types would refuse a list of callbacks in pydantic's words
+            "+trainer.callbacks=[{_target_: lightning.pytorch.callbacks.EarlyStopping, "
+            "monitor: val/acc}]",
+            ["trainer.callbacks=", "+callbacks.<name>._target_"],
+        ),
+        ("+trainer.callbacks=[]", ["trainer.callbacks=[]", "callbacks group"]),
     ],
 )
 def test_trainer_keys_lipt_sets_itself_are_refused(make_cfg, override, words):

@@ -17,7 +17,7 @@ from lipt.selection import (
     select_coverage,
     select_random,
 )
-from lipt.selection.coverage import class_budgets, ensemble_probs
+from lipt.selection.coverage import class_budgets, member_probs
 from tests.test_selection_selectors import _one_thread, gen  # noqa: F401 (autouse fixture)
 
 N, C, D, L = 20_000, 10, 128, 10
@@ -264,7 +264,7 @@ def test_spread_disagreement_is_the_std_of_p_y() -> None:
     inputs = soup_and_heads()
     pool, heads = inputs.pool, inputs.learner_heads
     assert heads is not None
-    probs = ensemble_probs(pool.logits, pool.embeddings, heads)  # [L+1, N, C]
+    probs = torch.stack(list(member_probs(pool.logits, pool.embeddings, heads, slice(None))))
     p_true = probs[:, torch.arange(N), pool.targets]  # [L+1, N]
     base = ensemble_difficulty(pool.logits, pool.embeddings, pool.targets, heads)
     got = ensemble_difficulty(pool.logits, pool.embeddings, pool.targets, heads, 2.0, "spread")

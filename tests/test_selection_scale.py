@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from lipt.core.seeding import torch_threads
 from lipt.selection import (
@@ -19,24 +16,9 @@ from lipt.selection import (
     last_layer_gradients,
     select_balanced,
 )
-from tests.helpers import SELECTORS
+from tests.helpers import SELECTORS, LargestTensor
 
 N, C, D = 200_000, 10, 64
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an op returns."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 @pytest.fixture(scope="module")

@@ -193,7 +193,8 @@ def issue_summary(lab: Any, issue_types: Sequence[str]) -> dict[str, dict[str, f
 def write_datalab(folder: Path, report: DatalabReport) -> None:
     """datalab_issues.csv (DatalabReport.issues) and datalab_summary.json (per issue type the
     count and Datalab's overall score, and the seconds), each written atomically."""
-    text = report.issues.to_csv(index=False, float_format="%.6f", lineterminator="\n")
+    # 6 significant digits, not places: a score of 1e-8 is not 0 (many classes make them small)
+    text = report.issues.to_csv(index=False, float_format="%.6g", lineterminator="\n")
     atomic_write_bytes(folder / ISSUES_FILE, text.encode())
     write_json(
         folder / SUMMARY_FILE,

@@ -21,9 +21,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from lipt.cleaning.inputs import as_cpu_tensor, check_finite, class_labels, rows_summing_to_one
-from lipt.selection.coverage import ensemble_probs
+from lipt.selection.coverage import MEMBER_ROWS, member_probs
 from lipt.selection.gradients import model_outputs
 from lipt.selection.types import LearnerHeads, PoolOutputs
+
+PROBE_ROWS = 65536  # rows per block of the probe's loss (a whole Fashion-MNIST or CIFAR fold)
 
 Members = Literal["probe", "soup", "heads", "ensemble"]
 
@@ -49,10 +51,10 @@ def jigsaw_probs(
     soup's embeddings; `ensemble`, the mean over the soup and the heads. `logits` [N, C] and
     `embeddings` [N, D] are the soup's on the un-augmented pool; `owner` [N] the learner whose
     shard holds each row (`shard_owner`, -1 none; None: not known, no one left out)."""
-    probs = ensemble_probs(logits, embeddings, heads)  # [M, N, C], member 0 the soup
-    if members == "soup" or probs.shape[0] == 1:
-        return probs[0]
-    m, n, _ = probs.shape
+    n = logits.shape[0]
+    if members == "soup" or heads is None or len(heads) == 0:
+        return torch.softmax(logits.float(), dim=1)  # [N, C]
+    m = 1 + len(heads)
     use = torch.ones(m, n, dtype=torch.bool)  # [M, N]
     if members == "heads":
         use[0] = False
@@ -60,7 +62,17 @@ def jigsaw_probs(
         rows = torch.nonzero(owner >= 0).squeeze(1)
         use[owner[rows] + 1, rows] = False  # a learner's head says nothing new about its shard
     weights = use.float().unsqueeze(2)  # [M, N, 1]
-    return (probs * weights).sum(0) / weights.sum(0).clamp_min(1.0)
+    counts = weights.sum(0).clamp_min(1.0)  # [N, 1]
+    # The members' weighted mean a block of rows at a time, never the [M, N, C] of them all.
+    out = torch.empty(n, logits.shape[1])  # [N, C]
+    for start in range(0, n, MEMBER_ROWS):
+        block = slice(start, start + MEMBER_ROWS)
+        member = member_probs(logits, embeddings, heads, block)  # each [n, C]
+        total = next(member) * weights[0, block]
+        for k, probs in enumerate(member, start=1):
+            total += probs * weights[k, block]
+        out[block] = total / counts[block]
+    return out
 
 
 def score_pool(
@@ -141,9 +153,11 @@ def fit_softmax_regression(
 
     The gradient is written out rather than taken by autograd: autograd's backward of `x @ W`
     forms `x.T @ g`, a strided product over the [N, D] rows, several times slower on one CPU
-    core than `g.T @ x`; 5 folds of the pool's 55,000 rows fit in 5 s instead of 14 s."""
+    core than `g.T @ x`; 5 folds of the pool's 55,000 rows fit in 5 s instead of 14 s.
+    Rows are taken PROBE_ROWS at a time, so that the [N, C] temporaries of ImageNet's 1.28M
+    rows and 1,000 classes (5 GB each) are [PROBE_ROWS, C]; a pool of fewer rows is one block,
+    the sums as they were."""
     n = x.shape[0]
-    onehot = F.one_hot(y, num_classes).to(x.dtype)  # [N, C]
     w = torch.zeros(num_classes, x.shape[1], dtype=x.dtype, requires_grad=True)  # [C, D]
     b = torch.zeros(num_classes, dtype=x.dtype, requires_grad=True)  # [C]
     optimizer = torch.optim.LBFGS(
@@ -152,15 +166,30 @@ def fit_softmax_regression(
 
     def closure() -> Tensor:
         with torch.no_grad():
-            log_p = torch.log_softmax(F.linear(x, w, b), dim=1)  # [N, C]
-            loss = -(log_p * onehot).sum() / n + weight_decay * (w * w).sum()
-            residual = (log_p.exp() - onehot) / n  # [N, C]: d loss / d logits
-            w.grad = residual.t() @ x + 2 * weight_decay * w  # [C, D]
-            b.grad = residual.sum(0)  # [C]
+            nll, grad_w, grad_b = block_sums(x, y, w, b)
+            loss = nll / n + weight_decay * (w * w).sum()
+            w.grad = grad_w + 2 * weight_decay * w  # [C, D]
+            b.grad = grad_b  # [C]
         return loss
 
     optimizer.step(closure)
     return w.detach(), b.detach()
+
+
+def block_sums(x: Tensor, y: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The summed cross-entropy of the softmax regression (w [C, D], b [C]) on `x` [N, D]
+    against `y` [N], and its mean's gradients [C, D] and [C], PROBE_ROWS rows at a time."""
+    n = x.shape[0]
+    sums: list[Tensor] = []
+    for start in range(0, n, PROBE_ROWS):
+        rows = slice(start, start + PROBE_ROWS)
+        onehot = F.one_hot(y[rows], w.shape[0]).to(x.dtype)  # [n, C]
+        log_p = torch.log_softmax(F.linear(x[rows], w, b), dim=1)  # [n, C]
+        residual = (log_p.exp() - onehot) / n  # [n, C]: d loss / d logits
+        block = (-(log_p * onehot).sum(), residual.t() @ x[rows], residual.sum(0))
+        # The first block as it is (one block: the whole pool's sums, bit for bit).
+        sums = list(block) if not sums else [s + t for s, t in zip(sums, block, strict=True)]
+    return sums[0], sums[1], sums[2]
 
 
 def fold_of(n: int, folds: int, seed: int) -> Tensor:

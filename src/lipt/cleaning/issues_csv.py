@@ -30,7 +30,8 @@ def write_issues(path: Path, issues: LabelIssues) -> None:
         issues.rows.tolist(),
         issues.given.tolist(),
         issues.suggested.tolist(),
-        (f"{q:.6f}" for q in issues.score.tolist()),
+        # 6 significant digits: at 1,000 classes the likeliest wrong labels score 1e-8 or less
+        (f"{q:.6g}" for q in issues.score.tolist()),
         strict=True,
     )
     writer.writerows(rows)

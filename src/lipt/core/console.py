@@ -17,6 +17,7 @@ with or without a terminal.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -172,6 +173,7 @@ def counted(batches: Iterable[Any], step: Step) -> Iterator[Any]:
 def counting_selector(fn: Callable[..., Any], step: Step) -> Callable[..., Any]:
     """Selector `fn` that advances `step` by the rows it picked (per class under balance)."""
 
+    @functools.wraps(fn)  # its name, for what a wrong output is refused with
     def picked(inputs: Any, budget: int, **kwargs: Any) -> Any:
         selection = fn(inputs, budget, **kwargs)
         step(budget)

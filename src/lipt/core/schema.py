@@ -119,7 +119,15 @@ def _one_line(
             else ""
         )
     if first["type"] == "missing":
-        return f"{key} must be set; pass {key}=..."
+        # Absent from the composed config, so Hydra takes it only with `+`; all missing keys are
+        # named at once (a config file of one's own may lack several).
+        paths = [_key_path(values, e["loc"], True)[0] for e in errors if e["type"] == "missing"]
+        keys = [".".join([prefix, *p] if prefix else p) for p in paths]
+        them = "it" if len(keys) == 1 else "them"
+        return (
+            f"{_and(keys)} must be set; pass {' '.join(f'+{k}=...' for k in keys)}, or add "
+            f"{them} to the config file"
+        )
     same = [e["msg"] for e in errors if _key_path(values, e["loc"], False)[0] == path]
     should = "Input should be "
     if all(m.startswith(should) for m in same):  # "a valid integer or less than 1"
@@ -138,6 +146,10 @@ def _key_path(values: Any, loc: tuple[Any, ...], missing: bool) -> tuple[list[st
         path.append(str(part))
         values = values[part]
     return ([*path, str(loc[-1])] if missing else path), values
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
 
 
 def _shown(value: Any) -> str:

@@ -125,7 +125,6 @@ class DatasetSettings(Checked):
         return {k: v for k, v in node.items() if k not in cls.READER_KEYS}
 
     name: str
-    data_dir: str | None
     num_classes: Annotated[int, Interval(ge=2, le=10**6)]
     channels: Annotated[int, Interval(ge=1, le=64)]
     image_size: Annotated[int, Interval(ge=1, le=4096)]
@@ -134,12 +133,15 @@ class DatasetSettings(Checked):
     # a count of rows, or a share of the pool below 1
     val_size: Annotated[int, NON_NEGATIVE] | Annotated[float, Interval(ge=0, lt=1)]
     split_seed: Annotated[int, SEED]
-    num_workers: Annotated[int, Interval(ge=0, le=1024)]
     crop_padding: Annotated[int, Interval(ge=0, le=4096)]
     flip: bool
-    resident: bool
-    eval_batch_size: Annotated[int, Interval(ge=1, le=10**7)]
     load: dict[str, Any]  # the reader's node: checked against its _target_'s parameters
+    # lipt.data.DataModule's defaults, so that a data set's config file of one's own may leave
+    # them out
+    data_dir: str | None = None
+    num_workers: Annotated[int, Interval(ge=0, le=1024)] = 0
+    resident: bool = True
+    eval_batch_size: Annotated[int, Interval(ge=1, le=10**7)] = 256
     download: bool = False  # fetch the files into data_dir when they are not there
     resize: Annotated[int, COUNT] | None = None  # ImageFolder: the shorter side before cropping
     num_train: Annotated[int, COUNT] | None = None  # synthetic data: rows of each split
@@ -213,6 +215,10 @@ class TrainerOptions(Checked):
     PREFIX: ClassVar[str] = "trainer"
 
     max_epochs: Annotated[int, Interval(ge=1, le=10**7)] = 1
+    # Lightning takes 0 and below and fails on them mid-fit (a modulo by 0), or, for a negative
+    # accumulation, trains a schedule of one step
+    accumulate_grad_batches: Annotated[int, Interval(ge=1, le=10**6)] = 1
+    check_val_every_n_epoch: Annotated[int, Interval(ge=1, le=10**7)] | None = 1
 
 
 @dataclass(frozen=True)

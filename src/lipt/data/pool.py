@@ -393,7 +393,8 @@ class PoolDataModule(L.LightningDataModule):
             shuffle=shuffle,
             sampler=None if shuffle else whole_on_every_rank(dataset),
             num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            # started each epoch from the restored random state: a resume is bit for bit
+            persistent_workers=False,
             pin_memory=self.training_device().type == "cuda",
         )
 

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 SUBSET_PICTURE = "subset.png"
 GRID_CLASSES = 10  # rows of the sample grid (the first classes, for data sets with many)
 GRID_COLUMNS = 8
+MAX_BARS = 100  # classes shown as bars in subset.png; more as lines (bars under 2 pixels wide)
 NAME_CHARS = 24  # a class name longer than this is shown cut: a folder's long name would
 # squeeze the axes it labels to nothing
 # Class names are shown as typed: a folder named "a$b^$c" is no TeX (matplotlib's mathtext
@@ -107,10 +108,8 @@ def subset_figure(dm: DataModule, indices: Tensor) -> Any:
     names = [shown_name(n) for n in dm.class_names]
     figure = new_figure(12, 5)
     left, right = figure.subplots(1, 2, width_ratios=[1, 1])
+    class_shares(left, 100 * pool / pool.sum(), 100 * subset / subset.sum())
     classes = torch.arange(dm.num_classes).numpy()
-    width = 0.4
-    left.bar(classes - width / 2, (100 * pool / pool.sum()).numpy(), width, label="pool")
-    left.bar(classes + width / 2, (100 * subset / subset.sum()).numpy(), width, label="subset")
     if dm.num_classes <= 20:
         left.set_xticks(classes)
         long_names = max(len(n) for n in names) > 3
@@ -133,6 +132,23 @@ def subset_figure(dm: DataModule, indices: Tensor) -> Any:
     right.set_yticklabels([names[c] for c in present], **PLAIN)
     right.set_xticks([])
     return figure
+
+
+def class_shares(axes: Any, pool: Tensor, subset: Tensor) -> None:
+    """Each class's share (%) of the pool and of the subset ([C] each) on `axes`: side by side
+    bars, or for more than MAX_BARS classes a step line each, since bars a pixel wide or less
+    are drawn for only some classes (of a subset of 50 classes in 1,000, a handful showed)."""
+    classes = torch.arange(len(pool)).numpy()
+    if len(pool) <= MAX_BARS:
+        width = 0.4
+        axes.bar(classes - width / 2, pool.numpy(), width, label="pool")
+        axes.bar(classes + width / 2, subset.numpy(), width, label="subset")
+        return
+    # Lines, unlike bars, are drawn however thin: a class alone in the subset stays a spike.
+    axes.step(classes, pool.numpy(), where="mid", linewidth=0.8, label="pool")
+    axes.step(classes, subset.numpy(), where="mid", linewidth=0.8, alpha=0.8, label="subset")
+    axes.set_xlim(-0.5, len(pool) - 0.5)
+    axes.set_ylim(bottom=0)
 
 
 def log_to_wandb(logger: Any, dm: DataModule, indices: Tensor | None, out: Path) -> None:

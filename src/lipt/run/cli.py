@@ -39,7 +39,8 @@ def launch(config_name: str, stage_module: str) -> None:
     if is_checked_first(args):
         shown = args.cfg is not None
         try:
-            jobs = precheck(config_name, args.overrides, args.multirun, shown, args.run)
+            overrides = with_config_dir(args.overrides, args.config_dir)
+            jobs = precheck(config_name, overrides, args.multirun, shown, args.run)
         except KeyboardInterrupt:  # Ctrl-C while checking (a dry run reads the data): no run yet
             print("stopped by SIGINT before the run started; nothing was written", file=sys.stderr)
             sys.exit(128 + signal.SIGINT)
@@ -205,7 +206,8 @@ def is_checked_first(args: argparse.Namespace) -> bool:
     """Whether precheck reads the command line before Hydra: for a run, a multirun and --cfg,
     which prints the config a run would get (a mistake is answered as the run would answer it).
     Hydra's help and --info go straight through, and so does a command line that picks another
-    config (--config-name, --config-path, --config-dir) or reruns a job."""
+    primary config (--config-name, --config-path) or reruns a job. --config-dir only adds a
+    folder to the search path (with_config_dir)."""
     return not (
         args.help
         or args.hydra_help
@@ -213,9 +215,29 @@ def is_checked_first(args: argparse.Namespace) -> bool:
         or args.shell_completion
         or args.config_path
         or args.config_name
-        or args.config_dir
         or args.experimental_rerun
     )
+
+
+def with_config_dir(overrides: list[str], config_dir: str | None) -> list[str]:
+    """`overrides` with --config-dir's folder as the first entry of hydra.searchpath: where
+    Hydra puts it too (after lipt's configs, ahead of the search path's other entries), so
+    precheck composes what the run will."""
+    if config_dir is None:
+        return overrides
+    folder = Path(config_dir).expanduser().resolve()
+    if not folder.is_dir():
+        fail(f"--config-dir {config_dir}: no such folder; give a folder of config groups")
+    quote = '"' if "'" in str(folder) else "'"  # Hydra's grammar reads spaces and commas quoted
+    entry = f"{quote}file://{folder}{quote}"
+    out, added = [], False
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key.lstrip("+") == "hydra.searchpath" and value.startswith("["):
+            rest = value[1:].strip()
+            o, added = f"{key}=[{entry}{'' if rest == ']' else ','}{rest}", True
+        out.append(o)
+    return out if added else [*out, f"hydra.searchpath=[{entry}]"]
 
 
 def is_multirun() -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
+from omegaconf.errors import InterpolationKeyError, MissingMandatoryValue
 
 from lipt.core.budget import Budget
 from lipt.core.errors import UserError
@@ -20,6 +20,7 @@ from lipt.run.groups import check_node, locate
 from lipt.run.rules import check_groups_together, check_settings
 from lipt.stages.run import Run
 
+DATA_MODULE = "lipt.data.DataModule"  # the `dataset` group's _target_ (or a subclass of it)
 BUDGETS = "subset, full, full_steps, full_schedule, infobatch or lipt"
 
 
@@ -35,6 +36,18 @@ def _built_budget(cfg: Mapping[str, Any]) -> Budget:
         return cast(Budget, option(**node))
     except (UserError, ValueError, TypeError) as e:
         raise UserError(f"budget={node.get('name')}: {e}") from e
+
+
+def _check_pruning(run: Run) -> None:
+    """A pruning budget's method, made as main training will make it (lipt.dynamic's, whose
+    settings are checked when made): a budget of one's own handing it a value out of range is
+    refused with the other checks, dry_run=true included."""
+    if not run.budget.prunes:
+        return
+    try:
+        run.budget.pruning(run.settings.fraction)
+    except (UserError, ValueError, TypeError) as e:
+        raise UserError(f"budget={run.budget.name}: {e}") from e
 
 
 def _readable_path(key: str, path: Path, what: str, want_dir: bool) -> None:
@@ -99,6 +112,14 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
     except MissingMandatoryValue as e:
         key = e.full_key or "a key"
         raise UserError(f"{key} must be set; pass {key}=...") from e
+    except InterpolationKeyError as e:
+        if "approach" in cfg or "'approach'" not in str(e):
+            raise
+        # The frontier's experiments read ${approach}, which each approach file sets itself.
+        raise UserError(
+            f"{e.full_key} reads ${{approach}}, which is unset: choose +approach=<option>, and "
+            "name an approach file of your own in it, `approach: <name>` (docs/METHODS.md)"
+        ) from e
     assert isinstance(container, dict)
     return {str(k): v for k, v in container.items()}
 
@@ -118,8 +139,12 @@ def dataset_settings(values: dict[str, Any]) -> DatasetSettings:
             "config (configs/dataset/*.yaml show the keys it takes)"
         )
     node = {k: v for k, v in values["dataset"].items() if k not in HYDRA_KEYS}
-    check_mapping("dataset", node, DatasetSettings.keys(), open_keys=False)
-    return DatasetSettings(**node)
+    declared = DatasetSettings.keys()
+    # A data module of one's own (a subclass of lipt's) may take keys of its own: they are
+    # checked against its parameters with the other groups' (lipt.run.groups.check_groups).
+    own_module = values["dataset"]["_target_"] != DATA_MODULE
+    check_mapping("dataset", node, declared, open_keys=own_module)
+    return DatasetSettings(**{k: v for k, v in node.items() if k in declared})
 
 
 def run_of(cfg: DictConfig) -> Run:
@@ -167,6 +192,7 @@ def validate(cfg: DictConfig, deep: bool = True, build: bool = True) -> Run:
     from lipt.run.preflight import preflight
 
     check_groups(cfg, values)
+    _check_pruning(run)
     check_groups_together(run)
     if build:
         preflight(cfg)

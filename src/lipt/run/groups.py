@@ -27,6 +27,13 @@ from lipt.core.settings import (
 
 # Parameters lipt passes itself when it calls a group's target, never set from the config.
 CALL_ARGUMENTS = {"selector": ("inputs", "budget", "generator")}
+# Targets lipt calls with what only the run has: their nodes are partials (`_partial_: true`).
+CALLED_WITH = {
+    "selector": "(inputs, budget, generator=...)",
+    "optimizer": "the model's parameters",
+    "scheduler": "(optimizer, clock)",
+    "dataset.load": "no arguments when the data is read",
+}
 # lipt's own keys beside the target's parameters, by group.
 OPTIONS: dict[str, type[Checked]] = {"model": ModelOptions, "selector": SelectorSettings}
 # Narrower ranges lipt needs for some of a library target's parameters, where it has them
@@ -58,17 +65,22 @@ def declared_keys(group: str, node: Mapping[str, Any]) -> tuple[dict[str, Any], 
 @functools.cache  # a failed import costs ms of file lookups; a sweep's precheck asks often
 def locate(path: str) -> Any:
     """The object a dotted `_target_` path names (the longest importable module, then
-    attributes), without Hydra's logging of a failure."""
+    attributes), without Hydra's logging of a failure. A module of the path that is there but
+    fails to import (a dependency of its own missing, a syntax error) raises its own error: a
+    shorter path would only report the attribute as missing."""
     parts = path.split(".")
     for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
         try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
+            obj = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name is None or module == e.name or module.startswith(f"{e.name}."):
+                continue  # this part of the path is no module: an attribute, or not there
+            raise
         for name in parts[cut:]:
             obj = getattr(obj, name)
         return obj
-    raise ImportError(f"no module named {parts[0]!r}")
+    raise ModuleNotFoundError(f"No module named {parts[0]!r}", name=parts[0])
 
 
 def _target(where: str, path: str) -> Any:
@@ -82,9 +94,10 @@ def _target(where: str, path: str) -> Any:
                 f"{group}={name} cannot be used ({type(e).__name__}: {path}); install its "
                 f"package{other}"
             ) from e
+        why = str(e).splitlines()[0] if str(e) else ""
         raise UserError(
-            f"{where}._target_={path} cannot be imported ({type(e).__name__}); give an "
-            "importable function or class"
+            f"{where}._target_={path} cannot be imported ({type(e).__name__}: {why}); give an "
+            "importable function or class (its module on PYTHONPATH)"
         ) from e
 
 
@@ -122,6 +135,24 @@ def check_no_settings(group: str, node: Mapping[str, Any]) -> None:
             )
 
 
+# Trainer arguments lipt passes every Trainer it builds itself (lipt.stages.build.build_trainer:
+# main training's, the learners' and the warm-up's), each with where to set it instead. Checked
+# before the Trainer's own types, which would refuse a list of callbacks in pydantic's words.
+SET_BY_LIPT = {
+    "default_root_dir": "every trainer writes into the run folder; set hydra.run.dir instead",
+    "logger": "the logger group chooses the loggers; use logger=none|csv|tensorboard|wandb",
+    "plugins": "lipt sets the plugins (atomic checkpoint writes); drop it",
+    "callbacks": "the callbacks group chooses main training's callbacks; add one with "
+    "+callbacks.<name>._target_=..., or drop one with callbacks.<name>=null",
+}
+
+
+def check_set_by_lipt(trainer: Mapping[str, Any]) -> None:
+    for key, fix in SET_BY_LIPT.items():
+        if key in trainer:
+            raise UserError(f"trainer.{key}={as_typed(trainer[key])} is ignored: {fix}")
+
+
 def check_groups(cfg: DictConfig, values: Mapping[str, Any]) -> None:
     """Every group node of the resolved config `values` (`cfg`: the same, unresolved)."""
     # The groups other groups interpolate (pretrain.optim.lr is ${optimizer.lr}) come first, so a
@@ -144,14 +175,49 @@ def check_groups(cfg: DictConfig, values: Mapping[str, Any]) -> None:
             continue
         if "_target_" not in node and group not in settings:
             check_no_settings(group, node)
+        if group == "trainer":
+            check_set_by_lipt(node)
+        if "_target_" in node and group in CALLED_WITH:
+            check_partial(group, node)
         if "_target_" in node or group in OPTIONS or group in NARROWED:
             check_node(group, node)
     dataset = values.get("dataset")
     if isinstance(dataset, Mapping):
         load = dataset.get("load")
         if isinstance(load, Mapping) and "_target_" in load:
+            check_partial("dataset.load", load)
             check_node_target("dataset.load", load)
         # the data module takes the keys but the reader's (lipt.core.settings.DatasetSettings)
         module = DatasetSettings.module_node(dataset)
         module.pop("load", None)  # checked above, against the reader's own target
-        check_node_target("dataset", module)
+        check_data_module(module)
+
+
+def check_partial(where: str, node: Mapping[str, Any]) -> None:
+    """A target lipt calls itself, with what only the run has (CALLED_WITH), is configured as a
+    partial: without `_partial_: true` Hydra would call it on its keys alone."""
+    if node.get("_partial_") is not True:
+        raise UserError(
+            f"{where}._target_={node['_target_']} is called by lipt with {CALLED_WITH[where]}, "
+            f"so {where} needs `_partial_: true` beside its _target_; add it to its config file"
+        )
+
+
+def check_data_module(node: Mapping[str, Any]) -> None:
+    """The `dataset` node against its data module: lipt's `DataModule` or a subclass of it,
+    whose pool, subsets and resident batches the stages use. A subclass that hands **kwargs on
+    takes lipt's keys beside its own, and no others; `batch_size` is the top level's."""
+    from lipt.data import DataModule  # torch, as every target here
+
+    path = str(node["_target_"])
+    target = _target("dataset", path)
+    if isinstance(target, type) and not issubclass(target, DataModule):
+        raise UserError(
+            f"dataset._target_={path} is not a lipt.data.DataModule; subclass it (its `load` "
+            "reads your data: lipt.data.Splits), or use lipt.PoolDataModule from Python"
+        )
+    declared, open_keys = parameters(target)
+    if open_keys and isinstance(target, type):
+        declared = {**parameters(DataModule)[0], **declared}
+    declared = {k: v for k, v in declared.items() if k != "batch_size"}  # the top level's
+    check_mapping("dataset", node, declared, open_keys and not isinstance(target, type))

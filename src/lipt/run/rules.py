@@ -338,6 +338,7 @@ def _jigsaw(run: Run) -> None:
                 "learner_<i>.ckpt (e.g. <sweep dir>/learners)"
             )
         _merge_from_seeds(run, str(merge_from))
+    _learner_batches(run, pretrain)
     min_learners = pretrain.get("min_learners")
     if min_learners is not None and min_learners > n:
         raise UserError(
@@ -367,6 +368,22 @@ def _jigsaw(run: Run) -> None:
         raise UserError(
             f"merge.ratios={list(ratios)} is invalid: a list of ratios needs one above 0 "
             "(or a number of grid steps, or running_mean)"
+        )
+
+
+def _learner_batches(run: Run, pretrain: dict) -> None:
+    """The learners' trainers take trainer.limit_train_batches too: a share that leaves a
+    learner's M minibatches none would fail every learner, and the run would end saying that
+    no learner was left to merge."""
+    limit, m = run.node("trainer").get("limit_train_batches"), pretrain.get("batches_per_learner")
+    if not (isinstance(limit, float) and isinstance(m, int) and pretrains(run)):
+        return
+    if 0 < limit < 1 and int(limit * m) == 0:
+        share = f", or a share of {math.ceil(100 / m) / 100} or more" if m > 1 else ""
+        raise UserError(
+            f"trainer.limit_train_batches={limit} trains int({limit} x {m}) = 0 of a jigsaw "
+            f"learner's pretrain.batches_per_learner={m} minibatches an epoch; give a number of "
+            f"batches (+trainer.limit_train_batches=1){share}"
         )
 
 
@@ -463,20 +480,8 @@ def _model(run: Run) -> None:
             )
 
 
-# Trainer arguments lipt passes every Trainer it builds itself (lipt.stages.build.build_trainer:
-# main training's, the learners' and the warm-up's), each with where to set it instead.
-SET_BY_LIPT = {
-    "default_root_dir": "every trainer writes into the run folder; set hydra.run.dir instead",
-    "logger": "the logger group chooses the loggers; use logger=none|csv|tensorboard|wandb",
-    "plugins": "lipt sets the plugins (atomic checkpoint writes); drop it",
-}
-
-
 def _trainer(run: Run) -> None:
     trainer = run.node("trainer")
-    for key, fix in SET_BY_LIPT.items():
-        if key in trainer:
-            raise UserError(f"trainer.{key}={as_typed(trainer[key])} is ignored: {fix}")
     strategy = str(trainer.get("strategy", "auto"))
     if any(word in strategy for word in ("spawn", "fork", "notebook")):
         raise UserError(  # the spawned ranks train and return; the model here is no trainer's
@@ -488,6 +493,30 @@ def _trainer(run: Run) -> None:
         raise UserError(
             "trainer.enable_checkpointing=false: main training keeps a rolling last.ckpt, which "
             "ckpt_path=last resumes from; drop trainer.enable_checkpointing"
+        )
+    every = trainer.get("val_check_interval")
+    if isinstance(every, int | float) and (every < 0 or (type(every) is int and every == 0)):
+        raise UserError(  # Lightning fails on it mid-fit, after every earlier stage
+            f"trainer.val_check_interval={every} validates never: give a number of batches "
+            "(1 or more), a share of an epoch in [0, 1], or drop it (once an epoch)"
+        )
+    _half_precision_on_cpu(trainer)
+
+
+def _half_precision_on_cpu(trainer: dict) -> None:
+    """float16 on the CPU: Lightning trains bfloat16 instead and says so in a warning only,
+    while the run's records would name float16."""
+    precision = str(trainer.get("precision", "32-true"))
+    if precision not in ("16", "16-mixed"):
+        return
+    from lightning.pytorch.accelerators import CUDAAccelerator  # torch, as check_groups imported
+
+    accelerator = str(trainer.get("accelerator", "auto"))
+    if accelerator == "cpu" or (accelerator == "auto" and not CUDAAccelerator.is_available()):
+        raise UserError(
+            f"trainer.precision={precision}: float16 mixed precision needs a GPU, and on the CPU "
+            "Lightning would train bfloat16 under this name; use trainer.precision=bf16-mixed, "
+            "or a GPU"
         )
 
 

@@ -10,6 +10,7 @@ from pool rows into dataset positions, with the subset's profile.
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,6 +26,7 @@ from lipt.core.schema import check_mapping, parameters
 from lipt.core.settings import matches_validation
 from lipt.selection.ccs import select_ccs
 from lipt.selection.common import Selector, select_balanced
+from lipt.selection.contract import checked_selector, selector_name
 from lipt.selection.coverage import select_coverage
 from lipt.selection.craig import select_craig
 from lipt.selection.glister import select_glister
@@ -113,6 +115,15 @@ def selector_of(selector: str | Selector) -> Selector:
             k: v.item() if isinstance(v, np.generic) else v for k, v in selector.keywords.items()
         }
         check_mapping(name, knobs, declared, open_keys)
+    elif isinstance(selector, functools.partial):
+        # a user's own with its settings bound: a misspelt one fails at its call, after the
+        # pass over the pool, unless held to its signature now
+        try:
+            inspect.signature(selector.func).bind_partial(*selector.args, **selector.keywords)
+        except TypeError as e:
+            raise ValueError(f"{selector_name(selector)}'s bound settings: {e}") from e
+        except ValueError:
+            pass  # a builtin without a signature: its call says
     return selector
 
 
@@ -239,7 +250,9 @@ def labels_of_pool(pool: Iterable[Any]) -> PoolOutputs:
             "index >= 0, or leave the unlabelled items out of the data set"
         )
     n, classes = len(idx_sorted), int(labels.max()) + 1
-    return PoolOutputs(torch.zeros(n, classes), torch.zeros(n, 0), labels, idx_sorted)
+    # logits no labels-only selector reads: a view of one zero, not [N, C] of them (5 GB at
+    # ImageNet's 1.28M rows and 1,000 classes)
+    return PoolOutputs(torch.zeros(()).expand(n, classes), torch.zeros(n, 0), labels, idx_sorted)
 
 
 def pick(
@@ -254,6 +267,7 @@ def pick(
     rows become dataset positions, ascending. With `profile` and a model's embeddings, the
     subset's profile against a random subset drawn from the same seed, and its seconds."""
     generator = torch.Generator().manual_seed(seed)
+    selector = checked_selector(selector)  # a user's own too: one line for a wrong output
     if balance:
         selection = select_balanced(selector, inputs, budget, generator=generator)
     else:
@@ -396,7 +410,9 @@ def select(
             pool's first inputs (another dtype or width), or a selector that matches
             the validation split (GLISTER, GradMatch's target="val") without one; after the
             pass over the pool, for a label outside the head's classes (a negative one for
-            `random`, which runs no model) or outputs that are NaN or infinite.
+            `random`, which runs no model) or outputs that are NaN or infinite; and for a
+            selector of one's own whose output is no Selection of `budget` distinct pool rows
+            with finite weights >= 0 (lipt.selection.contract).
     """
     fn = selector_of(selector)
     seed = seed_of(seed)

@@ -182,13 +182,20 @@ def build_classifier(
 
 
 def build_callbacks(
-    run: Run, loggers: Sequence[Any], bars: bool, validation: bool = True
+    run: Run,
+    loggers: Sequence[Any],
+    bars: bool,
+    validation: bool = True,
+    validations_per_epoch: int = 1,
 ) -> list[L.Callback]:
     """Main training's `callbacks` group, beside lipt's own (the rolling last.ckpt, re-selection,
     dynamic pruning). Left out where the run lacks what they need: a progress bar when bars are
     off (piped output, CI, a multirun job), a learning-rate monitor without a logger, one that
-    monitors a validation metric without a validation split."""
-    from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
+    monitors a validation metric without a validation split. An early stop's patience is in
+    epochs (the group's default, the run's epochs, never stops a run): Lightning counts it in
+    validations, so it is multiplied by the `validations_per_epoch` of a trainer that
+    validates within epochs (trainer.val_check_interval)."""
+    from lightning.pytorch.callbacks import EarlyStopping, LearningRateMonitor, ProgressBar
 
     callbacks = []
     for node in run.node("callbacks").values():
@@ -201,6 +208,8 @@ def build_callbacks(
             continue
         if isinstance(callback, LearningRateMonitor) and not loggers:
             continue
+        if isinstance(callback, EarlyStopping) and not callback._check_on_train_epoch_end:
+            callback.patience *= validations_per_epoch  # (checked once an epoch where true)
         callbacks.append(callback)
     return callbacks
 

@@ -49,9 +49,13 @@ def score_with_ensemble(
     `made`: the soup, pre-trained in this run already (by label cleaning)."""
     dm = parts.dm
     ranking = ranking_models(run, parts, made)
-    scorers = "the soup" if ranking.heads is None else f"the soup and {len(ranking.heads)} heads"
+    scorers = (
+        "the soup scores"
+        if ranking.heads is None
+        else f"the soup and {len(ranking.heads)} heads score"
+    )
     log.info(
-        f"selection: {scorers} score the pool of {len(dm.pool_indices):,}; each pruned epoch "
+        f"selection: {scorers} the pool of {len(dm.pool_indices):,}; each pruned epoch "
         "keeps a sample with a probability that follows its score"
     )
     start = time.perf_counter()

@@ -55,22 +55,31 @@ RESULT_SETTINGS = (
     "trainer.max_epochs",
     *(f"trainer.{key}" for key in TRAINER_DEFAULTS),
     PROCESSES,
-    "dataset.name",
-    "dataset.val_size",
-    "dataset.split_seed",
-    "dataset.pool_size",
-    "dataset.label_noise",
-    "dataset.train_labels",
+    # The data set's every key: its split and labels, and what main training's images are
+    # (image_size, mean and std, crop_padding and flip, the data path `resident`, whose
+    # augmentation draws its own stream, the reader's arguments)
+    "dataset",
 )
-# Of those, how the work runs and where the learners are kept, not what it computes: they may
-# change between attempts too (saved learners are checked by their own recipe).
+# Of those, how the work runs and where its inputs and learners are kept, not what it computes:
+# they may change between attempts too (saved learners are checked by their own recipe, the
+# data by its name, DATA_KEY). dataset._target_ is lipt's DataModule, whose short name would
+# take DATA_KEY's place.
 PASSED_OVER = (
     "model.channels_last",
     "model.compile",
     "pretrain.num_threads",
     "pretrain.learner_dir",
     "pretrain.merge_from",
+    "dataset._target_",
+    "dataset.data_dir",
+    "dataset.download",
+    "dataset.load.data_dir",
+    "dataset.load.download",
+    "dataset.eval_batch_size",
 )
+# Passed over on the resident path only: on the DataLoader path the workers draw the
+# augmentation, so their number changes the run's results.
+WORKERS = "dataset.num_workers"
 
 
 def settled(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,9 +88,13 @@ def settled(config: Mapping[str, Any]) -> dict[str, Any]:
     (scheduler=linear, not cosine, when every other key is equal), where a `_target_` moved to
     another module by a new lipt version is no other setting."""
     settings: dict[str, Any] = {}
+    dataset = config.get("dataset")
+    resident = not isinstance(dataset, Mapping) or dataset.get("resident", True) is not False
     for key, value in flatten(config).items():
         last = key.rpartition(".")[2]
         if key in PASSED_OVER or (last in HYDRA_KEYS and last != "_target_"):
+            continue
+        if key == WORKERS and resident:
             continue
         if not any(key == s or key.startswith(f"{s}.") for s in RESULT_SETTINGS):
             continue

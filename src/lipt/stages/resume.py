@@ -42,6 +42,7 @@ from lipt.stages.select import (
     load_checked_subset,
     subset_meta,
 )
+from lipt.warmup.saved import WARMUP_DIR
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +191,10 @@ def checkpoint_path(run: Run, out: Path) -> Path | None:
     last = out / "checkpoints" / "last.ckpt"
     if last.is_file():
         return last
-    if (out / SUBSET_FILE).is_file() or any((out / LEARNERS_DIR).glob("learner_*.ckpt")):
-        return None  # killed before main training: its saved learners and subset are reused
+    # killed before main training: its saved learners, warm-up and subset are reused
+    saved = (LEARNERS_DIR, "learner_*.ckpt"), (WARMUP_DIR, "*.ckpt")
+    if (out / SUBSET_FILE).is_file() or any(any((out / d).glob(p)) for d, p in saved):
+        return None
     if sweep_dir_of_job() is not None:
         log.info("resuming a sweep: this job never started, so it starts now")
         return None

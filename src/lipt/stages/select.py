@@ -32,6 +32,7 @@ from lipt.selection.reselection import Reselection
 from lipt.stages.build import Parts, build_parts
 from lipt.stages.clean import clean_pool
 from lipt.stages.pretrain import Ranking, ranking_models
+from lipt.stages.result_settings import settled
 from lipt.stages.results import Selected, with_cleaning
 from lipt.stages.run import Run
 from lipt.stages.summary import subset_class_counts, summary_payload
@@ -142,7 +143,7 @@ def labels_only(dm: DataModule) -> PoolOutputs:
     idx = dm.pool_indices
     n = len(idx)
     return PoolOutputs(
-        logits=torch.zeros(n, dm.num_classes),
+        logits=torch.zeros(()).expand(n, dm.num_classes),  # unread: one zero, not [N, C]
         embeddings=torch.zeros(n, 0),
         targets=dm.train_source.labels[idx],
         indices=idx,
@@ -150,7 +151,9 @@ def labels_only(dm: DataModule) -> PoolOutputs:
 
 
 def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
-    """What a later run checks before it trusts a subset file."""
+    """What a later run checks before it trusts a subset file: the data, the split, the
+    selector's and pre-training's names, and, for a resume that keeps the subset, every key of
+    the groups that made it (SUBSET_GROUPS, as `settled` reads them)."""
     return {
         "dataset": dm.data_name,
         "dataset_train_size": len(dm.train_source),
@@ -161,6 +164,22 @@ def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
         "fraction": float(run.settings.fraction),
         "seed": run.settings.seed,
         **cleaning_meta(run),
+        **subset_settings(run),
+    }
+
+
+# The groups whose keys make the subset: the selector, and the pre-training that ranks for it.
+SUBSET_GROUPS = ("selector", "pretrain", "augment", "prune", "merge")
+PRETRAINING_GROUPS = SUBSET_GROUPS[1:]
+
+
+def subset_settings(run: Run) -> dict[str, Any]:
+    """The keys of SUBSET_GROUPS, dotted (selector.balance); what a resume that keeps a subset
+    holds against its own, since a subset records no other run's (older subsets have none)."""
+    return {
+        key: value
+        for key, value in settled(run.config).items()
+        if "." in key and key.partition(".")[0] in SUBSET_GROUPS
     }
 
 
@@ -272,6 +291,11 @@ def write_selection(run: Run, dm: DataModule, out: Path, selected: Selected) -> 
     meta, stages = subset_meta(run, dm), selected.stages()
     if selected.loaded_pretrain is not None:  # ranked by ckpt_path's model, not `pretrain`'s
         meta["pretrain"] = selected.loaded_pretrain
+        meta = {  # the keys of `pretrain`'s groups: not what ranked
+            k: v
+            for k, v in meta.items()
+            if "." not in k or k.split(".")[0] not in PRETRAINING_GROUPS
+        }
     # stages.json first: a run killed between the two has no subset.npz and selects again.
     write_json(out / STAGES_FILE, stages)
     save_subset(out / SUBSET_FILE, selected.indices, selected.weights, meta)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from lipt.data import DataModule
+from lipt.selection.common import split_budget
 from lipt.stages.run import Run
 
 log = logging.getLogger(__name__)
@@ -22,23 +23,35 @@ def subset_class_counts(dm: DataModule, indices: Tensor) -> list[int]:
     labels = dm.train_source.labels[indices]  # [k] int64
     counts = [int(c) for c in torch.bincount(labels, minlength=dm.num_classes)]
     size, classes = len(indices), len(counts)
-    if size < classes:
+    empty = [c for c, n in enumerate(counts) if n == 0]
+    if not empty:
+        return counts
+    shown = ", ".join(str(c) for c in empty[:10]) + (", ..." if len(empty) > 10 else "")
+    if size < classes:  # no selector gives every class a sample: only a larger subset does
         log.warning(
-            "the subset holds %d sample(s), fewer than the %d classes; raise fraction",
+            "the subset holds %d sample(s), fewer than the %d classes: %d of %d classes have no "
+            "sample in the subset (classes %s); raise fraction",
             size,
             classes,
-        )
-    empty = [c for c, n in enumerate(counts) if n == 0]
-    if empty:
-        shown = ", ".join(str(c) for c in empty[:10]) + (", ..." if len(empty) > 10 else "")
-        log.warning(
-            "%d of %d classes have no sample in the subset of %d (classes %s); raise fraction or "
-            "use a class-balanced selector (selector.balance=true)",
             len(empty),
             classes,
-            size,
             shown,
         )
+        return counts
+    pool = torch.bincount(dm.train_source.labels[dm.pool_indices], minlength=classes).tolist()
+    balanced = size <= sum(pool) and counts == split_budget(pool, size)
+    if balanced:  # class-balanced already: the empty classes' shares of the subset are < 1
+        fix = "their share of the subset rounds to 0 (they are small in the pool); raise fraction"
+    else:
+        fix = "raise fraction or use a class-balanced selector (selector.balance=true)"
+    log.warning(
+        "%d of %d classes have no sample in the subset of %d (classes %s); %s",
+        len(empty),
+        classes,
+        size,
+        shown,
+        fix,
+    )
     return counts
 
 

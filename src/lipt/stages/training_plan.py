@@ -84,13 +84,18 @@ def schedule_of(run: Run, pool: int, pool_before_cleaning: int) -> Schedule:
     schedule = budget.schedule(sizes)
     if schedule.steps is None:
         return schedule
+    steps, most = schedule.steps, trainer.get("max_steps")
+    if type(most) is int and 0 < most < steps:  # -1, Lightning's default: no limit
+        # Lightning stops at trainer.max_steps first (debug=fdr's smoke run): the schedule ends
+        # there, as Lightning's own step estimate ends an epoch budget's.
+        steps = most
     # The Trainer runs the epochs the steps span on this pool, no more (budget=full_steps
     # counts a subset's epochs): what the stage line and the bar announce, and a fit resumed
     # from the budget's last checkpoint (killed in the test pass) has no epoch left to start,
     # where it trained a batch past the budget before StopAtStep ended it.
     batches = epoch_batches(trainer, sizes.pool, sizes.batch_size)
     per_epoch = max(1, math.ceil(batches / sizes.accumulate))
-    return Schedule(min(schedule.epochs, math.ceil(schedule.steps / per_epoch)), schedule.steps)
+    return Schedule(min(schedule.epochs, math.ceil(steps / per_epoch)), steps)
 
 
 def batch_limit(trainer: Mapping[str, Any]) -> int | float | None:
@@ -138,6 +143,19 @@ def batches_between_validations(trainer: Mapping[str, Any]) -> int | None:
     return None if trainer.get("check_val_every_n_epoch", 1) is None else every
 
 
+def validations_per_epoch(trainer: Mapping[str, Any], batches: int) -> int:
+    """The validations Lightning runs in an epoch of `batches` training batches under the
+    `trainer` node's val_check_interval: every N batches (an int; across epochs where
+    check_val_every_n_epoch is null), every share of them (a float, at least a batch apart);
+    one where it validates at an epoch's end, or by the clock (a time, which no count tells)."""
+    every = trainer.get("val_check_interval")
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
+        return 1
+    if isinstance(every, float):
+        every = max(1, int(batches * every))  # Lightning's val_check_batch
+    return max(1, batches // every) if every >= 1 else 1
+
+
 def check_validated_within(run: Run, epochs: int, pool: int) -> None:
     """Refuse `optimized_metric` where main training's `epochs` on a pool of `pool` rows end
     before its first validation (every trainer.check_val_every_n_epoch epochs, the first at
@@ -159,18 +177,19 @@ def check_validated_within(run: Run, epochs: int, pool: int) -> None:
 
 
 def check_validation_fits(run: Run, rows: int) -> None:
-    """Refuse a validation every N batches of an epoch that has fewer than N (Lightning's
-    refusal, with a traceback, when the fit starts, or mid-run at the first pruned epoch that
-    short): `rows` images an epoch, as few as a pruning budget keeps of them
-    (`fewest_rows`), split between the trainer's processes, in batches of batch_size, up to
-    trainer.limit_train_batches.
+    """Refuse an epoch Lightning refuses (with a traceback, when the fit starts, or mid-run at
+    the first pruned epoch that short): one that a trainer.limit_train_batches share leaves no
+    batch of, and a validation every N batches of an epoch that has fewer. `rows` images an
+    epoch, as few as a pruning budget keeps of them (`fewest_rows`), split between the
+    trainer's processes, in batches of batch_size, up to trainer.limit_train_batches.
 
     Raises:
-        UserError: naming the epoch's batches and the ways to validate within them.
+        UserError: naming the epoch's batches and the ways to train or validate within them.
     """
     trainer = run.node("trainer")
-    every = batches_between_validations(trainer)
-    if every is None:
+    every, limit = batches_between_validations(trainer), batch_limit(trainer)
+    share = isinstance(limit, float) and limit > 0  # 0 trains nothing, as Lightning allows
+    if every is None and not share:
         return
     pruning = run.budget.pruning(float(run.settings.fraction)) if run.prunes else None
     batch_size = run.settings.batch_size
@@ -180,11 +199,25 @@ def check_validation_fits(run: Run, rows: int) -> None:
         sizes = PoolSizes(rows, rows, batch_size, run.main_epochs, float(run.settings.fraction))
         kept = pruning.fewest_rows(rows, run.main_budget.schedule(sizes).epochs)
     batches = epoch_batches(trainer, kept, batch_size)
-    if every > batches:
-        selected = run.budget.trains_subset and run.settings.subset_path is None
-        again = f" (ckpt_path=last hydra.run.dir={run.folder} keeps its subset)" if selected else ""
-        prunes = f"as few as {kept:,} of the {rows:,} images budget={run.budget.name} prunes it to,"
-        images = f"{rows:,} images" if pruning is None else prunes
+    selected = run.budget.trains_subset and run.settings.subset_path is None
+    again = f" (ckpt_path=last hydra.run.dir={run.folder} keeps its subset)" if selected else ""
+    prunes = f"as few as {kept:,} of the {rows:,} images budget={run.budget.name} prunes it to,"
+    images = f"{rows:,} images" if pruning is None else prunes
+    if share and batches == 0:
+        unlimited = {**trainer, "limit_train_batches": None, "overfit_batches": None}
+        whole = epoch_batches(unlimited, kept, batch_size)
+        key = (
+            "overfit_batches" if limit == trainer.get("overfit_batches") else "limit_train_batches"
+        )
+        least = math.ceil(1000 / whole) / 1000  # int(whole x least) >= 1, unlike 1 / whole
+        count = f"a number of batches (+trainer.{key}=1)"
+        fix = f"+trainer.{key}={least} or more, or {count}" if least < 1 else count
+        raise UserError(
+            f"trainer.{key}={limit} trains int({limit} x {whole}) = 0 of main "
+            f"training's {whole} batch{'es' * (whole != 1)} an epoch ({images} in batches of "
+            f"{batch_size}); give {fix}{again}"
+        )
+    if every is not None and every > batches:
         raise UserError(
             f"trainer.val_check_interval={every} validates every {every} batches of an epoch, "
             f"but main training's epoch has {batches} ({images} in batches of {batch_size}); "
@@ -260,10 +293,12 @@ def training_plan(
         trainer_settings["max_epochs"] = epochs
     loggers = build_loggers(run)
     # The `callbacks` group: those the run has what they need for.
-    callbacks += build_callbacks(run, loggers, progress_bars(run), len(dm.val_indices) > 0)
+    # An early stop's patience, in epochs: as many validations as an unpruned epoch holds.
+    node = run.node("trainer")
+    checks = validations_per_epoch(node, epoch_batches(node, size, settings.batch_size))
+    callbacks += build_callbacks(run, loggers, progress_bars(run), len(dm.val_indices) > 0, checks)
     trainer = build_trainer(run, logger=loggers, callbacks=callbacks, **trainer_settings)
     if steps is not None:  # the Trainer takes the steps the budget counted
-        node = run.node("trainer")
         assert trainer.world_size == trainer_world_size(node), trainer.world_size
         assert trainer.accumulate_grad_batches == int(node.get("accumulate_grad_batches", 1))
     return TrainingPlan(module, epochs, size, trainer, reselect, dynamic)
