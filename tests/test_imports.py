@@ -203,6 +203,7 @@ ENTRY_LAYER = {
         "cli",
         "precheck",
         "sweep_overrides",
+        "approach_pins",
         "sweep_settings",
         "config",
         "preflight",
