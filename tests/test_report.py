@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from lipt.report import sweep as sweep_report
-from lipt.report.frontier import costs
+from lipt.report.frontier_runs import costs
 from tests.helpers import CONFIGS, FAST, run_entry
 
 DATASET_TRAIN_SIZE = 60000
@@ -198,7 +198,7 @@ def write_stage_sweep(root: Path) -> dict[str, list[dict[str, Any]]]:
 
 def test_report_counts_every_stage_as_the_frontier_does(tmp_path):
     # stages.clean and stages.score are in the stage columns, the total and the training
-    # samples, as lipt.report.frontier.costs counts a run's end-to-end cost.
+    # samples, as lipt.report.frontier_runs.costs counts a run's end-to-end cost.
     runs = write_stage_sweep(tmp_path / "sweep")
     out = tmp_path / "out"
     sweep_report.main([str(tmp_path / "sweep"), "--out", str(out), "--baseline", "none"])

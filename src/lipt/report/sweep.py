@@ -29,10 +29,10 @@ How the columns are computed (per run, then over the runs of a group):
   group had it). The columns: pretrain, select and train, and clean (label cleaning, its own
   seconds: the pre-training clean=lipt needs is pretrain's) and score (budget=lipt: the pool's
   pass through the soup) where a run of the sweep recorded them. total = every stage the run
-  recorded, as the frontier counts a run's cost (lipt.report.frontier.costs). Re-selection
+  recorded, as the frontier counts a run's cost (lipt.report.frontier_runs.costs). Re-selection
   time is inside train.
 - training samples: pretrain.samples + clean.samples (K-fold cleaning's models) +
-  train.samples (samples passed forward and backward; frontier.costs).
+  train.samples (samples passed forward and backward; frontier_runs.costs).
 
 Groups: the config is flattened to dotted keys and a key is a group key when its value differs
 between runs, except seeds (`seed`, `*_seed`: replicates) and bookkeeping (`paths`, `hydra`,
@@ -63,8 +63,8 @@ import numpy as np
 
 from lipt.core.artifacts import LEARNERS_DIR
 from lipt.core.errors import UserError, fail
-from lipt.report.frontier import costs, finite, reference_approach
 from lipt.report.frontier_render import write_frontier
+from lipt.report.frontier_runs import costs, finite, reference_approach
 from lipt.report.paired import paired_rows, parse_baseline
 from lipt.report.render import (
     Row,
@@ -78,7 +78,7 @@ from lipt.report.render import (
 )
 
 # Stages whose unique_samples count towards "data used" (selection reads data but trains on none;
-# label cleaning and scoring record none). Seconds and training samples: lipt.report.frontier.costs.
+# label cleaning and scoring record none). Seconds and training samples: lipt.report.frontier_runs.costs.
 DATA_STAGES = ("pretrain", "train")
 
 # Where and how a run was executed, not what it computed: output dirs differ between every two
@@ -266,7 +266,7 @@ def run_metrics(
 ) -> dict[str, float | None]:
     """One run's numbers (see the module docstring for the definitions); None where unknown.
     A seconds value per stage of `stages` (default: the report's three and the run's own);
-    total seconds and training samples as the frontier counts a run's cost (frontier.costs):
+    total seconds and training samples as the frontier counts a run's cost (frontier_runs.costs):
     every stage the run recorded."""
     if stages is None:
         stages = stage_columns(summary["stages"])
