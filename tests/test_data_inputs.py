@@ -260,7 +260,7 @@ def test_numpy_integer_labels_are_class_indices(dtype):
 
 
 def test_numpy_bools_and_negative_integers_are_no_class_index():
-    from lipt.data.pool import check_labelled
+    from lipt.data.contract import check_labelled
 
     for label in (np.bool_(True), np.int64(-1)):
         data = [(torch.zeros(2), label)]

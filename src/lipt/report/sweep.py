@@ -78,7 +78,8 @@ from lipt.report.render import (
 )
 
 # Stages whose unique_samples count towards "data used" (selection reads data but trains on none;
-# label cleaning and scoring record none). Seconds and training samples: lipt.report.frontier_runs.costs.
+# label cleaning and scoring record none). Seconds and training samples:
+# lipt.report.frontier_runs.costs.
 DATA_STAGES = ("pretrain", "train")
 
 # Where and how a run was executed, not what it computed: output dirs differ between every two
