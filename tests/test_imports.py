@@ -214,6 +214,7 @@ ENTRY_LAYER = {
         "frontier_sweep",
         "slurm",
         "slurm_launcher",
+        "slurm_pending",
         "slurm_learners",
     )
 }
