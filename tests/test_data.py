@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from lipt.core.errors import UserError, one_line
-from lipt.data import DataModule, sources
-from lipt.data.sources import IMAGE_EXTENSIONS, load_image_folder, read_idx
+from lipt.data import DataModule, image_files
+from lipt.data.image_files import IMAGE_EXTENSIONS
+from lipt.data.sources import load_image_folder, read_idx
 from lipt.run.config import run_of
 from lipt.stages.build import build_datamodule
 
@@ -382,7 +383,7 @@ def test_an_image_trees_digest_reads_the_sizes_of_an_even_spread_of_its_files(
     stat slowly. A resized copy (other images under the same names) is told from the sizes."""
     a = image_tree(tmp_path / "a" / "imagenet")
     b = image_tree(tmp_path / "b" / "imagenet", noisy=True)
-    monkeypatch.setattr(sources, "SIZED_FILES", 2)
+    monkeypatch.setattr(image_files, "SIZED_FILES", 2)
     stats: list[str] = []
     stat = os.stat
 
@@ -391,10 +392,10 @@ def test_an_image_trees_digest_reads_the_sizes_of_an_even_spread_of_its_files(
         return stat(path, *args, **kwargs)
 
     paths = {root: sorted((root / "train").rglob("*.png")) for root in (a, b)}
-    monkeypatch.setattr(sources.os, "stat", counted)
-    digest_a = sources.files_digest(a / "train", paths[a])
+    monkeypatch.setattr(image_files.os, "stat", counted)
+    digest_a = image_files.files_digest(a / "train", paths[a])
     assert stats == [str(paths[a][0]), str(paths[a][4])]  # 8 files: every 4th
-    assert sources.files_digest(b / "train", paths[b]) != digest_a
+    assert image_files.files_digest(b / "train", paths[b]) != digest_a
 
 
 def test_two_image_folder_trees_of_one_name_and_class_count_are_told_apart(tmp_path):

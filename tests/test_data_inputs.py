@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lipt.core.errors import UserError
-from lipt.data.sources import IMAGE_EXTENSIONS
+from lipt.data.image_files import IMAGE_EXTENSIONS
 from lipt.report.pictures import write_subset_picture
 from lipt.run.config import run_of
 from lipt.stages.build import build_datamodule
@@ -260,7 +260,7 @@ def test_numpy_integer_labels_are_class_indices(dtype):
 
 
 def test_numpy_bools_and_negative_integers_are_no_class_index():
-    from lipt.data.pool import check_labelled
+    from lipt.data.contract import check_labelled
 
     for label in (np.bool_(True), np.int64(-1)):
         data = [(torch.zeros(2), label)]
@@ -274,7 +274,7 @@ def test_a_32_bit_integer_tiff_keeps_its_8_bit_values(tmp_path):
     when both were shifted)."""
     from PIL import Image
 
-    from lipt.data.sources import decode_file
+    from lipt.data.image_files import decode_file
 
     values = np.arange(64, dtype=np.int32).reshape(8, 8) * 4
     Image.fromarray(values, mode="I").save(tmp_path / "wide.tif")

@@ -19,19 +19,15 @@ import torch.nn.functional as F
 
 from lipt.core.host import cpu_model, other_cores_busy
 from lipt.report.frontier import (
-    CURVE,
-    REFERENCE,
     aggregate,
     best_whole_pool,
-    costs,
     highest_on_validation,
     lossless_speedups,
-    method_of,
     paired_with_whole_pool,
-    records,
     timing_caveats,
 )
 from lipt.report.frontier_render import table_rows, validation_rows
+from lipt.report.frontier_runs import CURVE, REFERENCE, costs, method_of, records
 from lipt.run.frontier_sweep import PinToCore, with_reference
 from lipt.selection import Selection, SelectionInputs
 from tests.helpers import FAST, ROOT, run_entry
@@ -750,7 +746,7 @@ def test_the_reference_is_at_the_methods_epochs_however_many_curve_runs() -> Non
         summary("infobatch", 0.5, 0, 0.89, 50.0),
         *(summary("full_data", 0.1, s, 0.91, 140.0, epochs=16) for s in (0, 1, 2)),
     ]
-    from lipt.report.frontier import by_epochs
+    from lipt.report.frontier_runs import by_epochs
 
     ((epochs, group),) = by_epochs(jobs, "full_data").items()
     runs, epochs_ref = records(group, "full_data", epochs)

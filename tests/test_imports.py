@@ -203,6 +203,7 @@ ENTRY_LAYER = {
         "cli",
         "precheck",
         "sweep_overrides",
+        "approach_pins",
         "sweep_settings",
         "config",
         "preflight",
@@ -213,6 +214,7 @@ ENTRY_LAYER = {
         "frontier_sweep",
         "slurm",
         "slurm_launcher",
+        "slurm_pending",
         "slurm_learners",
     )
 }

@@ -10,7 +10,8 @@ import os
 import time
 from pathlib import Path
 
-from lipt.report.sweep import load_summaries, main
+from lipt.report.sweep import main
+from lipt.report.sweep_runs import load_summaries
 
 
 def _trial(job_dir: Path, lr: float, accuracy: float, seed: int = 0) -> None:

@@ -22,7 +22,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from lipt.report import sweep as sweep_report
-from lipt.report.frontier import costs
+from lipt.report import sweep_runs
+from lipt.report.frontier_runs import costs
 from tests.helpers import CONFIGS, FAST, run_entry
 
 DATASET_TRAIN_SIZE = 60000
@@ -198,7 +199,7 @@ def write_stage_sweep(root: Path) -> dict[str, list[dict[str, Any]]]:
 
 def test_report_counts_every_stage_as_the_frontier_does(tmp_path):
     # stages.clean and stages.score are in the stage columns, the total and the training
-    # samples, as lipt.report.frontier.costs counts a run's end-to-end cost.
+    # samples, as lipt.report.frontier_runs.costs counts a run's end-to-end cost.
     runs = write_stage_sweep(tmp_path / "sweep")
     out = tmp_path / "out"
     sweep_report.main([str(tmp_path / "sweep"), "--out", str(out), "--baseline", "none"])
@@ -278,7 +279,7 @@ def test_columns_of_a_stage_no_run_had_are_left_out(tmp_path):
 
 
 def test_flatten_makes_dotted_keys_and_comparable_lists():
-    flat = sweep_report.flatten({"a": 1, "b": {"c": {"d": "x"}, "e": [0.5]}, "f": {}})
+    flat = sweep_runs.flatten({"a": 1, "b": {"c": {"d": "x"}, "e": [0.5]}, "f": {}})
     assert flat == {"a": 1, "b.c.d": "x", "b.e": "[0.5]"}
 
 
@@ -287,9 +288,7 @@ def test_varying_keys_names_rows_by_the_approach_preset_when_a_sweep_has_one():
     # vary too, but only `approach` tells lipt (jigsaw) from its ablations (jigsaw, no prune).
     def config(approach: str, pretrain: str, selector: str, prune: str, seed: int) -> dict:
         tree = {"approach": approach, "pretrain": {"name": pretrain}, "seed": seed}
-        return sweep_report.flatten(
-            tree | {"selector": {"name": selector}, "prune": {"name": prune}}
-        )
+        return sweep_runs.flatten(tree | {"selector": {"name": selector}, "prune": {"name": prune}})
 
     presets = [
         ("random", "none", "random", "omp"),
@@ -299,7 +298,7 @@ def test_varying_keys_names_rows_by_the_approach_preset_when_a_sweep_has_one():
     ]
     configs = [config(*preset, seed) for preset in presets for seed in (0, 1)]
     assert sweep_report.varying_keys(configs) == ["approach"]
-    configs += [sweep_report.flatten({**config(*presets[0], 2), "fraction": 0.2})]
+    configs += [sweep_runs.flatten({**config(*presets[0], 2), "fraction": 0.2})]
     assert sweep_report.varying_keys(configs) == ["approach", "fraction"]
 
 
@@ -309,13 +308,13 @@ def test_varying_keys_keeps_a_swept_option_of_one_approach():
         pretrain: dict[str, Any] = {"name": name}
         if learners is not None:
             pretrain |= {"num_learners": learners, "local_epochs": 10}
-        return sweep_report.flatten({"pretrain": pretrain, "seed": seed, "fraction": 0.1})
+        return sweep_runs.flatten({"pretrain": pretrain, "seed": seed, "fraction": 0.1})
 
     configs = [config("none", None, s) for s in (0, 1)]
     configs += [config("jigsaw", n, s) for n in (5, 10) for s in (0, 1)]
     assert sweep_report.varying_keys(configs) == ["pretrain.name", "pretrain.num_learners"]
     rows = sweep_report.aggregate(
-        [sweep_report.Run(Path(f"{i}"), {"stages": {}}, c) for i, c in enumerate(configs)],
+        [sweep_runs.Run(Path(f"{i}"), {"stages": {}}, c) for i, c in enumerate(configs)],
         ["pretrain.name", "pretrain.num_learners"],
     )
     keys = [(r["pretrain.name"], r["pretrain.num_learners"], r["runs"]) for r in rows]
@@ -323,7 +322,7 @@ def test_varying_keys_keeps_a_swept_option_of_one_approach():
 
 
 def test_load_skips_a_truncated_summary_and_a_job_without_one_with_warnings(sweep):
-    runs, warnings = sweep_report.load_summaries(sweep)
+    runs, warnings = sweep_runs.load_summaries(sweep)
     assert len(runs) == 6
     assert len(warnings) == 2
     assert "6/summary.json: unreadable" in warnings[0]
@@ -334,7 +333,7 @@ def test_single_runs_and_runs_without_training(tmp_path):
     # A lone run has no std; a select-only run (no pretrain, no train) no accuracy, no data used.
     write_run(tmp_path / "0", ["selector=glister"], 0.85)
     write_run(tmp_path / "1", ["selector=random"], None, subset_size=None, pretrain_unique=None)
-    runs, warnings = sweep_report.load_summaries(tmp_path)
+    runs, warnings = sweep_runs.load_summaries(tmp_path)
     assert warnings == []
     trained, selected = sweep_report.aggregate(
         runs, sweep_report.varying_keys([r.config for r in runs])
@@ -351,7 +350,7 @@ def test_single_runs_and_runs_without_training(tmp_path):
 
 
 def test_markdown_table_is_formatted(sweep):
-    runs, _ = sweep_report.load_summaries(sweep)
+    runs, _ = sweep_runs.load_summaries(sweep)
     rows = sweep_report.aggregate(runs, ["selector.name"])
     lines = sweep_report.to_markdown(rows, ["selector.name"]).splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| selector.name"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lipt.run.slurm_launcher import _more_than_partition_has
+from lipt.run.slurm_pending import more_than_partition_has
 
 # sinfo -h -p <partitions> -o "%R %D %s %c": one line per partition and node state
 TABLE = {
@@ -58,4 +58,4 @@ def fake_sinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_pending_job_is_given_up_only_where_its_partition_can_never_run_it(
     fake_sinfo: None, nodes: str, cpus: str, partition: str, reason: str, never: bool
 ) -> None:
-    assert _more_than_partition_has(nodes, cpus, partition, reason) is never
+    assert more_than_partition_has(nodes, cpus, partition, reason) is never

@@ -200,7 +200,7 @@ def share_text(share: float, decimals: int = 1) -> str:
 
 def total_seconds(stages: Mapping[str, Any]) -> float:
     """End-to-end seconds: every stage's (pre-training, cleaning, selection, scoring, main
-    training), as the frontier counts a run's cost (lipt.report.frontier.costs)."""
+    training), as the frontier counts a run's cost (lipt.report.frontier_runs.costs)."""
     return sum(float(figures.get("seconds") or 0.0) for figures in stages.values())
 
 

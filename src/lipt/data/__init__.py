@@ -1,8 +1,9 @@
 """Data: on-disk readers (sources), transforms, lipt's Lightning DataModule and `PoolDataModule`,
 your own map-style data set as lipt's pool."""
 
+from lipt.data.contract import LearnerData, SubsetData, check_labelled
 from lipt.data.datamodule import DataModule, IndexedImages
-from lipt.data.pool import LearnerData, PoolDataModule, SubsetData, check_labelled
+from lipt.data.pool import PoolDataModule
 from lipt.data.sources import Splits, TensorImages
 
 __all__ = [

@@ -29,7 +29,7 @@ from torch import Tensor
 from lipt.core.artifacts import atomic_write_bytes
 from lipt.core.seeding import generator
 from lipt.data import SubsetData
-from lipt.data.pool import check_subset_data
+from lipt.data.contract import check_subset_data
 from lipt.dynamic.plan import EpochPlan, PruningMethod, ensemble_losses
 from lipt.selection.gradients import model_outputs
 from lipt.selection.types import LearnerHeads

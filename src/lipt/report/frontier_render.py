@@ -10,27 +10,22 @@ from typing import Any
 
 from lipt.core.artifacts import atomic_write_bytes, write_json
 from lipt.report.frontier import (
-    CURVE,
     LOSSLESS_POINTS,
-    REFERENCE,
     WHOLE_POOL,
     WHOLE_POOL_SCHEDULES,
     Detection,
     Paired,
     Point,
-    Record,
     aggregate,
-    by_condition,
-    by_epochs,
     detections,
     highest_on_validation,
     lossless_speedups,
     paired_with_whole_pool,
-    records,
     reference_of,
     timing_caveats,
     to_json,
 )
+from lipt.report.frontier_runs import CURVE, REFERENCE, Record, by_condition, by_epochs, records
 
 
 def accuracy_text(p: Point) -> str:

@@ -33,7 +33,8 @@ from lipt.core.errors import UserError, fail, one_line
 from lipt.jigsaw.checkpoints import LEARNERS_DIR
 from lipt.report.pictures import log_sweep_report
 from lipt.report.render import MARKDOWN_COLUMNS
-from lipt.report.sweep import aggregate, load_summaries, varying_keys
+from lipt.report.sweep import aggregate, varying_keys
+from lipt.report.sweep_runs import load_summaries
 from lipt.run.cli import keep_caches_in
 from lipt.run.config import run_of
 from lipt.run.slurm import is_slurm_launcher

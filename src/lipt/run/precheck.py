@@ -20,6 +20,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lipt.core.errors import UserError, fail, one_line
+from lipt.run.approach_pins import check_approach_choices, check_reference_takes
 from lipt.run.sweep_overrides import candidate_overrides, check_sweeps, declared_sweep, every_job
 from lipt.run.sweep_settings import HYDRA_JOB_FOLDER
 
@@ -181,6 +182,8 @@ def precheck(
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
             declared = declared_sweep(config_name, args, multirun, show_config, run_flag)
             args, params = check_sweeps(args, declared)
+            check_approach_choices(args, params, declared)
+            check_reference_takes(args, params, declared)
         assert declared.composed is not None
         set_hydra_config(declared.composed, declared.multirun)
         # Hydra's own settings are not the run's, but its search path finds a user's config files.

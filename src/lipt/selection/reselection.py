@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from lipt.core.artifacts import atomic_write_bytes, load_subset, save_subset
 from lipt.core.seeding import reselect_seed
 from lipt.data import SubsetData
-from lipt.data.pool import check_subset_data
+from lipt.data.contract import check_subset_data
 from lipt.selection.api import (
     Selector,
     budget_of,

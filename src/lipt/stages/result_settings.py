@@ -10,7 +10,7 @@ from typing import Any
 
 from lipt.core.host import trainer_world_size
 from lipt.core.schema import HYDRA_KEYS
-from lipt.report.sweep import flatten
+from lipt.report.sweep_runs import flatten
 
 # The processes main training runs on (trainer.devices x num_nodes, however spelt): a step's
 # batches are theirs together, and a step budget's steps were counted on them, so another number
