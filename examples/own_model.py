@@ -1,5 +1,5 @@
 """lipt on your own LightningModule and data set: jigsaw pre-training, subset selection with
-re-selection, and dynamic pruning, on a small synthetic data set (a few seconds on a CPU).
+re-selection, and dynamic pruning, on a small synthetic data set (about half a minute on a CPU).
 
     python examples/own_model.py
 """
