@@ -11,7 +11,9 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -39,11 +41,16 @@ def launch(config_name: str, stage_module: str) -> None:
     if is_checked_first(args):
         shown = args.cfg is not None
         try:
-            overrides = with_config_dir(args.overrides, args.config_dir)
-            jobs = precheck(config_name, overrides, args.multirun, shown, args.run)
-        except KeyboardInterrupt:  # Ctrl-C while checking (a dry run reads the data): no run yet
-            print("stopped by SIGINT before the run started; nothing was written", file=sys.stderr)
-            sys.exit(128 + signal.SIGINT)
+            with sigterm_stops_the_run():
+                overrides = with_config_dir(args.overrides, args.config_dir)
+                jobs = precheck(config_name, overrides, args.multirun, shown, args.run)
+        except (KeyboardInterrupt, RunStopped) as e:  # while checking (a dry run reads the data)
+            signum = e.signum if isinstance(e, RunStopped) else signal.SIGINT
+            print(
+                f"stopped by {signum.name} before the run started; nothing was written",
+                file=sys.stderr,
+            )
+            sys.exit(128 + signum)
         if jobs is not None:  # dry_run=true
             print(
                 f"dry run: {jobs} job{'s' if jobs != 1 else ''} composed, checked and built; "
@@ -66,14 +73,8 @@ def launch(config_name: str, stage_module: str) -> None:
         made_now = made_for_this_job(output_dir, started)
         keep_caches_in(output_dir)
         console.setup(multirun_job=is_multirun())
-        # A job run in the sweep's own process (the basic launcher) meets SIGTERM as a single
-        # run does (Lightning's handler in a fit), not as the sweep that waits on other
-        # processes' jobs (sweep_sigterm)
-        in_sweep = signal.getsignal(signal.SIGTERM) is sweep_sigterm
-        if in_sweep:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
-            with released_after(output_dir):
+            with sigterm_stops_the_run(), released_after(output_dir):
                 summary = stage(validate(cfg))
             if is_multirun():  # the next job's wandb runs from its own folder
                 end_wandb_service()
@@ -87,6 +88,8 @@ def launch(config_name: str, stage_module: str) -> None:
             fail(one_line(e))
         except SIGTERMException:  # Lightning's handler ends the fit with SystemExit(None): 0
             stopped_by_signal(signal.SIGTERM, str(cfg.get("stage")), output_dir)
+        except RunStopped as e:  # SIGTERM outside a fit
+            stopped_by_signal(e.signum, str(cfg.get("stage")), output_dir)
         except KeyboardInterrupt:  # Ctrl-C outside a fit
             stopped_by_signal(signal.SIGINT, str(cfg.get("stage")), output_dir)
         except SystemExit as e:
@@ -94,31 +97,68 @@ def launch(config_name: str, stage_module: str) -> None:
             if isinstance(e.__context__, KeyboardInterrupt):
                 stopped_by_signal(signal.SIGINT, str(cfg.get("stage")), output_dir)
             raise
-        finally:
-            if in_sweep:
-                signal.signal(signal.SIGTERM, sweep_sigterm)
 
     started = time.time()  # after precheck's probes: a run folder Hydra makes is changed later
-    if args.multirun and is_checked_first(args):
-        signal.signal(signal.SIGTERM, sweep_sigterm)
+    sweep = args.multirun and is_checked_first(args)
     try:
-        main()
+        with sigterm_stops_the_run(sweep_sigterm if sweep else stage_sigterm):
+            main()
     except HydraException as e:  # `--help` composes the overrides outside Hydra's error report
         fail(one_line(e) + override_hint(e))
-    except (KeyboardInterrupt, SweepStopped) as e:  # outside a job: Hydra's start, a sweep's wait
-        signum = e.signum if isinstance(e, SweepStopped) else signal.SIGINT
+    except (KeyboardInterrupt, RunStopped) as e:  # outside a job: Hydra's start, a sweep's wait
+        signum = e.signum if isinstance(e, RunStopped) else signal.SIGINT
         print(f"stopped by {signum.name}; {how_to_resume(e, args.multirun)}", file=sys.stderr)
         sys.exit(128 + signum)
 
 
-class SweepStopped(BaseException):
-    """SIGTERM reached a sweep's own process while its launcher waits on jobs run elsewhere
-    (joblib's workers): raised there, so that the launcher ends its workers (joblib aborts on
-    any exception), which otherwise went on training every job of a sweep that had ended."""
+class RunStopped(BaseException):
+    """SIGTERM reached a run outside Lightning's fits (loading data, between the jigsaw
+    learners, merging, scoring, selecting, writing files; Hydra's start): raised where the
+    run was, so that it ends as a stop in a fit does, with one line on how to resume
+    (stopped_by_signal). A BaseException: no `except Exception` of the stage takes it for a
+    failure of its own."""
 
     def __init__(self, signum: signal.Signals) -> None:
         super().__init__(f"stopped by {signum.name}")
         self.signum = signum
+
+
+def stage_sigterm(signum: int, frame: Any) -> None:
+    """The SIGTERM handler of a run (sigterm_stops_the_run). Inside a fit Lightning's handler
+    takes its place and calls it after its own: there Lightning ends the fit at its next step
+    (SIGTERMException), and this one leaves it to do so."""
+    if signal.getsignal(signal.SIGTERM) is stage_sigterm:
+        raise RunStopped(signal.Signals(signum))
+
+
+@contextmanager
+def sigterm_stops_the_run(handler: Callable[[int, Any], None] = stage_sigterm) -> Iterator[None]:
+    """SIGTERM answered by `handler` while the block runs, in place of the default (the process
+    killed without a word) and of the sweep's own handler while a job runs in the sweep's process
+    (the basic launcher's jobs meet SIGTERM as a single run does). A handler another library set
+    (submitit's in a cluster job) is kept, and so is any handler outside the main thread, which
+    cannot set one. The handler that was there is put back after."""
+    previous = signal.getsignal(signal.SIGTERM)
+    ours = threading.current_thread() is threading.main_thread() and previous in (
+        signal.SIG_DFL,
+        sweep_sigterm,
+        stage_sigterm,
+    )
+    if ours:
+        signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        # unless another took its place meanwhile (lipt.core.requeue's, when SLURM's time-limit
+        # signal is SIGTERM, holds to the end of the process)
+        if ours and signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class SweepStopped(RunStopped):
+    """SIGTERM reached a sweep's own process while its launcher waits on jobs run elsewhere
+    (joblib's workers): raised there, so that the launcher ends its workers (joblib aborts on
+    any exception), which otherwise went on training every job of a sweep that had ended."""
 
 
 def sweep_sigterm(signum: int, frame: Any) -> None:
