@@ -183,3 +183,13 @@ class LargestTensor(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
         return out
+
+
+def selector_config(target: str, name: str = "mine") -> str:
+    """A selector option of one's own (configs/selector/<name>.yaml) calling `target`, a
+    function that needs no model, training its subset."""
+    return (
+        "defaults:\n  - override /budget@_global_.budget: subset\n  - _self_\n"
+        f"name: {name}\nneeds_model: false\nbalance: false\n_target_: {target}\n"
+        "_partial_: true\n"
+    )

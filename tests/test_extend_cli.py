@@ -9,17 +9,9 @@ from pathlib import Path
 import pytest
 
 from lipt.run.cli import with_config_dir
-from tests.helpers import FAST, run_entry
+from tests.helpers import FAST, run_entry, selector_config
 
-MINE = """defaults:
-  - override /budget@_global_.budget: subset
-  - _self_
-name: mine
-needs_model: false
-balance: false
-_target_: lipt.selection.select_random
-_partial_: true
-"""
+MINE = selector_config("lipt.selection.select_random")
 
 
 def own_configs(root: Path) -> Path:

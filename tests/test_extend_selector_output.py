@@ -15,7 +15,7 @@ import lipt
 from lipt.core.errors import UserError
 from lipt.selection import Selection, SelectionInputs
 from lipt.selection.contract import check_selection, selector_name
-from tests.helpers import FAST, ROOT, run_entry
+from tests.helpers import FAST, ROOT, run_entry, selector_config
 
 
 def ones(rows: torch.Tensor) -> Selection:
@@ -106,15 +106,7 @@ def test_a_misspelt_bound_setting_is_refused_before_the_pool_is_read():
         lipt.select(model(), Unread(), 4, functools.partial(select_tempered, temprature=2.0))
 
 
-MINE = """defaults:
-  - override /budget@_global_.budget: subset
-  - _self_
-name: mine
-needs_model: false
-balance: false
-_target_: tests.test_extend_selector_output.select_nan
-_partial_: true
-"""
+MINE = selector_config("tests.test_extend_selector_output.select_nan")
 
 
 @pytest.mark.slow

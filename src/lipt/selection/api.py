@@ -249,10 +249,7 @@ def labels_of_pool(pool: Iterable[Any]) -> PoolOutputs:
             f"{int(idx_sorted[first])}: label {int(labels[first])}): give every item a class "
             "index >= 0, or leave the unlabelled items out of the data set"
         )
-    n, classes = len(idx_sorted), int(labels.max()) + 1
-    # logits no labels-only selector reads: a view of one zero, not [N, C] of them (5 GB at
-    # ImageNet's 1.28M rows and 1,000 classes)
-    return PoolOutputs(torch.zeros(()).expand(n, classes), torch.zeros(n, 0), labels, idx_sorted)
+    return PoolOutputs.labels_only(labels, idx_sorted, int(labels.max()) + 1)
 
 
 def pick(

@@ -45,6 +45,14 @@ class PoolOutputs:
                 f"indices {tuple(self.indices.shape)}"
             )
 
+    @classmethod
+    def labels_only(cls, targets: Tensor, indices: Tensor, num_classes: int) -> PoolOutputs:
+        """The pool as a selector that needs no model (random) sees it: labels and positions.
+        Its logits, which such a selector never reads, are a view of one zero, not [N, C] of
+        them (5 GB at ImageNet's 1.28M rows and 1,000 classes)."""
+        n = len(targets)
+        return cls(torch.zeros(()).expand(n, num_classes), torch.zeros(n, 0), targets, indices)
+
     @property
     def num_classes(self) -> int:
         return int(self.logits.shape[1])

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
-import torch
 from torch import Tensor, nn
 
 from lipt.budget import subset_rows
@@ -110,7 +109,10 @@ def choose_subset(
                 learner_heads,
             )
     else:
-        inputs = SelectionInputs(pool=labels_only(dm))
+        idx = dm.pool_indices  # labels and positions: a selector that needs no model
+        inputs = SelectionInputs(
+            pool=PoolOutputs.labels_only(dm.train_source.labels[idx], idx, dm.num_classes)
+        )
     with console.progress(f"selecting: {selector.name} picks", budget) as step:
         picking = console.counting_selector(fn, step)
         subset = pick(inputs, budget, picking, seed, selector.balance, profile is not None)
@@ -136,18 +138,6 @@ def describe_selection(selector: SelectorSettings, budget: int, pool_size: int) 
     """The line that opens selection: how many rows of the pool, by which selector."""
     balanced = " (balanced)" if selector.balance else ""
     return f"selecting {budget:,} of {pool_size:,} with {selector.name}{balanced}"
-
-
-def labels_only(dm: DataModule) -> PoolOutputs:
-    """The pool as a selector that needs no model (random) sees it: labels and positions."""
-    idx = dm.pool_indices
-    n = len(idx)
-    return PoolOutputs(
-        logits=torch.zeros(()).expand(n, dm.num_classes),  # unread: one zero, not [N, C]
-        embeddings=torch.zeros(n, 0),
-        targets=dm.train_source.labels[idx],
-        indices=idx,
-    )
 
 
 def subset_meta(run: Run, dm: DataModule) -> dict[str, Any]:
