@@ -14,46 +14,28 @@ from tests.helpers import CONFIGS, ROOT, run_entry
 APPROACHES = sorted(p.stem for p in (CONFIGS / "approach").glob("*.yaml"))
 FRONTIERS = ("frontier_small", "frontier_cpu", "frontier_long", "frontier_noisy")
 
-# Refused under frontier_small: its `merge.ratios: 2` (the default greedy interpolation soup's
-# grid) reaches the greedy and uniform soups these approaches pin, which take no ratios. The fix
-# needs an experiment-level setting the greedy interpolation soup reads (lipt.core.settings);
-# empty this set, and drop the xfail test below, when it lands.
-REFUSED_UNDER_SMALL = {"lipt_greedy", "lipt_uniform"}
 
-
-def dry_run(tmp_path: Path, approaches: list[str]) -> tuple[int, str]:
-    """One multirun dry run of frontier_small over `approaches` at one budget."""
+def test_every_approach_dry_runs_under_frontier_small_in_one_sweep(tmp_path: Path) -> None:
+    """Those that pin another merge (lipt_greedy, lipt_uniform) among them: the experiment
+    sets no key of the default merge that theirs would refuse."""
     out = run_entry(
         str(ROOT / "train.py"),
         [
             "-m",
             "+experiment=frontier_small",
-            f"+approach={','.join(approaches)}",
+            f"+approach={','.join(APPROACHES)}",
             "fraction=0.25",
             "dry_run=true",
             f"hydra.sweep.dir={tmp_path / 'sweep'}",
         ],
         cwd=tmp_path,
     )
-    return out.returncode, out.stdout + out.stderr
-
-
-def test_every_approach_dry_runs_under_frontier_small_in_one_sweep(tmp_path: Path) -> None:
-    approaches = [a for a in APPROACHES if a not in REFUSED_UNDER_SMALL]
-    code, output = dry_run(tmp_path, approaches)
-    assert code == 0, output[-2000:]
+    output = out.stdout + out.stderr
+    assert out.returncode == 0, output[-2000:]
     # each approach's job, the sweeper's reference (full_data) among them
-    jobs = len({*approaches, "full_data"})
+    jobs = len({*APPROACHES, "full_data"})
     assert f"dry run: {jobs} jobs composed, checked and built" in output
     assert not (tmp_path / "sweep").exists()
-
-
-@pytest.mark.xfail(
-    strict=True, reason="frontier_small's merge.ratios reaches the merges these approaches pin"
-)
-def test_the_merge_pinning_approaches_dry_run_under_frontier_small(tmp_path: Path) -> None:
-    code, output = dry_run(tmp_path, sorted(REFUSED_UNDER_SMALL))
-    assert code == 0, output[-2000:]
 
 
 def compose_job(approach: str, experiment: str, searchpath: Path | None = None) -> object:
