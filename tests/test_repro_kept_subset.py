@@ -55,3 +55,11 @@ def test_a_subset_without_the_groups_keys_is_still_kept(make_cfg, monkeypatch, t
     save_subset(tmp_path / "subset.npz", indices, weights, older)
     args = [*SUBSET, "selector.balance=true", "ckpt_path=last"]
     assert train_stage.run(validate(make_cfg(args)))["subset_size"] == len(indices)
+
+
+def test_a_resume_draws_the_kept_subsets_missing_picture(make_cfg, monkeypatch, tmp_path):
+    """A run killed between subset.npz and subset.png draws the picture when it resumes."""
+    killed_before_an_epoch_was_saved(make_cfg, monkeypatch)
+    (tmp_path / "subset.png").unlink()
+    train_stage.run(validate(make_cfg([*SUBSET, "ckpt_path=last"])))
+    assert (tmp_path / "subset.png").stat().st_size > 0

@@ -20,6 +20,7 @@ from lipt.core.artifacts import load_subset
 from lipt.core.errors import UserError
 from lipt.core.job import is_ddp_child, wait_for_file
 from lipt.jigsaw.context import Pretrained
+from lipt.report.pictures import SUBSET_PICTURE, write_subset_picture
 from lipt.stages.build import Parts
 from lipt.stages.dynamic import DynamicSetup, dynamic_pruning
 from lipt.stages.pretrain import ranking_models
@@ -90,6 +91,10 @@ def obtain_subset(
     if resume.subset is not None:
         # A resumed run trains on what the first attempt chose (re-selected ones included).
         kept = TrainingSet(resume.subset, initial=resume.initial, earlier_stages=resume.stages)
+        picture = out / SUBSET_PICTURE
+        if not picture.exists() and not is_ddp_child():  # killed between subset.npz and it
+            assert kept.initial_indices is not None
+            write_subset_picture(dm, kept.initial_indices, picture)
         ranks = run.selector is not None and run.selector.needs_model  # pre-trains to select
         if resume.checkpoint is not None or settings.init_from != "pretrained" or not ranks:
             return kept
