@@ -43,6 +43,19 @@ LEARNERS_DIR = "learners"
 # (lipt.selection.reselection), jigsaw learners, the subsets seen per epoch and rank
 # (lipt.data.seen.SEEN_DIR) and dynamic pruning's audits (lipt.dynamic.callback.AUDIT_DIR).
 RUN_SUBFOLDERS = ("checkpoints", "subsets", LEARNERS_DIR, "seen", "dynamic")
+# The files the stages write in a run folder itself (lipt.stages.select, .clean, .pretrain_outputs,
+# lipt.cleaning.issues_csv, lipt.report.pictures).
+RUN_FILES = (
+    "summary.json",
+    "stages.json",
+    "subset.npz",
+    "subset.png",
+    "pretrain.ckpt",
+    "merge_report.json",
+    "clean.json",
+    "label_issues.csv",
+    "label_issues.png",
+)
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -80,6 +93,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
             _raise_if_no_space(e, path)
+        if isinstance(e, IsADirectoryError):  # a folder of the file's name, made during the run
+            raise UserError(f"{path} is a folder, not lipt's file; move it, and run again") from e
         raise
 
 
@@ -162,12 +177,32 @@ def remove_leftover_temporaries(run_folder: Path) -> list[tuple[Path, int]]:
     return removed
 
 
+def check_run_folder_entries(folder: Path) -> None:
+    """Refuse a run folder where one of lipt's files is a folder, or one of its folders a file
+    (the user's, of the same name): each write there would fail, the last ones after all the
+    work (summary.json).
+
+    Raises:
+        UserError: naming the first such entry.
+    """
+    kinds = [(name, False) for name in RUN_FILES] + [(name, True) for name in RUN_SUBFOLDERS]
+    for name, folder_kind in kinds:
+        entry = Path(folder) / name
+        if entry.exists() and entry.is_dir() != folder_kind:
+            was, wanted = ("file", "folder") if folder_kind else ("folder", "file")
+            raise UserError(
+                f"{entry} is a {was}, where lipt writes its {name} {wanted}; move it out of "
+                "the run folder, or pass another hydra.run.dir"
+            )
+
+
 def _raise_if_no_space(e: OSError, path: Path) -> None:
     if e.errno in _NO_SPACE:
         kept = "the previous file is unchanged" if path.exists() else "nothing was written"
         raise UserError(
             f"no space left on the device while writing {path} ({kept}); free some space and "
-            "run again"
+            # without ckpt_path=last, train.py would start over on the epochs saved
+            "run again in the same folder (train.py: with ckpt_path=last, to go on from there)"
         ) from e
 
 
@@ -200,7 +235,7 @@ def load_subset(path: Path) -> tuple[Tensor, Tensor, dict[str, Any]]:
             indices = data["indices"]
             weights = data["weights"]
             meta = json.loads(str(data["meta"]))
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:  # EOF: empty
         raise UserError(
             f"{path} is not a readable lipt subset file ({type(e).__name__}); re-run select.py"
         ) from e

@@ -23,13 +23,17 @@ PR_SET_PDEATHSIG = 1  # prctl(2)
 
 def run_dir(path: Path) -> Path:
     """The run folder, created and locked for this process (lipt.core.lock): a second run
-    pointed at it is refused. Extra DDP ranks share their rank 0's folder and lock, and end
+    pointed at it is refused, and so is one where a folder has the name of a file lipt writes
+    there (or the reverse). Extra DDP ranks share their rank 0's folder and lock, and end
     with the rank 0 that started them (`end_with_launcher`)."""
     path.mkdir(parents=True, exist_ok=True)
     if is_ddp_child():
         end_with_launcher()
     else:
         lock_run_dir(path)
+        from lipt.core.artifacts import check_run_folder_entries  # imports torch: not up top
+
+        check_run_folder_entries(path)
         os.environ[LAUNCHER_PID] = str(os.getpid())  # for the ranks Lightning starts from here
     return path
 

@@ -7,6 +7,7 @@ dominated by PIL; ImageNet-style folders stay on disk and are decoded per item.
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 import zlib
 from dataclasses import dataclass
@@ -322,7 +323,10 @@ def load_image_folder(
     # The folder's name and class count tell trees apart for a reader; the digest of the
     # training files (what subsets index and pre-training learns from) tells apart two trees of
     # one name and class count, or one tree before and after its files changed.
-    name = f"imagefolder:{root.name}:{len(classes)}:{files_digest(train_dir, train.paths)}"
+    # Its name as an absolute path's: `.` and `..` would name the tree by how it was spelt
+    # (imagefolder::3:...), not which it is; links are not resolved (their name is chosen).
+    folder = Path(os.path.abspath(root)).name
+    name = f"imagefolder:{folder}:{len(classes)}:{files_digest(train_dir, train.paths)}"
     return Splits(
         train,
         FolderImages(val_dir, classes, resize, size, channels),

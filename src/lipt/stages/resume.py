@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import Tensor
 
 from lipt.core import console
@@ -70,11 +72,28 @@ def finished_summary(run: Run, out: Path) -> dict[str, Any] | None:
     finished = out / "summary.json"
     if run.settings.ckpt_path != "last" or not finished.is_file() or is_ddp_child():
         return None
-    summary: dict[str, Any] = json.loads(finished.read_text())
+    summary = read_saved_json(
+        finished, "delete it, and ckpt_path=last tests the run's last checkpoint again"
+    )
     recorded, now = settled(summary.get("config", {})), settled(run.config)
     refuse_other_settings(f"{finished} is of a run with", recorded, now)
     log.info(f"{console.shown(out)} finished already: its summary.json stands")
     return summary
+
+
+def read_saved_json(path: Path, fix: str) -> dict[str, Any]:
+    """A JSON object an earlier attempt saved in the run folder (summary.json, stages.json).
+
+    Raises:
+        UserError: it does not read as one (truncated, or not lipt's), naming `fix`.
+    """
+    try:
+        payload = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # ValueError: bad JSON, bad UTF-8
+        raise UserError(f"{path} is not readable JSON ({type(e).__name__}); {fix}") from e
+    if not isinstance(payload, dict):
+        raise UserError(f"{path} holds a JSON {type(payload).__name__}, not lipt's object; {fix}")
+    return payload
 
 
 NEW_RUN = "pass a new hydra.run.dir to start a new run"
@@ -126,6 +145,52 @@ class RunRecord(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         return {"settings": dict(self.settings), "data": self.data}
 
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """A run folder moved or renamed since the checkpoint was saved: its checkpoint
+        callbacks' records are carried over to where the folder is now, before they load.
+        Lightning's ModelCheckpoint drops a record of another folder, so best.ckpt would
+        take the next epoch's weights, better or not."""
+        states = checkpoint.get("callbacks")
+        if isinstance(states, dict):
+            moved_checkpoint_records(trainer.checkpoint_callbacks, states)
+
+
+# The fields of a ModelCheckpoint's state that name its folder or files in it.
+_CHECKPOINT_PATHS = ("dirpath", "best_model_path", "kth_best_model_path", "last_model_path")
+
+
+def moved_checkpoint_records(callbacks: list[Any], states: dict[str, Any]) -> None:
+    """Rewrite, in place, the checkpoint callbacks' `states` (a checkpoint's "callbacks") that
+    name files of the run folder where it was (the rolling checkpoint's folder's parent, as
+    recorded) to name them where it is now (that callback's folder's parent)."""
+    rolling = [
+        cb
+        for cb in callbacks
+        if isinstance(cb, ModelCheckpoint)
+        and cb.filename == "last"
+        and os.path.basename(str(cb.dirpath)) == "checkpoints"
+    ]
+    recorded = states.get(rolling[0].state_key) if rolling else None
+    was = recorded.get("dirpath") if isinstance(recorded, dict) else None
+    if not isinstance(was, str) or os.path.basename(was) != "checkpoints":
+        return
+    old, new = os.path.dirname(was), os.path.dirname(str(rolling[0].dirpath))
+    if old == new:
+        return
+
+    def moved(path: Any) -> Any:
+        inside = isinstance(path, str) and path.startswith(old + os.sep)
+        return new + path[len(old) :] if inside else path
+
+    for cb in callbacks:
+        state = states.get(cb.state_key) if isinstance(cb, ModelCheckpoint) else None
+        if isinstance(state, dict):
+            state.update({key: moved(state[key]) for key in _CHECKPOINT_PATHS if key in state})
+            if isinstance(state.get("best_k_models"), dict):
+                state["best_k_models"] = {moved(k): v for k, v in state["best_k_models"].items()}
+
 
 def recorded_settings(payload: Mapping[str, Any]) -> dict[str, Any] | None:
     """What `RunRecord` recorded in a checkpoint of main training (its `payload`), the data
@@ -147,7 +212,11 @@ def resume_of(run: Run, dm: DataModule, out: Path) -> Resume:
     subset, initial = kept_subset(run, dm, out, completed)
     stages_file = out / STAGES_FILE
     resuming = run.settings.ckpt_path is not None
-    stages = json.loads(stages_file.read_text()) if resuming and stages_file.is_file() else None
+    stages = None
+    if resuming and stages_file.is_file():
+        # the seconds of the stages before main training: summary.json counts them
+        fix = "delete it to resume without the earlier stages' seconds (summary.json omits them)"
+        stages = read_saved_json(stages_file, fix)
     return Resume(checkpoint, subset, initial, stages)
 
 
@@ -183,11 +252,12 @@ def checkpoint_path(run: Run, out: Path) -> Path | None:
     if not ckpt:
         return None
     if ckpt != "last":
-        if not Path(str(ckpt)).is_file():
+        given = Path(str(ckpt)).expanduser()  # as lipt.run.config checked it: ~ is home
+        if not given.is_file():
             raise UserError(
                 f"ckpt_path={ckpt} does not exist; give a Lightning checkpoint or 'last'"
             )
-        return Path(str(ckpt))
+        return given
     last = out / "checkpoints" / "last.ckpt"
     if last.is_file():
         return last
@@ -232,7 +302,13 @@ def kept_subset(
     resuming = completed is not None or run.settings.ckpt_path == "last"
     if not resuming or run.settings.subset_path or not run.trains_subset or not saved.is_file():
         return None, None
-    indices, weights, recorded = load_subset(saved)
+    try:
+        indices, weights, recorded = load_subset(saved)
+    except UserError as e:  # its "re-run select.py" is not how a run of train.py goes on
+        unread = str(e).partition(";")[0]
+        # before main training saved an epoch, the run selects it again; after, it trained on it
+        fix = "delete it to select it again" if completed is None else NEW_RUN
+        raise UserError(f"{unread}; {fix}") from e
     now = {"clean": "none", **subset_meta(run, dm)}
     refuse_other_settings(f"{saved} was selected with", with_cleaning(recorded, out), now)
     check_subset_fits(dm, saved, indices, weights, recorded)
