@@ -18,6 +18,7 @@ import lipt.cleaning.issues as issues
 from lipt.cleaning.datalab import DatalabReport, write_datalab
 from lipt.cleaning.issues import LabelIssues, fit_softmax_regression, probe_probs
 from lipt.cleaning.issues_csv import read_issues, write_issues
+from lipt.core.errors import UserError
 from tests.helpers import LargestTensor
 
 N, C, D = 2000, 1000, 16
@@ -101,3 +102,29 @@ def test_label_issue_files_keep_the_tiny_scores_of_many_classes(tmp_path: Path) 
     write_datalab(tmp_path, DatalabReport(frame, {}, 0.0, None))
     written = pd.read_csv(tmp_path / "datalab_issues.csv")["score"].to_numpy()
     assert np.allclose(written, scores.double().numpy(), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("cut", ["mid_number", "missing_fields", "bad_bytes"])
+def test_a_damaged_label_issues_csv_is_refused_in_one_line(tmp_path: Path, cut: str) -> None:
+    """A label_issues.csv damaged since it was written (a copy cut short, within a number or a
+    row; bytes that are not text) is refused as unreadable, saying how to go on: not read as
+    other numbers, nor a TypeError's traceback."""
+    n = 1000
+    issues = LabelIssues(
+        torch.arange(n),
+        torch.zeros(n, dtype=torch.int64),
+        torch.ones(n, dtype=torch.int64),
+        torch.rand(n),
+    )
+    path = tmp_path / "label_issues.csv"
+    write_issues(path, issues)
+    data = path.read_bytes()
+    last_row = data.rindex(b"\n", 0, len(data) // 2)  # a row's end, half way down
+    damaged = {
+        "mid_number": data[: last_row - 1],  # its score's last digit gone, and the newline
+        "missing_fields": data[: last_row + 1] + b"7,0\n",
+        "bad_bytes": b"\xff\xfe" + data,
+    }
+    path.write_bytes(damaged[cut])
+    with pytest.raises(UserError, match=r"is not a readable label_issues.csv .*; delete it"):
+        read_issues(path)

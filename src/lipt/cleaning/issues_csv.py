@@ -39,17 +39,32 @@ def write_issues(path: Path, issues: LabelIssues) -> None:
 
 
 def read_issues(path: Path) -> LabelIssues:
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
+    """A label_issues.csv an earlier attempt wrote (whole: `write_issues` writes it atomically).
+
+    Raises:
+        UserError: it is not one, or was damaged since (cut short by a copy, bytes not text).
+    """
+    unreadable = f"{path} is not a readable label_issues.csv"
+    fix = "delete it to find the issues again"
+    try:
+        text = path.read_bytes().decode()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{unreadable} ({type(e).__name__}); {fix}") from e
+    if not text.endswith("\n"):  # every row ends one: a last row without it was cut short
+        raise UserError(f"{unreadable} (its last row is cut short); {fix}")
+    rows = list(csv.DictReader(io.StringIO(text, newline="")))
     if rows and tuple(rows[0]) != COLUMNS:
         raise UserError(f"{path} is not a label_issues.csv (columns {tuple(rows[0])})")
 
     def column(name: str, dtype: torch.dtype) -> Tensor:
         return torch.tensor([float(r[name]) for r in rows], dtype=dtype)
 
-    return LabelIssues(
-        column("index", torch.int64),
-        column("given", torch.int64),
-        column("suggested", torch.int64),
-        column("score", torch.float32),
-    )
+    try:  # a row of missing fields reads None (TypeError); a field not a number, ValueError
+        return LabelIssues(
+            column("index", torch.int64),
+            column("given", torch.int64),
+            column("suggested", torch.int64),
+            column("score", torch.float32),
+        )
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{unreadable} ({e}); {fix}") from e
