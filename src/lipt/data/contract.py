@@ -104,6 +104,32 @@ def check_labelled(dataset: Any, name: str = "dataset") -> None:
         )
 
 
+# Items checked at a time for NaN or inf: a bounded bool buffer over a large tensor.
+CHUNK_ITEMS = 4096
+
+
+def check_finite_inputs(dataset: Any, name: str = "dataset") -> None:
+    """ValueError where a `TensorDataset`'s float inputs hold a NaN or an infinity (one pass
+    over memory; other data sets are read only when trained on): one such item turns the
+    loss, and through it every weight, into NaN."""
+    if not isinstance(dataset, TensorDataset) or not dataset.tensors:
+        return
+    inputs = dataset.tensors[0]
+    if not inputs.is_floating_point() or inputs.ndim == 0 or len(inputs) == 0:
+        return
+    bad = torch.cat(
+        [~c.reshape(len(c), -1).isfinite().all(1) for c in inputs.split(CHUNK_ITEMS)]
+    ).cpu()  # [N]
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten()
+        first = ", ".join(str(int(i)) for i in rows[:5]) + (", ..." if len(rows) > 5 else "")
+        raise ValueError(
+            f"{name}: the data's inputs are not finite (NaN or inf) in {len(rows)} item(s): "
+            f"{first}; fix or drop those items (positions in the data set), whose loss would "
+            "turn every weight into NaN"
+        )
+
+
 def validation_rows(val_size: Any, n: int) -> int:
     """How many of `n` items `val_size` carves out as the validation split: a count (an integer
     >= 0) or a share of the items (a float in [0, 1)); ValueError for anything else, or for a

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorData
 
 from lipt.core.errors import UserError
 from lipt.data.contract import (
+    check_finite_inputs,
     check_labelled,
     check_subset,
     held_labels,
@@ -111,7 +112,8 @@ class PoolDataModule(L.LightningDataModule):
     `seed`: the resident path's shuffling (the DataLoader path draws from the global RNG).
 
     Raises:
-        ValueError: at construction, for data without (input, class index) items, a bad
+        ValueError: at construction, for data without (input, class index) items, a
+            `TensorDataset` whose inputs hold a NaN or an infinity, a bad
             `val_size`, a `batch_size`, `eval_batch_size`, `num_workers`, `seed` or
             `split_seed` that is not an integer in range, or `resident` without a
             TensorDataset.
@@ -133,9 +135,11 @@ class PoolDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         check_labelled(train, "train")
+        check_finite_inputs(train, "train")
         n = len(cast(Sized, train))
         if eval_view is not None:
             check_labelled(eval_view, "eval_view")
+            check_finite_inputs(eval_view, "eval_view")
             if len(cast(Sized, eval_view)) != n:
                 raise ValueError(
                     f"eval_view has {len(cast(Sized, eval_view))} items, train {n}: it must be "

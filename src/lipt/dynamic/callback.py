@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from lipt.core.artifacts import atomic_write_bytes
+from lipt.core.errors import UserError
 from lipt.core.seeding import generator
 from lipt.data import SubsetData
 from lipt.data.contract import check_subset_data
@@ -159,8 +160,23 @@ class DynamicPruning(L.Callback):
         """Epoch `epoch`'s plan, drawn once (a loader built twice for one epoch gets the same)."""
         if self.planned is None or self.planned[0] != epoch:
             stream = generator(self.seed, "dynamic", epoch)
-            self.planned = (epoch, self.method.plan(self.scores.cpu(), epoch, num_epochs, stream))
+            scores = self.scores.cpu()
+            self.check_scores(scores, epoch)
+            self.planned = (epoch, self.method.plan(scores, epoch, num_epochs, stream))
         return self.planned[1]
+
+    def check_scores(self, scores: Tensor, epoch: int) -> None:
+        """UserError for a NaN or infinite training loss among the scores: InfoBatch would
+        compare with a NaN mean and prune nothing, LiptBudget's draw would fail in torch."""
+        bad = ~torch.isfinite(scores)
+        if bool(bad.any()):
+            first = int(self.pool[torch.nonzero(bad)[0, 0]])
+            raise UserError(
+                f"dynamic pruning: the training loss of {int(bad.sum())} of {len(scores)} pool "
+                f"items is NaN or infinite before epoch {epoch} (data set position {first} "
+                "first): training diverged, or those inputs hold NaN or infinite values; lower "
+                "the learning rate, or fix or drop those items"
+            )
 
     def epoch_subset(self, trainer: L.Trainer, epoch: int) -> tuple[Tensor, Tensor]:
         """(positions in the original split, loss weights) that epoch `epoch` trains on."""

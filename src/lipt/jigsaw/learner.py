@@ -19,7 +19,6 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import lightning as L
 import torch
 from torch import Tensor, nn
 
@@ -32,6 +31,7 @@ from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.pruning import draw_density
 from lipt.jigsaw.shards import make_shards, shard_for_learner
 from lipt.jigsaw.weights import StateDict, is_finite_state_dict
+from lipt.models.classifier import DivergedError
 
 log = logging.getLogger(__name__)
 
@@ -146,21 +146,6 @@ def quiet_lightning() -> Iterator[None]:
         yield
 
 
-class NonFiniteLossError(RuntimeError):
-    """A learner's training loss became NaN or infinite: it stops there and is left out."""
-
-
-class StopOnNonFiniteLoss(L.Callback):
-    """Stop a learner at its first non-finite loss instead of training on to NaN weights."""
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, i: int
-    ) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if isinstance(loss, Tensor) and not bool(torch.isfinite(loss).all()):
-            raise NonFiniteLossError(f"loss {float(loss)} at step {trainer.global_step}")
-
-
 def train_learner(
     ctx: PretrainContext,
     settings: JigsawSettings,
@@ -179,23 +164,23 @@ def train_learner(
     module = ctx.classifier(model, **settings.learner_optim())
     try:
         with seeded(derive_seed(seed, "learner", learner)), quiet_lightning():
-            trainer = ctx.trainer(
-                max_epochs=int(settings.local_epochs), callbacks=[StopOnNonFiniteLoss()]
-            )
+            # Classifier.training_step stops a learner at its first non-finite loss.
+            trainer = ctx.trainer(max_epochs=int(settings.local_epochs))
             loader = dm.shard_dataloader(shard, ctx.augment.randaugment())
             trainer.fit(module, train_dataloaders=loader)
         result.samples = module.samples_seen
         result.density, extra = prune_learner(ctx, dm, model, seed, learner, shard)
         result.samples += extra
-    except UserError:
-        raise  # a config problem: every learner would hit it
-    except NonFiniteLossError as e:  # kept (its checkpoint says so): a re-run would diverge again
-        result.status, result.error = "diverged", f"non-finite loss ({e})"
+    except DivergedError as e:  # kept (its checkpoint says so): a re-run would diverge again
+        result.status = "diverged"
+        result.error = f"non-finite loss (loss {e.loss} at step {e.step})"
         result.samples = module.samples_seen
         result.state_dict = state_dict_cpu(model)
         result.seconds = time.perf_counter() - start
         log.warning("jigsaw learner %d diverged (%s) and is left out", learner, result.error)
         return result
+    except UserError:
+        raise  # a config problem: every learner would hit it
     except Exception as e:  # a learner that breaks is left out of the soup, not the whole stage
         result.status, result.error = "failed", f"{type(e).__name__}: {e}"
         result.samples = module.samples_seen

@@ -59,6 +59,21 @@ QUIET_TRAINER: dict[str, Any] = {
 }
 
 
+class DivergedError(UserError):
+    """Training's loss became NaN or infinite. Raised before the step that would train on it,
+    so the fit ends there instead of training on NaN weights and then writing down their
+    accuracy (argmax of NaN logits, a plausible-looking number) as the run's result."""
+
+    def __init__(self, loss: float, step: int, epoch: int, lr: float | None) -> None:
+        self.loss, self.step = loss, step
+        rate = "" if lr is None else f", learning rate {lr:.3g}"
+        super().__init__(
+            f"training diverged: the loss became {loss} at step {step} (epoch {epoch}{rate}); "
+            "lower the learning rate (optimizer.lr; pretrain.optim.lr for jigsaw learners) "
+            "or look for NaN or infinite values in the inputs"
+        )
+
+
 class Classifier(L.LightningModule):
     """Cross-entropy classifier with per-sample loss weights.
 
@@ -111,6 +126,7 @@ class Classifier(L.LightningModule):
         self.fit_started: float | None = None
         # The last training batch's per-sample losses, detached: what dynamic pruning scores by.
         self.last_losses: Tensor | None = None
+        self.last_loss: Tensor | None = None  # the loss trained on, detached (NaN: diverged)
         # Batches done in the current epoch, and its batch count (schedule_over="epochs").
         self.epoch_batches_done, self.epoch_batches = 0, 1
 
@@ -143,6 +159,9 @@ class Classifier(L.LightningModule):
         y = y.long()  # a user's int32 labels (int64 stays as it is, not copied)
         per_sample = F.cross_entropy(self.logits(x, len(y)), y, reduction="none")  # [B]
         loss = weighted_loss(self, per_sample, w, self.loss_norm)  # sets self.last_losses
+        if self.checks_loss_now():
+            self.stop_if_diverged(loss)
+        self.last_loss = loss.detach()
         if self._trainer is not None:
             batches = self.trainer.num_training_batches
             self.epoch_batches = int(batches) if math.isfinite(batches) else 1
@@ -154,6 +173,39 @@ class Classifier(L.LightningModule):
         self.log("train/loss", shown, prog_bar=True, on_step=True, on_epoch=True)
         self.log("train/weighted_loss", loss.detach(), on_step=False, on_epoch=True)
         return loss
+
+    def checks_loss_now(self) -> bool:
+        """Whether this step's loss is checked for NaN: every step on the CPU, where reading it
+        costs nothing; on an accelerator, where it waits for the device, every
+        `log_every_n_steps` steps and at each epoch's end (`on_train_epoch_end`). A diverged
+        model stays diverged (NaN weights give NaN losses), so a later check still sees it,
+        and no result is written of NaN weights."""
+        if self._trainer is None or self.device.type == "cpu":
+            return True
+        every = int(getattr(self.trainer, "log_every_n_steps", 50))  # set in Trainer.__init__
+        return self.trainer.global_step % max(1, every) == 0
+
+    def on_train_epoch_end(self) -> None:
+        if self.last_loss is not None:  # before the test runs on the weights, and a summary
+            self.stop_if_diverged(self.last_loss)
+
+    def stop_if_diverged(self, loss: Tensor) -> None:
+        """Raise DivergedError for a non-finite loss. Every rank decides together under DDP:
+        a rank that stopped alone would leave the others waiting in the gradient all-reduce."""
+        loss = loss.detach()
+        bad = not bool(torch.isfinite(loss).all())
+        if self._trainer is None:
+            if bad:
+                raise DivergedError(float(loss), 1, 0, None)
+            return
+        trainer = self.trainer
+        if trainer.world_size > 1:
+            bad = trainer.strategy.reduce_boolean_decision(bad, all=False)
+        if not bad:
+            return
+        optimizers = trainer.optimizers
+        lr = float(optimizers[0].param_groups[0]["lr"]) if optimizers else None
+        raise DivergedError(float(loss), trainer.global_step + 1, trainer.current_epoch, lr)
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         x, y, _ = batch

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from torch import Tensor, nn
 
@@ -12,6 +12,10 @@ from lipt.core.bounds import COUNT, Interval
 class ConvNet(nn.Module):
     """Three conv blocks (conv-BN-ReLU, max-pool after the first two), global average pooling,
     then the final linear layer. `embed` returns the [B, 4*width] penultimate features."""
+
+    # The smallest image side its two 2x2 max-pools take (4 -> 2 -> 1; a 3x3 image's second
+    # pool would have no output): lipt.run.rules refuses a smaller dataset.image_size.
+    min_image_size: ClassVar[int] = 4
 
     def __init__(
         self,

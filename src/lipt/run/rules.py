@@ -470,7 +470,9 @@ def _steps(run: Run) -> None:
 
 
 def _model(run: Run) -> None:
-    """The model's head and first layer fit the data (the model configs interpolate them)."""
+    """The model's head and first layer fit the data (the model configs interpolate them), and
+    its images are no smaller than the model's `min_image_size` (where it declares one), which
+    would otherwise fail in a pooling layer at the first batch, after every earlier stage."""
     model, dataset = run.node("model"), run.dataset
     for key, data_key in (("num_classes", "num_classes"), ("in_channels", "channels")):
         if key in model and model[key] != getattr(dataset, data_key):
@@ -478,6 +480,19 @@ def _model(run: Run) -> None:
                 f"model.{key}={model[key]} does not fit dataset.{data_key}="
                 f"{getattr(dataset, data_key)}; drop model.{key} (it follows the data set)"
             )
+    from lipt.run.groups import locate
+
+    target = model.get("_target_")
+    try:  # one that cannot be imported is lipt.run.groups' to refuse, with its own error
+        least = getattr(locate(str(target)), "min_image_size", None) if target else None
+    except (ImportError, AttributeError):
+        least = None
+    if isinstance(least, int) and dataset.image_size < least:
+        raise UserError(
+            f"dataset.image_size={dataset.image_size} is smaller than {target}'s smallest "
+            f"input, {least}x{least} (its pooling leaves nothing of a smaller image); use "
+            f"dataset.image_size={least} or more, or a model without pooling (model=resnet18)"
+        )
 
 
 def _trainer(run: Run) -> None:

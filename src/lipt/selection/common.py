@@ -19,7 +19,7 @@ from torch import Tensor
 
 from lipt.core.errors import UserError
 from lipt.core.seeding import torch_threads
-from lipt.selection.types import PoolOutputs, Selection, SelectionInputs
+from lipt.selection.types import PoolOutputs, Selection, SelectionInputs, nonfinite_rows
 
 
 class Selector(Protocol):
@@ -46,7 +46,28 @@ def check_budget(inputs: SelectionInputs, budget: int) -> int:
                 f"extra_pools[{i}] has {len(extra)} rows x {extra.num_classes} classes, "
                 f"the pool has {n} x {inputs.pool.num_classes}"
             )
+    check_finite_outputs(inputs)
     return int(budget)
+
+
+def check_finite_outputs(inputs: SelectionInputs) -> None:
+    """UserError for a NaN or infinite logit or embedding: CRAIG's lazy greedy would never
+    finish on one, the score selectors would rank it silently (lipt.selection.api checks a
+    model's outputs once; a selector called on its own is checked here)."""
+    named = [("the pool", inputs.pool), ("the validation split", inputs.val)]
+    named += [(f"extra_pools[{i}]", extra) for i, extra in enumerate(inputs.extra_pools)]
+    for where, outputs in named:
+        if outputs is None:
+            continue
+        rows = torch.cat([nonfinite_rows(outputs.logits), nonfinite_rows(outputs.embeddings)])
+        if len(rows):
+            rows = rows.unique()
+            raise UserError(
+                f"the logits or embeddings of {where} are NaN or infinite in {len(rows)} row(s) "
+                f"(dataset index {int(outputs.indices[rows[0]])} first): no selector can rank "
+                "them; check those inputs and the model (a diverged training, an overflow in "
+                "low precision)"
+            )
 
 
 def check_choice(name: str, value: str, choices: Sequence[str]) -> None:
