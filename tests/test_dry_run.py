@@ -130,7 +130,7 @@ def test_jobs_that_share_their_group_choices_compose_as_each_alone() -> None:
     (+), forced (++), deleted (~), given as a dict, and set inside a group's node, in order."""
     from omegaconf import OmegaConf
 
-    from lipt.run.precheck import compose_jobs
+    from lipt.run.composition import compose_jobs
 
     jobs = [
         ["+experiment=frontier_cpu", "+approach=infobatch", "fraction=0.1", "seed=0"],
@@ -179,7 +179,7 @@ def test_a_single_runs_check_reuses_the_sweepers_composition_as_composing_it_alo
 def test_a_value_a_shared_composition_cannot_set_fails_as_composing_it_alone() -> None:
     from hydra.errors import ConfigCompositionException
 
-    from lipt.run.precheck import compose_jobs
+    from lipt.run.composition import compose_jobs
 
     job = ["selector=coverage", "selector.no_such_key=1"]
     with pytest.raises(ConfigCompositionException) as alone:

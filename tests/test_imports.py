@@ -202,6 +202,7 @@ ENTRY_LAYER = {
     for m in (
         "cli",
         "precheck",
+        "composition",
         "sweep_overrides",
         "approach_pins",
         "sweep_settings",

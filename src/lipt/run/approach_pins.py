@@ -9,9 +9,11 @@ lipt.run.precheck inside Hydra's context, on the overrides lipt.run.sweep_overri
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from lipt.core.errors import UserError
+from lipt.run.composition import compose_jobs
 from lipt.run.frontier_sweep import as_reference, key_of, setting_of
 from lipt.run.sweep_overrides import DeclaredSweep, candidate_overrides
 
@@ -177,3 +179,110 @@ def check_reference_takes(args: list[str], params: list[str], declared: Declared
             f"(docs/METHODS.md), or keep this one off the reference: "
             f"'hydra.sweeper.point_keys=[{fix_keys}]'"
         )
+
+
+def job_refusal(
+    message: str,
+    job: list[str],
+    jobs: list[list[str]],
+    declared: DeclaredSweep,
+    groups: set[str],
+    elsewhere: Callable[[list[str]], bool],
+) -> str:
+    """The line refusing one job of a sweep (`message`, the refusal's own line), naming the job
+    where the command line does not: a frontier's reference job, which takes overrides the user
+    gave for the methods (`reselect_every=3` beside `+approach=paper` reached `budget=full`), or
+    a job whose swept group choice has no key an override sets or refuses its value
+    (`selector.balance=false` beside a swept `+approach`, one of them without a selector), where
+    a job with other choices takes it (`elsewhere(job)`). `jobs`: the sweep's jobs; `groups`:
+    the keys among theirs that choose a config group's option (swept_groups)."""
+    if declared.multirun and declared.is_reference(job):
+        return reference_refusal(message, job, declared.reference, declared.point_keys)
+    swept = [o for o in swept_choices(job, jobs) if key_of(o) in groups]
+    missing = re.match(r"Could not override '([^']+)'", message)
+    given = [o for o in job if o not in swept and key_of(o) not in groups]
+    if missing:
+        named = [o for o in given if key_of(o) == missing[1]]
+    else:
+        named = [o for o in given if re.search(rf"(?<![\w.]){re.escape(o)}(?![\w.])", message)]
+    if not swept or not named or not elsewhere(job):
+        return message
+    what = f"has no {key_of(named[0])}" if missing else f"refuses it: {message.split('; ')[0]}"
+    return (
+        f"{named[0]} reaches every job of the sweep, and the one with {' '.join(swept)} {what}; "
+        f"sweep only the options that take it, or set it in the config file of each that does "
+        f"(docs/METHODS.md)"
+    )
+
+
+def accepted_elsewhere(
+    config_name: str, jobs: list[list[str]], groups: set[str]
+) -> Callable[[list[str]], bool]:
+    """Whether a job of `jobs` with other group choices than a given job's composes and
+    passes the run's first checks (lipt.run.config.validate, deep=False): where none does, a
+    refusal is the override's own, not one job's."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from lipt.run.config import validate
+
+    def accepted(job: list[str]) -> bool:
+        def choices(j: list[str]) -> set[str]:
+            return {o for o in j if key_of(o) in groups}
+
+        tried = [choices(job)]
+        for other in jobs:
+            if choices(other) in tried:
+                continue
+            tried.append(choices(other))
+            composed = compose_jobs(config_name, [other])
+            try:
+                validate(next(composed), deep=False)
+                return True
+            except (HydraException, OmegaConfBaseException, UserError):
+                continue
+            finally:
+                composed.close()
+        return False
+
+    return accepted
+
+
+def reference_refusal(message: str, job: list[str], reference: list[str], points: list[str]) -> str:
+    """A frontier's reference job refused: the overrides of the user's that reached it and
+    that the refusal names (their keys in `message`), and how to keep them off it."""
+    given = job[len(reference) :]
+    named = [o for o in given if re.search(rf"(?<![\w.]){re.escape(key_of(o))}\b", message)]
+    cause = message.split("; ", 1)[0]  # lipt's refusals: what is wrong; how to fix it
+    where = (
+        f"the frontier's reference job ({' '.join(reference)}: the sweeper gives it every "
+        "override outside hydra.sweeper.point_keys)"
+    )
+    if not named:
+        return f"{where} is refused: {message}"
+    keys = [key_of(o) for o in named]
+    fix_keys = ",".join(dict.fromkeys([*(key_of(k) for k in points), *keys]))
+    return (
+        f"{' '.join(named)} reaches {where}, which refuses it: {cause}; keep it off the "
+        f"reference: 'hydra.sweeper.point_keys=[{fix_keys}]'"
+    )
+
+
+def swept_choices(job: list[str], jobs: list[list[str]]) -> list[str]:
+    """The overrides of `job` whose key takes more than one value across `jobs`."""
+    values: dict[str, set[str]] = {}
+    for each in jobs:
+        for o in each:
+            values.setdefault(key_of(o), set()).add(o)
+    return [o for o in job if len(values.get(key_of(o), ())) > 1]
+
+
+def swept_groups(args: list[str], params: list[str]) -> set[str]:
+    """The keys of a sweep's overrides that choose a config group's option (`approach`), as
+    Hydra's config loader knows the groups. Inside Hydra's context (check_sweeps)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    hydra = GlobalHydra.instance().hydra
+    assert hydra is not None
+    keys = {key_of(o) for job in candidate_overrides(args, params) for o in job}
+    return {key for key in keys if hydra.config_loader.get_group_options(key)}

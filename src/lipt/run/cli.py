@@ -20,7 +20,8 @@ from typing import Any, NoReturn
 from omegaconf import DictConfig
 
 from lipt.core.errors import UserError, fail, one_line
-from lipt.run.precheck import config_dir, override_hint, precheck
+from lipt.run.composition import config_dir
+from lipt.run.precheck import override_hint, precheck
 from lipt.stages.run import Run
 
 
@@ -38,6 +39,8 @@ def launch(config_name: str, stage_module: str) -> None:
 
     private_matplotlib_dir()  # before precheck's deep checks or the stage import Lightning
     args = check_flags(sys.argv[1:])
+    if args.experimental_rerun is not None:
+        refuse_rerun(args.experimental_rerun, config_name)
     if is_checked_first(args):
         shown = args.cfg is not None
         try:
@@ -223,6 +226,28 @@ def check_flags(args: list[str]) -> argparse.Namespace:
     return known
 
 
+def refuse_rerun(path: str, config_name: str) -> NoReturn:
+    """Hydra's --experimental-rerun calls the task with the pickled config alone, without the
+    job's Hydra node that every run reads (`${hydra:runtime.output_dir}`: a traceback), or
+    raises on a file it lacks: the command that runs the job again, in one line, instead."""
+    import pickle
+    import shlex
+
+    try:
+        with open(path, "rb") as f:
+            overrides = list(pickle.load(f).hydra.overrides.task)
+    except (OSError, pickle.UnpicklingError, AttributeError, EOFError) as e:
+        fail(
+            f"--experimental-rerun {path} cannot be read ({type(e).__name__}); give a run's "
+            ".hydra/config.pickle"
+        )
+    again = " ".join(shlex.quote(o) for o in overrides)
+    fail(
+        f"--experimental-rerun runs a job without its Hydra run folder, which lipt's runs "
+        f"need; run it again with its overrides: python {config_name}.py {again}"
+    )
+
+
 # What Hydra's --shell-completion takes: one command, for one of the shells it has a plugin for.
 COMPLETION_COMMANDS = ("install", "uninstall", "query")
 COMPLETION_SHELLS = ("bash", "zsh", "fish")
@@ -373,13 +398,17 @@ def remove_if_only_bookkeeping(run_dir: Path) -> None:
     import logging
     import shutil
 
+    from hydra.core.hydra_config import HydraConfig
+
     if not run_dir.is_dir():
         return
     if all(p.name in (".hydra", ".cache") or p.suffix == ".log" for p in run_dir.iterdir()):
         logging.shutdown()  # close the log file before removing it
+        # the folder the run was started from: with hydra.job.chdir=True the job's working dir
+        # is run_dir itself, gone after the removal
+        cwd = Path(HydraConfig.get().runtime.cwd).resolve()
         shutil.rmtree(run_dir, ignore_errors=True)
         # outputs/<stage>/<date> made for this run alone go with it (below the working dir only)
-        cwd = Path.cwd().resolve()
         for parent in run_dir.resolve().parents:
             if cwd not in parent.parents:
                 break

@@ -10,7 +10,11 @@ from pathlib import Path
 from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationKeyError, MissingMandatoryValue
+from omegaconf.errors import (
+    InterpolationKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+)
 
 from lipt.core.budget import Budget
 from lipt.core.errors import UserError
@@ -120,6 +124,15 @@ def plain(cfg: DictConfig) -> dict[str, Any]:
             f"{e.full_key} reads ${{approach}}, which is unset: choose +approach=<option>, and "
             "name an approach file of your own in it, `approach: <name>` (docs/METHODS.md)"
         ) from e
+    except InterpolationResolutionError as e:
+        if "HydraConfig was not set" not in str(e):
+            raise
+        # hydra.compose (a notebook, a script) sets no Hydra node: paths.output_dir's
+        # ${hydra:runtime.output_dir} has no run folder to read
+        raise UserError(
+            f"{e.full_key} reads Hydra's run folder (${{hydra:...}}), which only a run Hydra "
+            "started has; in a config from hydra.compose, set it: paths.output_dir=<folder>"
+        ) from e
     assert isinstance(container, dict)
     return {str(k): v for k, v in container.items()}
 
@@ -158,6 +171,33 @@ def run_of(cfg: DictConfig) -> Run:
     )
 
 
+def _check_chdir_paths(run: Run) -> None:
+    """With hydra.job.chdir=True the job runs in its run folder, so a relative input path is
+    read there, not where the command was typed: the command line's check (in the launch
+    folder) passed it, and the job refused it, or read other files, after Hydra started."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or not HydraConfig.get().job.chdir:
+        return
+    top, pretrain = run.settings, run.config.get("pretrain") or {}
+    ckpt = None if top.ckpt_path == "last" else top.ckpt_path  # last: the run's own
+    paths = {
+        "dataset.data_dir": run.dataset.data_dir,
+        "dataset.train_labels": run.dataset.train_labels,
+        "subset_path": top.subset_path,
+        "ckpt_path": ckpt,
+        "pretrain.merge_from": pretrain.get("merge_from"),
+    }
+    cwd = HydraConfig.get().runtime.cwd or os.getcwd()
+    for key, value in paths.items():
+        if value is not None and not Path(str(value)).expanduser().is_absolute():
+            raise UserError(
+                f"{key}={value} is relative, and hydra.job.chdir=True runs the job in its run "
+                f"folder, where it would be read; give an absolute path "
+                f"({key}={Path(cwd) / str(value)}) or leave hydra.job.chdir false"
+            )
+
+
 def validate(cfg: DictConfig, deep: bool = True, build: bool = True) -> Run:
     """The run's typed settings (`run_of`), once every check passes. Raise UserError naming the
     key and the fix for the first problem found: the declared type and range of every
@@ -166,6 +206,7 @@ def validate(cfg: DictConfig, deep: bool = True, build: bool = True) -> Run:
     that build the Trainer, the loggers and the selector and look at the data files
     (lipt.run.preflight)."""
     run = run_of(cfg)
+    _check_chdir_paths(run)
     values, top, dataset = run.config, run.settings, run.dataset
     if dataset.data_dir is not None:
         _check_data_dir(Path(dataset.data_dir).expanduser(), dataset)

@@ -9,8 +9,6 @@ and so does the run folder, checked here since the stage makes it only once the 
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import os
 import re
 from collections.abc import Generator, Iterable
@@ -20,97 +18,22 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lipt.core.errors import UserError, fail, one_line
-from lipt.run.approach_pins import check_approach_choices, check_reference_takes
-from lipt.run.sweep_overrides import candidate_overrides, check_sweeps, declared_sweep, every_job
-from lipt.run.sweep_settings import HYDRA_JOB_FOLDER
-
-
-def config_dir() -> Path:
-    """configs/ of the repository (lipt is installed editable), or $LIPT_CONFIG_DIR."""
-    env = os.environ.get("LIPT_CONFIG_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[3] / "configs"
-    if not (path / "train.yaml").is_file():
-        fail(f"no lipt configs at {path}; set LIPT_CONFIG_DIR to the repository's configs/")
-    return path
-
-
-def set_hydra_config(composed: DictConfig, multirun: bool) -> None:
-    """Hydra's node as a run's job sees it (hydra.core.utils.run_job: the mode, the job's
-    folder; a multirun's first job), so that `${hydra:...}` in an override resolves here as it
-    will in the run. Unset at the end of precheck."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf, open_dict, read_write
-    from omegaconf.errors import OmegaConfBaseException
-
-    cfg = copy.deepcopy(composed)
-    with read_write(cfg.hydra), open_dict(cfg.hydra):
-        cfg.hydra.mode = RunMode.MULTIRUN if multirun else RunMode.RUN
-        if multirun:
-            cfg.hydra.job.id = 0
-            cfg.hydra.job.num = 0
-    HydraConfig.instance().set_config(cfg)  # what ${hydra:...} in the folder reads, as in run_job
-    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    try:
-        folder = str(OmegaConf.select(cfg, key))
-    except (OmegaConfBaseException, ValueError) as e:
-        reason = " ".join(str(e).splitlines()[0].split())
-        raise UserError(f"{key} does not resolve ({reason}); give a folder that does") from e
-    if multirun:
-        # A subdir of the job's own keys (${approach}) does not resolve: the sweep folder
-        # stands for it.
-        with contextlib.suppress(OmegaConfBaseException, ValueError):
-            folder = os.path.join(folder, str(OmegaConf.select(cfg, "hydra.sweep.subdir")))
-    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
-        cfg.hydra.runtime.output_dir = os.path.abspath(folder)
-    HydraConfig.instance().set_config(cfg)
-
-
-def compose_jobs(
-    config_name: str,
-    jobs: list[list[str]],
-    composed: dict[tuple[str, ...], DictConfig] | None = None,
-) -> Generator[DictConfig, None, None]:
-    """Each job's config as `hydra.compose` makes it, without Hydra's node. Jobs that differ
-    only in plain values, not in a config group's choice, share one composition: Hydra sets
-    those values after composing the defaults, and so does this, with Hydra's own function
-    (a sweep's seeds and fractions cost a copy, not a composition of ~30 files). `composed`:
-    the compositions by their group choices, kept across calls (filled here)."""
-    from hydra import compose, initialize_config_dir
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    composed = {} if composed is None else composed
-    parser = OverridesParser.create()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(str(config_dir()), version_base="1.3"):
-        hydra = GlobalHydra.instance().hydra
-        assert hydra is not None
-        loader = hydra.config_loader
-        assert isinstance(loader, ConfigLoaderImpl)
-        # Hydra's repository of config files depends on the job's hydra.searchpath alone: made
-        # once (it reads the primary config: most of a job's cost in a sweep of values)
-        repos: dict[tuple[str, ...], Any] = {}
-        for job in jobs:
-            # as Hydra's defaults list tells them apart (hydra._internal.defaults_list.Overrides)
-            parsed = parser.parse_overrides(job)
-            own = tuple(str(o.input_line) for o in parsed if o.is_hydra_override())
-            if own not in repos:
-                repos[own] = loader._parse_overrides_and_create_caching_repo(config_name, job)[1]
-            repo = repos[own]
-            is_value = [
-                not o.is_hydra_override()
-                and (isinstance(o.value(), dict) or not repo.group_exists(o.key_or_group))
-                for o in parsed
-            ]
-            groups = tuple(line for line, value in zip(job, is_value, strict=True) if not value)
-            if groups not in composed:
-                composed[groups] = compose(config_name, list(groups), return_hydra_config=False)
-            cfg = copy.deepcopy(composed[groups])
-            values = [o for o, value in zip(parsed, is_value, strict=True) if value]
-            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
-            yield cfg
+from lipt.run.approach_pins import (
+    accepted_elsewhere,
+    check_approach_choices,
+    check_reference_takes,
+    job_refusal,
+    swept_groups,
+)
+from lipt.run.composition import compose_jobs, config_dir, set_hydra_config
+from lipt.run.sweep_overrides import (
+    DeclaredSweep,
+    candidate_overrides,
+    check_sweeps,
+    declared_sweep,
+    every_job,
+)
+from lipt.run.sweep_settings import HYDRA_JOB_FOLDER, check_sweep_subdir
 
 
 def refusal_line(e: Exception, given: list[str]) -> str:
@@ -169,21 +92,22 @@ def precheck(
         return jobs
 
     given = list(args)
+    # the job being composed or checked, and what a refusal of it names (job_refusal)
+    current: list[str] = []
+    jobs: list[list[str]] = []  # a single run's one job is its candidate
+    listed: list[list[str]] = []
+    groups: set[str] = set()
+    declared = DeclaredSweep([], [], [])
     try:
-        from lipt.core.lock import check_unlocked  # before Hydra writes .hydra/ into it
-
-        ddp_child = os.environ.get("LOCAL_RANK", "0") != "0"  # shares its rank 0's folder
-        for arg in [] if show_config else args:
-            if arg.startswith("hydra.run.dir=") and not ddp_child:
-                check_unlocked(Path(arg.split("=", 1)[1]))
-            if arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
-                check_writable(arg)
+        if not show_config:
+            check_given_folders(args)
         GlobalHydra.instance().clear()
         with initialize_config_dir(str(config_dir()), version_base="1.3"):
             declared = declared_sweep(config_name, args, multirun, show_config, run_flag)
             args, params = check_sweeps(args, declared)
             check_approach_choices(args, params, declared)
             check_reference_takes(args, params, declared)
+            groups = swept_groups(args, params)
         assert declared.composed is not None
         set_hydra_config(declared.composed, declared.multirun)
         # Hydra's own settings are not the run's, but its search path finds a user's config files.
@@ -192,43 +116,83 @@ def precheck(
             for a in args
             if a.startswith("hydra.searchpath=") or not a.startswith(("hydra.", "hydra/"))
         ]
-        jobs: list[list[str]] = []  # a single run's one job is its candidate
         if show_config:
             assert declared.single is not None
             check_values(declared.single)
             return None
+        listed = [[]]
         if declared.single is not None:
             composed: Iterable[DictConfig] = [declared.single]
         else:
-            candidates = candidate_overrides(overrides, params)
-            composed = opened(compose_jobs(config_name, declared.with_reference(candidates), kept))
-            jobs = declared.with_reference(every_job(overrides, params))
+            # a method's own refusal before its reference's, which takes the method's overrides
+            listed = methods_first(declared, candidate_overrides(overrides, params))
+            composed = opened(compose_jobs(config_name, listed, kept))
+            jobs = methods_first(declared, every_job(overrides, params))
+            assert declared.composed is not None
+            check_sweep_subdir(declared.composed.hydra.sweep, len(jobs))
         configs = []
-        for cfg in composed:
+        for cfg in each_job(listed, composed, current):
             validate(cfg, deep=False)
             declared.check_job(cfg)
             check_output_dir(cfg, declared.multirun)
             configs.append(cfg)
         # then what builds the Trainer, selector, ... (imports torch)
-        runs = [validate(cfg) for cfg in configs]
-        for cfg in opened(compose_jobs(config_name, jobs, kept)):  # the rules across keys
-            validate(cfg, build=False)
+        runs = [validate(cfg) for cfg in each_job(listed, configs, current)]
+        for cfg in each_job(jobs, opened(compose_jobs(config_name, jobs, kept)), current):
+            validate(cfg, build=False)  # the rules across keys
             declared.check_job(cfg)
-        if not any(run.settings.dry_run for run in runs):
-            return None
-        from lipt.run.preflight import build_everything
-
-        loaded: dict[str, Any] = {}
-        for run in runs:
-            build_everything(run, loaded)
-        return max(len(jobs), 1)
+        return built_dry_runs(runs, max(len(jobs), 1))
     except (HydraException, OmegaConfBaseException, UserError) as e:
-        fail(refusal_line(e, given))
+        methods = [job for job in listed if not declared.is_reference(job)]
+        elsewhere = accepted_elsewhere(config_name, methods, groups)
+        fail(job_refusal(refusal_line(e, given), current, listed, declared, groups, elsewhere))
     finally:
         for generator in generators:  # left mid-way by a refusal: their Hydra context ends now
             generator.close()
         GlobalHydra.instance().clear()
         HydraConfig.instance().cfg = hydra_config  # Hydra sets the run's own
+
+
+def check_given_folders(args: list[str]) -> None:
+    """The run or sweep folder given on the command line: writable, and not a running run's
+    (checked before Hydra writes .hydra/ into it)."""
+    from lipt.core.lock import check_unlocked
+
+    ddp_child = os.environ.get("LOCAL_RANK", "0") != "0"  # shares its rank 0's folder
+    for arg in args:
+        if arg.startswith("hydra.run.dir=") and not ddp_child:
+            check_unlocked(Path(arg.split("=", 1)[1]))
+        if arg.startswith(("hydra.run.dir=", "hydra.sweep.dir=")):
+            check_writable(arg)
+
+
+def built_dry_runs(runs: list[Any], jobs: int) -> int | None:
+    """With `dry_run=true`, what each of `runs` builds first, built (lipt.run.preflight);
+    `jobs`, the sweep's count, or None without dry_run."""
+    if not any(run.settings.dry_run for run in runs):
+        return None
+    from lipt.run.preflight import build_everything
+
+    loaded: dict[str, Any] = {}
+    for run in runs:
+        build_everything(run, loaded)
+    return jobs
+
+
+def methods_first(declared: DeclaredSweep, jobs: list[list[str]]) -> list[list[str]]:
+    """`jobs` and the frontier's reference jobs for them, the references last."""
+    return sorted(declared.with_reference(jobs), key=declared.is_reference)
+
+
+def each_job(
+    jobs: list[list[str]], configs: Iterable[DictConfig], current: list[str]
+) -> Generator[DictConfig, None, None]:
+    """`configs`, one per job of `jobs`, with `current` holding the job of the config being
+    composed (a refusal while composing it) and checked (after it is yielded)."""
+    it = iter(configs)
+    for job in jobs:
+        current[:] = job
+        yield next(it)
 
 
 # Where Hydra's override grammar is told: how a value with a comma, a bracket or ${...} is written.

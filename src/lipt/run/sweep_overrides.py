@@ -21,6 +21,7 @@ from omegaconf import DictConfig
 from lipt.core.errors import UserError
 from lipt.run.frontier_sweep import (
     check_frontier_settings,
+    key_of,
     with_reference,
 )
 from lipt.run.slurm import check_slurm_launcher, is_slurm_launcher
@@ -92,6 +93,10 @@ class DeclaredSweep:
         if self.local_multirun and "trainer" in cfg:
             check_ddp_in_multirun(cfg.trainer)
 
+    def is_reference(self, job: list[str]) -> bool:
+        """Whether `job` is one of the frontier sweeper's reference jobs (as_reference)."""
+        return bool(self.reference) and job[: len(self.reference)] == self.reference
+
     def with_reference(self, jobs: list[list[str]]) -> list[list[str]]:
         """`jobs` and the reference jobs the frontier sweeper adds to them."""
         if not self.reference:
@@ -129,7 +134,9 @@ def declared_sweep(
     misread = {line: found for line in args if (found := misread_sweeper_params(line))}
     parsed = OverridesParser.create().parse_overrides([a for a in args if a not in misread])
     fixed = [str(o.input_line) for o in parsed if not o.is_sweep_override()]
-    cfg = composed_with_hydra(config_name, fixed)
+    sweeps = len(fixed) < len(parsed)
+    # --cfg composes one job: a sweep's jobs are not its
+    cfg = composed_for_sweep(config_name, fixed, None if show_config else multirun, sweeps)
     sweeper = cfg.hydra.sweeper
     if misread:
         line, found = next(iter(misread.items()))
@@ -238,6 +245,35 @@ def composed_with_hydra(config_name: str, fixed: list[str]) -> DictConfig:
             shown = value if isinstance(value, str) else o.get_value_element_as_str()
             raise no_params_refusal(str(o.input_line), f"{key}={shown}" if key else "key=a,b")
     return compose(config_name, fixed, return_hydra_config=True)
+
+
+def composed_for_sweep(
+    config_name: str, fixed: list[str], multirun: bool | None, sweeps: bool
+) -> DictConfig:
+    """`fixed` composed with Hydra's node (composed_with_hydra). A key no option of the
+    defaults has (`selector.balance` without a selector) may be one that the jobs of the
+    config's own sweep have (its `+approach` values): composed without it then, where that
+    command line (`sweeps`) or the config declares a sweep, in a multirun (`multirun`: -m;
+    None: --cfg, one job), each job's composition says which job lacks it."""
+    from hydra.errors import ConfigCompositionException
+    from hydra.types import RunMode
+
+    try:
+        return composed_with_hydra(config_name, fixed)
+    except ConfigCompositionException as e:
+        missing = re.match(r"Could not override '([^']+)'", str(e))
+        rest = [f for f in fixed if missing is None or key_of(f) != missing[1]]
+        if len(rest) == len(fixed):
+            raise
+        try:
+            cfg = composed_with_hydra(config_name, rest)
+        except ConfigCompositionException:
+            raise e from None
+        if multirun is None or not (sweeps or cfg.hydra.sweeper.get("params")):
+            raise
+        if not (multirun or cfg.hydra.mode == RunMode.MULTIRUN):
+            raise
+        return cfg
 
 
 def no_params_refusal(line: str, instead: str) -> UserError:

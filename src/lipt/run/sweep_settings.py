@@ -193,3 +193,19 @@ def check_learner_sweep(overrides: list[str], pretrain: Mapping[str, Any], merge
     if pretrain.get("name") != "jigsaw":
         raise UserError(f"{LEARNERS_KEY} needs pretrain=jigsaw (got {pretrain.get('name')})")
     return True
+
+
+def check_sweep_subdir(sweep: DictConfig, jobs: int) -> None:
+    """`hydra.sweep.subdir` names each job's folder in the sweep folder: one without `${...}`
+    is the same folder for every job, where each job would overwrite the one before (its
+    summary.json and checkpoints) and the sweep's table would count one run."""
+    from omegaconf import OmegaConf
+
+    subdir = OmegaConf.to_container(sweep, resolve=False).get("subdir")  # type: ignore[union-attr]
+    if jobs > 1 and subdir is not None and "${" not in str(subdir):
+        raise UserError(
+            f"hydra.sweep.subdir={subdir} is one folder for all {jobs} jobs of the sweep, each "
+            "overwriting the one before; give each job its own, e.g. "
+            "'hydra.sweep.subdir=${hydra.job.num}' (the default) or "
+            "'hydra.sweep.subdir=${hydra.job.override_dirname}'"
+        )
