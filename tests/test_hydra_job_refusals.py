@@ -80,3 +80,18 @@ def test_what_no_job_takes_keeps_its_own_refusal(args: list[str], capsys: Any) -
     line = refusal(args, capsys)
     assert "reaches" not in line and "the one with" not in line, line
     assert args[-1].split("=")[0] in line, line
+
+
+def test_a_period_on_an_approach_of_the_whole_pool_offers_another_approach(capsys: Any) -> None:
+    """`+approach=lipt_dynamic reselect_every=2`: the approach pins budget=lipt, so the fix is
+    another approach (one that passes), not `selector=coverage in place of budget=lipt`, which
+    the approach's pins would refuse."""
+    from lipt.run.precheck import precheck
+
+    with pytest.raises(SystemExit):
+        precheck("train", ["dataset=synthetic", "+approach=lipt_dynamic", "reselect_every=2"])
+    line = capsys.readouterr().err
+    assert "+approach=coverage in place of +approach=lipt_dynamic" in line, line
+    assert "selector=coverage in place of" not in line, line
+    fixed = ["dataset=synthetic", "+approach=coverage", "reselect_every=2"]
+    assert precheck("train", fixed) is None

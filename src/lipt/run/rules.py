@@ -154,10 +154,18 @@ def _reselect(run: Run) -> None:
             "trains a saved subset, never re-selected; drop subset_path or use reselect_every=0"
         )
     if not budget.trains_subset:
+        approach = run.config.get("approach")
+        # an approach pins its budget: the fix is another approach, not another group option
+        instead = (
+            f"an approach that trains its subset (e.g. +approach=coverage in place of "
+            f"+approach={approach})"
+            if isinstance(approach, str)
+            else f"a selector, which trains its subset (e.g. selector=coverage in place of "
+            f"budget={budget.name})"
+        )
         raise UserError(
             f"budget={budget.name} trains the whole pool, so reselect_every={every} has no "
-            f"subset to re-select; choose a selector, which trains its subset (e.g. "
-            f"selector=coverage in place of budget={budget.name}), or use reselect_every=0"
+            f"subset to re-select; choose {instead}, or use reselect_every=0"
         )
     trainer = run.node("trainer")
     epochs, max_steps = trainer.get("max_epochs"), trainer.get("max_steps")
