@@ -35,3 +35,15 @@ def test_a_subdir_of_its_own_per_job_passes(args: list[str], tmp_path: Any) -> N
     from lipt.run.precheck import precheck
 
     assert precheck("train", [*FAST, *args, f"hydra.sweep.dir={tmp_path}"], multirun=True) is None
+
+
+def test_a_sweep_folder_of_the_jobs_own_keys_passes_with_a_constant_subdir(tmp_path: Any) -> None:
+    """Hydra resolves hydra.sweep.dir for each job too: s${seed} parts the jobs, whatever the
+    subdir (a timestamp, ${now:...}, would not: refused above)."""
+    from lipt.run.precheck import precheck
+
+    args = [*FAST, "seed=0,1", f"hydra.sweep.dir={tmp_path}/s${{seed}}", "hydra.sweep.subdir=."]
+    assert precheck("train", args, multirun=True) is None
+    with pytest.raises(SystemExit):
+        dated = f"hydra.sweep.dir={tmp_path}/${{now:%H-%M-%S}}"
+        precheck("train", [*FAST, "seed=0,1", dated, "hydra.sweep.subdir=."], multirun=True)

@@ -132,3 +132,36 @@ def test_pool_data_module_refuses_nan_or_infinite_inputs_naming_the_items():
     with pytest.raises(ValueError, match=r"^eval_view: the data's inputs are not finite"):
         lipt.PoolDataModule(blobs(), eval_view=view, batch_size=100)
     lipt.PoolDataModule(TensorDataset(x.nan_to_num(posinf=0.0), y), batch_size=100)  # fixed
+
+
+def test_an_epochs_last_update_that_breaks_the_weights_stops_before_the_epochs_end() -> None:
+    """Every loss finite, the epoch's one update makes the weights NaN (lr 1e37): the fit
+    stops before any epoch-end callback (re-selection, checkpoints) reads the model, and no
+    test runs on it."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 4) * 1e3
+    y = (x[:, 0] > 0).long()
+    loader = torch.utils.data.DataLoader(
+        TensorDataset(x, y, torch.arange(64), torch.ones(64)), batch_size=64
+    )
+    seen: list[bool] = []
+
+    class EpochEnd(L.Callback):  # as Reselection: it reads the model at the epoch's end
+        def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            seen.append(all(bool(p.isfinite().all()) for p in pl_module.parameters()))
+
+    module = Classifier(
+        nn.Linear(4, 2), 2, optimizer=lambda params: torch.optim.SGD(params, lr=1e37)
+    )
+    trainer = L.Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[EpochEnd()],
+    )
+    with pytest.raises(DivergedError, match="a weight became NaN or infinite at step 1"):
+        trainer.fit(module, loader)
+    assert seen == []  # stopped before the epoch's end

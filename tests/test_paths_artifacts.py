@@ -70,12 +70,14 @@ def test_a_write_onto_a_folder_is_refused_in_one_line(tmp_path):
 
 
 def test_run_files_name_every_file_the_stages_write():
+    from lipt.cleaning import datalab
     from lipt.cleaning.issues_csv import ISSUES_FILE
     from lipt.report.pictures import ISSUES_PICTURE, SUBSET_PICTURE
     from lipt.stages.clean import CLEAN_FILE
     from lipt.stages.select import STAGES_FILE, SUBSET_FILE
 
     written = {ISSUES_FILE, ISSUES_PICTURE, SUBSET_PICTURE, CLEAN_FILE, STAGES_FILE, SUBSET_FILE}
+    written |= {datalab.ISSUES_FILE, datalab.SUMMARY_FILE}
     shown = {name for name in console.ARTIFACTS if "/" not in name}
     assert written | shown <= set(RUN_FILES)
     assert {name.split("/")[0] for name in console.ARTIFACTS if "/" in name} <= set(RUN_SUBFOLDERS)

@@ -44,7 +44,7 @@ LEARNERS_DIR = "learners"
 # (lipt.data.seen.SEEN_DIR) and dynamic pruning's audits (lipt.dynamic.callback.AUDIT_DIR).
 RUN_SUBFOLDERS = ("checkpoints", "subsets", LEARNERS_DIR, "seen", "dynamic")
 # The files the stages write in a run folder itself (lipt.stages.select, .clean, .pretrain_outputs,
-# lipt.cleaning.issues_csv, lipt.report.pictures).
+# lipt.cleaning.issues_csv, .datalab, lipt.report.pictures).
 RUN_FILES = (
     "summary.json",
     "stages.json",
@@ -55,6 +55,8 @@ RUN_FILES = (
     "clean.json",
     "label_issues.csv",
     "label_issues.png",
+    "datalab_issues.csv",
+    "datalab_summary.json",
 )
 _UMASK = os.umask(0)
 os.umask(_UMASK)

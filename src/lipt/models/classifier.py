@@ -64,11 +64,14 @@ class DivergedError(UserError):
     so the fit ends there instead of training on NaN weights and then writing down their
     accuracy (argmax of NaN logits, a plausible-looking number) as the run's result."""
 
-    def __init__(self, loss: float, step: int, epoch: int, lr: float | None) -> None:
+    def __init__(
+        self, loss: float, step: int, epoch: int, lr: float | None, weights: bool = False
+    ) -> None:
         self.loss, self.step = loss, step
         rate = "" if lr is None else f", learning rate {lr:.3g}"
+        what = "a weight became NaN or infinite" if weights else f"the loss became {loss}"
         super().__init__(
-            f"training diverged: the loss became {loss} at step {step} (epoch {epoch}{rate}); "
+            f"training diverged: {what} at step {step} (epoch {epoch}{rate}); "
             "lower the learning rate (optimizer.lr; pretrain.optim.lr for jigsaw learners) "
             "or look for NaN or infinite values in the inputs"
         )
@@ -177,19 +180,35 @@ class Classifier(L.LightningModule):
     def checks_loss_now(self) -> bool:
         """Whether this step's loss is checked for NaN: every step on the CPU, where reading it
         costs nothing; on an accelerator, where it waits for the device, every
-        `log_every_n_steps` steps and at each epoch's end (`on_train_epoch_end`). A diverged
-        model stays diverged (NaN weights give NaN losses), so a later check still sees it,
-        and no result is written of NaN weights."""
+        `log_every_n_steps` steps. A diverged model stays diverged (NaN weights give NaN
+        losses), so a later check still sees it; the epoch's end checks the weights
+        (`on_train_batch_end`), so no result is written of NaN weights."""
         if self._trainer is None or self.device.type == "cpu":
             return True
         every = int(getattr(self.trainer, "log_every_n_steps", 50))  # set in Trainer.__init__
         return self.trainer.global_step % max(1, every) == 0
 
-    def on_train_epoch_end(self) -> None:
-        if self.last_loss is not None:  # before the test runs on the weights, and a summary
-            self.stop_if_diverged(self.last_loss)
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """After the epoch's last update, before any epoch-end callback (re-selection,
+        checkpoints) reads the model: its weights, which that update may have made NaN after
+        its loss was checked."""
+        if batch_idx + 1 >= self.trainer.num_training_batches:
+            self.check_weights()
 
-    def stop_if_diverged(self, loss: Tensor) -> None:
+    def on_train_epoch_end(self) -> None:
+        """An epoch of no known length (an iterable's): its end, before the checkpoints and the
+        test."""
+        if not math.isfinite(self.trainer.num_training_batches):
+            self.check_weights()
+
+    def check_weights(self) -> None:
+        """DivergedError where a weight is NaN or infinite (one pass, one wait per epoch)."""
+        if self.last_loss is None:
+            return
+        finite = torch.stack([p.detach().isfinite().all() for p in self.parameters()]).all()
+        self.stop_if_diverged(torch.where(finite, self.last_loss, torch.nan), weights=True)
+
+    def stop_if_diverged(self, loss: Tensor, weights: bool = False) -> None:
         """Raise DivergedError for a non-finite loss. Every rank decides together under DDP:
         a rank that stopped alone would leave the others waiting in the gradient all-reduce."""
         loss = loss.detach()
@@ -205,7 +224,9 @@ class Classifier(L.LightningModule):
             return
         optimizers = trainer.optimizers
         lr = float(optimizers[0].param_groups[0]["lr"]) if optimizers else None
-        raise DivergedError(float(loss), trainer.global_step + 1, trainer.current_epoch, lr)
+        # the step about to train on the loss; `weights`: the step that made them
+        step = trainer.global_step + (0 if weights else 1)
+        raise DivergedError(float(loss), step, trainer.current_epoch, lr, weights)
 
     def validation_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         x, y, _ = batch

@@ -236,10 +236,12 @@ def refuse_rerun(path: str, config_name: str) -> NoReturn:
     try:
         with open(path, "rb") as f:
             overrides = list(pickle.load(f).hydra.overrides.task)
-    except (OSError, pickle.UnpicklingError, AttributeError, EOFError) as e:
+    except (OSError, pickle.UnpicklingError, AttributeError, EOFError, ImportError) as e:
+        # lipt's runs write no config.pickle (Hydra's PickleJobInfoCallback is not set)
         fail(
-            f"--experimental-rerun {path} cannot be read ({type(e).__name__}); give a run's "
-            ".hydra/config.pickle"
+            f"--experimental-rerun {path} cannot be read ({type(e).__name__}); run the job "
+            f"again with the overrides in its <run>/.hydra/overrides.yaml: python "
+            f"{config_name}.py <overrides>"
         )
     again = " ".join(shlex.quote(o) for o in overrides)
     fail(

@@ -201,8 +201,13 @@ def check_sweep_subdir(sweep: DictConfig, jobs: int) -> None:
     summary.json and checkpoints) and the sweep's table would count one run."""
     from omegaconf import OmegaConf
 
-    subdir = OmegaConf.to_container(sweep, resolve=False).get("subdir")  # type: ignore[union-attr]
-    if jobs > 1 and subdir is not None and "${" not in str(subdir):
+    raw = OmegaConf.to_container(sweep, resolve=False)
+    assert isinstance(raw, dict)
+    subdir, folder = raw.get("subdir"), str(raw.get("dir"))
+    # Hydra resolves the sweep folder for each job too: one of the job's keys (s${seed})
+    # parts the jobs as a subdir would; ${now:...} is the same for all
+    per_job = "${" in str(subdir) or re.search(r"\$\{(?!now:)", folder) is not None
+    if jobs > 1 and subdir is not None and not per_job:
         raise UserError(
             f"hydra.sweep.subdir={subdir} is one folder for all {jobs} jobs of the sweep, each "
             "overwriting the one before; give each job its own, e.g. "
