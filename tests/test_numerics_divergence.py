@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 import lipt
 from lipt.core.errors import UserError
-from lipt.models.classifier import Classifier, DivergedError
+from lipt.models.classifier import QUIET_TRAINER, Classifier, DivergedError
 from tests.helpers import run_entry
 
 DIVERGING = [
@@ -153,15 +153,7 @@ def test_an_epochs_last_update_that_breaks_the_weights_stops_before_the_epochs_e
     module = Classifier(
         nn.Linear(4, 2), 2, optimizer=lambda params: torch.optim.SGD(params, lr=1e37)
     )
-    trainer = L.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[EpochEnd()],
-    )
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", callbacks=[EpochEnd()], **QUIET_TRAINER)
     with pytest.raises(DivergedError, match="a weight became NaN or infinite at step 1"):
         trainer.fit(module, loader)
     assert seen == []  # stopped before the epoch's end
