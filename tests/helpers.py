@@ -193,3 +193,21 @@ def selector_config(target: str, name: str = "mine") -> str:
         f"name: {name}\nneeds_model: false\nbalance: false\n_target_: {target}\n"
         "_partial_: true\n"
     )
+
+
+class SimulatedCrashError(RuntimeError):
+    """A kill, stood in for by an exception raised in main training (`crash_at`)."""
+
+
+def crash_at(monkeypatch: Any, epoch: int) -> None:
+    """Main training raises at batch 1 of `epoch`: the epochs before it are checkpointed."""
+    from lipt.models.classifier import Classifier
+
+    real_step = Classifier.training_step
+
+    def crash(self: Classifier, batch: Any, batch_idx: int) -> Any:
+        if self.current_epoch == epoch and batch_idx == 1:
+            raise SimulatedCrashError("killed")
+        return real_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(Classifier, "training_step", crash)

@@ -22,7 +22,7 @@ from lipt.core.lock import release_run_dir
 from lipt.models.classifier import Classifier
 from lipt.run.config import validate
 from lipt.stages import train as train_stage
-from tests.helpers import CONFIGS, FAST
+from tests.helpers import CONFIGS, FAST, SimulatedCrashError, crash_at
 
 # The whole pool for 3 epochs, validated after each: best.ckpt is kept by val/acc.
 WHOLE = [
@@ -33,26 +33,10 @@ WHOLE = [
 SUBSET = [*FAST, "selector=random", "budget=subset", "fraction=0.5"]
 
 
-class SimulatedCrashError(RuntimeError):
-    pass
-
-
 def _cfg(out: Path, overrides: Sequence[str]) -> DictConfig:
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         # quoted: Hydra's grammar reads a space in a bare value as the end of the override
         return compose("train", overrides=[f"paths.output_dir='{out}'", *overrides])
-
-
-def _crash_at(monkeypatch: pytest.MonkeyPatch, epoch: int) -> None:
-    """Main training raises at batch 1 of `epoch`: the epochs before it are checkpointed."""
-    real_step = Classifier.training_step
-
-    def crash(self: Classifier, batch: Any, batch_idx: int) -> Any:
-        if self.current_epoch == epoch and batch_idx == 1:
-            raise SimulatedCrashError("killed")
-        return real_step(self, batch, batch_idx)
-
-    monkeypatch.setattr(Classifier, "training_step", crash)
 
 
 def _best_state(last: Path) -> dict[str, Any]:
@@ -66,7 +50,7 @@ def _best_state(last: Path) -> dict[str, Any]:
 
 def test_a_moved_run_folder_resumes_with_its_best_checkpoint_record(monkeypatch, tmp_path):
     was, now = tmp_path / "run", tmp_path / "runs moved" / "rün 1"
-    _crash_at(monkeypatch, epoch=2)
+    crash_at(monkeypatch, epoch=2)
     with pytest.raises(SimulatedCrashError):
         train_stage.run(validate(_cfg(was, WHOLE)))
     monkeypatch.undo()

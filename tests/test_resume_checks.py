@@ -22,13 +22,12 @@ import torch
 
 from lipt.core.artifacts import check_lightning_checkpoint, save_checkpoint
 from lipt.core.errors import UserError
-from lipt.models.classifier import Classifier
 from lipt.run.config import run_of, validate
 from lipt.stages import train as train_stage
 from lipt.stages.build import build_datamodule
 from lipt.stages.result_settings import settled
 from lipt.stages.resume import refuse_other_settings
-from tests.helpers import FAST, run_entry, start_entry
+from tests.helpers import FAST, SimulatedCrashError, crash_at, run_entry, start_entry
 
 SUBSET = [*FAST, "selector=random", "budget=subset", "fraction=0.5"]
 # The whole pool, every epoch: no subset file whose settings a resume would check.
@@ -40,24 +39,8 @@ WHOLE = [
 ]
 
 
-class SimulatedCrashError(RuntimeError):
-    pass
-
-
-def _crash_at(monkeypatch: pytest.MonkeyPatch, epoch: int) -> None:
-    """Main training raises at batch 1 of `epoch`: the epochs before it are checkpointed."""
-    real_step = Classifier.training_step
-
-    def crash(self: Classifier, batch: Any, batch_idx: int) -> Any:
-        if self.current_epoch == epoch and batch_idx == 1:
-            raise SimulatedCrashError("killed")
-        return real_step(self, batch, batch_idx)
-
-    monkeypatch.setattr(Classifier, "training_step", crash)
-
-
 def _killed(make_cfg: Any, monkeypatch: pytest.MonkeyPatch, args: list[str], epoch: int) -> None:
-    _crash_at(monkeypatch, epoch)
+    crash_at(monkeypatch, epoch)
     with pytest.raises(SimulatedCrashError):
         train_stage.run(validate(make_cfg(args)))
     monkeypatch.undo()
