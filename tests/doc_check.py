@@ -207,7 +207,7 @@ def check_stage(stage: str, args: list[str], session: Session) -> str | None:
         for o in overrides
     ]
     stderr = io.StringIO()
-    local_only = "lipt.run.sweep_overrides.check_ddp_in_multirun"  # where it is called
+    local_only = "lipt.run.declared_sweep.check_ddp_in_multirun"  # where it is called
     with (
         contextlib.chdir(session.workdir),
         contextlib.redirect_stderr(stderr),

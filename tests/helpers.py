@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from lipt.selection.api import SELECTORS as API_SELECTORS
+from lipt.selection.selectors import SELECTORS as API_SELECTORS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"

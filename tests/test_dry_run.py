@@ -155,7 +155,7 @@ def test_a_single_runs_check_reuses_the_sweepers_composition_as_composing_it_alo
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from lipt.run.sweep_overrides import declared_sweep
+    from lipt.run.declared_sweep import declared_sweep
 
     runs = [
         ["selector=glister", "fraction=0.2", "hydra.run.dir=/tmp/somewhere"],

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lipt.run.cli import with_config_dir
+from lipt.run.hydra_flags import with_config_dir
 from tests.helpers import FAST, run_entry, selector_config
 
 MINE = selector_config("lipt.selection.select_random")

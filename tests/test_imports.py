@@ -201,8 +201,10 @@ ENTRY_LAYER = {
     f"lipt.run.{m}"
     for m in (
         "cli",
+        "hydra_flags",
         "precheck",
         "composition",
+        "declared_sweep",
         "sweep_overrides",
         "approach_pins",
         "sweep_settings",

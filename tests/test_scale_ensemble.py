@@ -73,7 +73,7 @@ def test_the_ensemble_never_holds_every_members_distribution(
     members' [M, N, C] probabilities, nor of one member's [N, C] beyond cleaning's result."""
     monkeypatch.setattr(coverage, "MEMBER_ROWS", 500)
     monkeypatch.setattr("lipt.cleaning.issues.MEMBER_ROWS", 500)
-    monkeypatch.setattr("lipt.selection.types.CHUNK_ROWS", 500)  # the selectors' NaN check
+    monkeypatch.setattr("lipt.core.finite.CHUNK_ROWS", 500)  # the NaN check (rank_pool, selectors)
     pool, heads, owner = make_pool()
     with LargestTensor() as watch:
         ensemble_difficulty(pool.logits, pool.embeddings, pool.targets, heads, 0.5, "votes")

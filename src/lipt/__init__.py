@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from lipt.jigsaw.api import jigsaw_pretrain
     from lipt.models.classifier import Classifier
     from lipt.models.loss import weighted_loss
-    from lipt.selection.api import SELECTORS, Subset, select
+    from lipt.selection.api import Subset, select
     from lipt.selection.reselection import Reselection
+    from lipt.selection.selectors import SELECTORS
     from lipt.stages.label_issues import FoundIssues, datalab_report, find_label_issues
 
 # name -> the module that defines it
@@ -32,7 +33,7 @@ _API = {
     "PoolDataModule": "lipt.data.pool",
     "select": "lipt.selection.api",
     "Subset": "lipt.selection.api",
-    "SELECTORS": "lipt.selection.api",
+    "SELECTORS": "lipt.selection.selectors",
     "Reselection": "lipt.selection.reselection",
     "DynamicPruning": "lipt.dynamic.callback",
     "ensemble_scores": "lipt.dynamic.callback",

@@ -15,10 +15,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
+from lipt.core.finite import nonfinite_rows
 from lipt.data import DataModule
 from lipt.data.contract import check_labelled
 from lipt.data.pool import PoolDataModule
-from lipt.selection.types import nonfinite_rows
 
 # cleanlab.filter.find_label_issues's `filter_by` rules.
 FilterBy = Literal[

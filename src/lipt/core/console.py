@@ -51,6 +51,9 @@ Step = Callable[..., None]  # step(advance=1, **fields) after each item
 
 # Set by `setup` at the start of a run: is this process drawing bars / talking per stage?
 _state = {"bars": False, "multirun_job": False, "bars_paused": False, "extra_rank": False}
+# Set by `setup`: the folder the command was typed in, which the paths shown are relative to;
+# None: the working directory. Under hydra.job.chdir=True the job works in its run folder.
+_typed_in: dict[str, Path | None] = {"folder": None}
 
 
 # --------------------------------------------------------------------------- logging
@@ -100,10 +103,13 @@ class TerminalFilter(logging.Filter):
         return record.levelno >= logging.WARNING
 
 
-def setup(multirun_job: bool) -> None:
+def setup(multirun_job: bool, typed_in: Path | None = None) -> None:
     """Call once a stage's modules are imported: Lightning's own console handler goes (its lines
     reach the root handlers once, not twice), Python warnings go to logging (the log file), and
-    bars are on only for an interactive terminal outside multirun jobs and extra DDP ranks."""
+    bars are on only for an interactive terminal outside multirun jobs and extra DDP ranks.
+    `typed_in`: the folder the command was typed in (Hydra's runtime.cwd), where the paths
+    shown must open from, when it is not the working directory (hydra.job.chdir=True)."""
+    _typed_in["folder"] = None if typed_in is None else Path(typed_in).resolve()
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logger = logging.getLogger(name)
         for handler in list(logger.handlers):
@@ -275,11 +281,13 @@ def _trained_share(summary: Mapping[str, Any]) -> tuple[int, int, int] | None:
 
 
 def shown(path: Path) -> str:
-    """`path` relative to the working directory when it is below it (as a user would type it)."""
+    """`path` relative to the folder the command was typed in (`setup`'s `typed_in`, else the
+    working directory) when it is below it, as a user would type it; else absolute."""
+    full = path.resolve()  # a relative `path` is the working directory's
     try:
-        return str(path.resolve().relative_to(Path.cwd()))
+        return str(full.relative_to(_typed_in["folder"] or Path.cwd()))
     except ValueError:
-        return str(path)
+        return str(path if path.is_absolute() else full)
 
 
 def job_line(summary: Mapping[str, Any], out: Path, label: str) -> str:

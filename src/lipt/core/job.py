@@ -30,7 +30,8 @@ def run_dir(path: Path) -> Path:
     if is_ddp_child():
         end_with_launcher()
     else:
-        lock_run_dir(path)
+        # a multirun job's folder is <sweep dir>/<job>: another hydra.run.dir changes nothing
+        lock_run_dir(path, "hydra.run.dir" if sweep_dir_of_job() is None else "hydra.sweep.dir")
         from lipt.core.artifacts import check_run_folder_entries  # imports torch: not up top
 
         check_run_folder_entries(path)

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import TensorDataset
 
+from lipt.core.finite import nonfinite_rows
+
 
 class SubsetData(Protocol):
     """What lipt's callbacks ask of a data module: the pool (positions in the data set,
@@ -104,24 +106,14 @@ def check_labelled(dataset: Any, name: str = "dataset") -> None:
         )
 
 
-# Items checked at a time for NaN or inf: a bounded bool buffer over a large tensor.
-CHUNK_ITEMS = 4096
-
-
 def check_finite_inputs(dataset: Any, name: str = "dataset") -> None:
     """ValueError where a `TensorDataset`'s float inputs hold a NaN or an infinity (one pass
     over memory; other data sets are read only when trained on): one such item turns the
     loss, and through it every weight, into NaN."""
     if not isinstance(dataset, TensorDataset) or not dataset.tensors:
         return
-    inputs = dataset.tensors[0]
-    if not inputs.is_floating_point() or inputs.ndim == 0 or len(inputs) == 0:
-        return
-    bad = torch.cat(
-        [~c.reshape(len(c), -1).isfinite().all(1) for c in inputs.split(CHUNK_ITEMS)]
-    ).cpu()  # [N]
-    if bool(bad.any()):
-        rows = torch.nonzero(bad).flatten()
+    rows = nonfinite_rows(dataset.tensors[0])  # [K], chunk by chunk
+    if len(rows):
         first = ", ".join(str(int(i)) for i in rows[:5]) + (", ..." if len(rows) > 5 else "")
         raise ValueError(
             f"{name}: the data's inputs are not finite (NaN or inf) in {len(rows)} item(s): "

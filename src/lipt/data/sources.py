@@ -167,10 +167,7 @@ def load_fashion_mnist(data_dir: str | None, download: bool = True) -> Splits:
     assert data_dir  # (fashion_mnist_files raised without one)
     target = Path(data_dir).expanduser()
     try:
-        from torchvision.datasets import FashionMNIST
-
-        FashionMNIST(str(target), train=True, download=True)
-        FashionMNIST(str(target), train=False, download=True)
+        download_fashion_mnist(target)
     except Exception as e:  # any network failure: say what to do instead
         raise UserError(
             f"dataset.data_dir={data_dir} holds no Fashion-MNIST and the download into it failed "
@@ -178,6 +175,45 @@ def load_fashion_mnist(data_dir: str | None, download: bool = True) -> Splits:
             "install the Debian package dataset-fashion-mnist"
         ) from e
     return load_fashion_mnist(str(target), download=False)
+
+
+# torchvision's folder of the files it downloads, in dataset.data_dir
+FASHION_MNIST_DOWNLOADS = Path("FashionMNIST") / "raw"
+_STAGING = ".lipt-download-"
+
+
+def download_fashion_mnist(target: Path) -> None:
+    """torchvision's download of Fashion-MNIST into `target`, one process at a time and whole
+    files only. Two runs started at once on an empty dataset.data_dir both downloaded into the
+    same files, each truncating what the other was writing: one failed its checksum ("the
+    download failed") or read the other's half-written file. Here a process waits (flock on
+    torchvision's folder) while another downloads, then reads that one's files; a download goes
+    to a folder of its own and its files are renamed into place once complete."""
+    import fcntl
+    import shutil
+    import tempfile
+
+    from torchvision.datasets import FashionMNIST
+
+    raw = target / FASHION_MNIST_DOWNLOADS
+    raw.mkdir(parents=True, exist_ok=True)
+    fd = os.open(raw.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another process downloads here
+        if all(_find_idx(target, stem) is not None for stem in FASHION_MNIST_STEMS):
+            return  # the other process's download
+        for stale in raw.parent.glob(_STAGING + "*"):  # a killed download's: no one else's
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(dir=raw.parent, prefix=_STAGING))
+        try:
+            FashionMNIST(str(staging), train=True, download=True)
+            FashionMNIST(str(staging), train=False, download=True)
+            for entry in sorted((staging / FASHION_MNIST_DOWNLOADS).iterdir()):
+                os.replace(entry, raw / entry.name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        os.close(fd)  # drops the lock
 
 
 # --- CIFAR-10/100 python pickle batches -------------------------------------------------------
@@ -286,6 +322,11 @@ def image_folder_dirs(data_dir: str | None) -> tuple[Path, Path]:
     if not train_dir.is_dir() or not val_dir.is_dir():
         raise UserError(
             f"{root} must hold train/ and val/ folders of class subfolders (ImageFolder layout)"
+        )
+    if os.path.samefile(train_dir, val_dir):  # a link: the test split would be trained on
+        raise UserError(
+            f"{val_dir} is {train_dir} (a link): val/ is the test split, which must hold "
+            "images the run does not train on; put held-out images in val/"
         )
     return train_dir, val_dir
 

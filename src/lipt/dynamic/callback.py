@@ -90,6 +90,7 @@ class DynamicPruning(L.Callback):
         self.fed = torch.zeros(n, dtype=torch.bool)  # rows trained on at least once
         self.pruned_share: dict[str, float] = {}  # str(epoch) -> share of the pool left out
         self.planned: tuple[int, EpochPlan] | None = None
+        self.scheduled_epochs: int | None = None  # the fit's trainer.max_epochs: the plans'
 
     # --- scores --------------------------------------------------------------------------
 
@@ -123,6 +124,8 @@ class DynamicPruning(L.Callback):
             t.to(device) for t in (self.scores, self.row_of, self.fed)
         )
         self.dm.epoch_subset = lambda epoch: self.epoch_subset(trainer, epoch)
+        epochs = trainer.max_epochs
+        self.scheduled_epochs = epochs if epochs is not None and epochs >= 0 else None
 
     def on_train_batch_end(
         self,
@@ -214,14 +217,22 @@ class DynamicPruning(L.Callback):
     def ledger(self, samples: int, full_epochs: int) -> dict[str, Any]:
         """summary.json's stages.train.dynamic: the method, its knobs, what the whole pool's
         run costs (the pool for `full_epochs`, trainer.max_epochs: what `fraction` is a share
-        of, whatever epochs the budget trained), what was saved against it (negative for a run
-        that cost more), the share pruned per epoch."""
-        full = len(self.pool) * full_epochs
+        of, whatever epochs the budget trained), what pruning saved against it (the rows its
+        plans left out of the epochs that began, and the epochs its schedule leaves out of
+        `full_epochs`; negative for a run that cost more), what a stop cut short of the
+        schedule (trainer.limit_train_batches, max_time), the share pruned per epoch."""
+        n = len(self.pool)
+        full = n * full_epochs
+        pruned = sum(round(share * n) for share in self.pruned_share.values())
+        scheduled = full_epochs if self.scheduled_epochs is None else self.scheduled_epochs
+        cut = max(n * scheduled - pruned - samples, 0)  # the schedule's rows not trained
         return {
             "method": self.method.name,
             **self.method.settings(),
             "samples_full": full,
-            "samples_saved": full - samples,
+            # full = saved + cut + samples; negative for a run that cost more than the full one
+            "samples_saved": full - cut - samples,
+            "samples_cut": cut,
             # by epoch, as numbers (as strings, "10" came before "2")
             "pruned_share": {
                 k: round(v, 6) for k, v in sorted(self.pruned_share.items(), key=epoch_number)

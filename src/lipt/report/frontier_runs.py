@@ -7,6 +7,7 @@ model, and by the epochs their methods ran, one frontier each. lipt.report.front
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,8 +39,13 @@ def reference_approach(sweep_dir: Path) -> str | None:
     multirun.yaml), else None: not a frontier."""
     import yaml
 
-    for path in sorted(sweep_dir.rglob("multirun.yaml")):
-        sweeper = (yaml.safe_load(path.read_text()) or {}).get("hydra", {}).get("sweeper") or {}
+    for path in find_named(sweep_dir, "multirun.yaml"):
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):  # a sweep starting: Hydra writing it
+            continue
+        hydra = loaded.get("hydra") if isinstance(loaded, dict) else None
+        sweeper = (hydra or {}).get("sweeper") or {}
         if str(sweeper.get("_target_", "")).endswith(FRONTIER_SWEEPER):
             overrides = [str(o) for o in sweeper.get("reference", [])]
             approaches = [
@@ -47,6 +53,17 @@ def reference_approach(sweep_dir: Path) -> str | None:
             ]
             return approaches[0] if approaches else "full_data"
     return None
+
+
+def find_named(root: Path, name: str) -> list[Path]:
+    """The entries named `name` under `root`, at any depth, sorted: `sorted(root.rglob(name))`,
+    but for folders that vanish during the walk, which a sweep's running jobs make and remove
+    (a refused job's folder, a logger's temporary ones) and which ended a report read while
+    the sweep ran in FileNotFoundError. Links to folders are not followed, as rglob does not."""
+    found = []
+    for folder, dirs, files in os.walk(root):  # os.walk passes over a folder it cannot list
+        found += [Path(folder) / entry for entry in (*dirs, *files) if entry == name]
+    return sorted(found)
 
 
 def costs(summary: Mapping[str, Any]) -> tuple[float, int]:

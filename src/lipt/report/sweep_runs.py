@@ -6,6 +6,7 @@ out. lipt.report.sweep groups and tabulates them; a multirun's closing table rea
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 from lipt.core.artifacts import LEARNERS_DIR
 from lipt.core.errors import UserError
-from lipt.report.frontier_runs import finite
+from lipt.report.frontier_runs import find_named, finite
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def load_summaries(sweep_dir: Path, since: float | None = None) -> tuple[list[Ru
             + ", ".join(str(p.parent.relative_to(sweep_dir)) for p in earlier[:3])
             + (", ..." if len(earlier) > 3 else "")
         )
-    for path in sorted(sweep_dir.rglob("summary.json")):
+    for path in find_named(sweep_dir, "summary.json"):
         if LEARNERS_DIR in path.relative_to(sweep_dir).parts[:-1] or path in earlier:
             continue  # a learner array task's own record (hydra/launcher=slurm), not a run
         try:
@@ -83,11 +84,11 @@ def load_summaries(sweep_dir: Path, since: float | None = None) -> tuple[list[Ru
             warnings.append(f"skipped {path}: its test_accuracy is {accuracy!r}, not a number")
             continue
         runs.append(Run(path, summary, flatten(summary["config"])))
-    for hydra_dir in sorted(sweep_dir.rglob(".hydra")):
+    for hydra_dir in find_named(sweep_dir, ".hydra"):
         job_dir = hydra_dir.parent
         if not hydra_dir.is_dir() or (job_dir / "summary.json").exists():
             continue
-        if since is None or hydra_dir.stat().st_mtime >= since - CLOCK_SLACK_S:
+        if since is None or modified(hydra_dir, gone=-math.inf) >= since - CLOCK_SLACK_S:
             warnings.append(f"skipped {job_dir}: no summary.json (the run failed or is running)")
     return runs, warnings
 
@@ -96,6 +97,15 @@ def written_before(sweep_dir: Path, since: float) -> list[Path]:
     """The summary.json files under `sweep_dir` written before `since` (CLOCK_SLACK_S aside)."""
     return [
         path
-        for path in sorted(sweep_dir.rglob("summary.json"))
-        if path.stat().st_mtime < since - CLOCK_SLACK_S
+        for path in find_named(sweep_dir, "summary.json")
+        if modified(path, gone=since) < since - CLOCK_SLACK_S
     ]
+
+
+def modified(path: Path, gone: float) -> float:
+    """`path`'s modification time; `gone` for one removed since it was found (a running sweep's
+    job folder, which is then neither an earlier multirun's run nor a job to warn of)."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return gone

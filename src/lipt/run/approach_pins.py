@@ -14,8 +14,9 @@ from typing import Any
 
 from lipt.core.errors import UserError
 from lipt.run.composition import compose_jobs
+from lipt.run.declared_sweep import DeclaredSweep
 from lipt.run.frontier_sweep import as_reference, key_of, setting_of
-from lipt.run.sweep_overrides import DeclaredSweep, candidate_overrides
+from lipt.run.sweep_overrides import candidate_overrides
 
 # The group whose options are the frontier's and the experiments' methods (configs/approach).
 APPROACH = "approach"

@@ -37,8 +37,8 @@ from lipt.report.sweep import aggregate, varying_keys
 from lipt.report.sweep_runs import load_summaries
 from lipt.run.cli import keep_caches_in
 from lipt.run.config import run_of
+from lipt.run.declared_sweep import declared_overrides
 from lipt.run.slurm import is_slurm_launcher
-from lipt.run.sweep_overrides import declared_overrides
 from lipt.run.sweep_settings import LEARNERS_KEY, check_learner_sweep, other_swept_keys
 from lipt.stages.jigsaw import merge_learner_dir
 
@@ -145,7 +145,7 @@ class SoupCallback(Callback):
 
 
 def learner_sweep(config: DictConfig, merges: bool = True) -> bool:
-    """True when this multirun trains jigsaw learners (lipt.run.sweep_overrides.
+    """True when this multirun trains jigsaw learners (lipt.run.sweep_settings.
     check_learner_sweep, on the multirun's own overrides; `merges`: the soup callback's)."""
     return check_learner_sweep(swept_overrides(config), config.pretrain, merges)
 

@@ -26,13 +26,8 @@ from lipt.run.approach_pins import (
     swept_groups,
 )
 from lipt.run.composition import compose_jobs, config_dir, set_hydra_config
-from lipt.run.sweep_overrides import (
-    DeclaredSweep,
-    candidate_overrides,
-    check_sweeps,
-    declared_sweep,
-    every_job,
-)
+from lipt.run.declared_sweep import DeclaredSweep, declared_sweep
+from lipt.run.sweep_overrides import candidate_overrides, check_sweeps, every_job
 from lipt.run.sweep_settings import HYDRA_JOB_FOLDER, check_sweep_subdir
 
 
@@ -129,7 +124,7 @@ def precheck(
             composed = opened(compose_jobs(config_name, listed, kept))
             jobs = methods_first(declared, every_job(overrides, params))
             assert declared.composed is not None
-            check_sweep_subdir(declared.composed.hydra.sweep, len(jobs))
+            check_sweep_subdir(declared.composed.hydra.sweep, jobs)
         configs = []
         for cfg in each_job(listed, composed, current):
             validate(cfg, deep=False)

@@ -2,14 +2,14 @@
 refused in one line before any job: DDP that relaunches the command line inside a local
 multirun, an Optuna search that would crash, tune a seed or pick the worst trial, a SLURM job
 folder the launcher would ignore, a jigsaw learner sweep whose settings would share one folder.
-lipt.run.sweep_overrides calls them on the jobs it reads from the command line; the learner
+lipt.run.declared_sweep calls them on the jobs it reads from the command line; the learner
 sweep's check runs again in lipt.run.hydra_callbacks, on the multirun's own overrides."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from omegaconf import DictConfig
 
@@ -195,22 +195,118 @@ def check_learner_sweep(overrides: list[str], pretrain: Mapping[str, Any], merge
     return True
 
 
-def check_sweep_subdir(sweep: DictConfig, jobs: int) -> None:
+def check_sweep_subdir(sweep: DictConfig, jobs: Sequence[Sequence[str]]) -> None:
     """`hydra.sweep.subdir` names each job's folder in the sweep folder: one without `${...}`
     is the same folder for every job, where each job would overwrite the one before (its
-    summary.json and checkpoints) and the sweep's table would count one run."""
+    summary.json and checkpoints) and the sweep's table would count one run. So is one whose
+    keys (s${seed}) are the same in jobs that differ in another (fraction=0.1,0.2).
+
+    `jobs`: each job's overrides (key=value)."""
     from omegaconf import OmegaConf
 
     raw = OmegaConf.to_container(sweep, resolve=False)
     assert isinstance(raw, dict)
     subdir, folder = raw.get("subdir"), str(raw.get("dir"))
+    count = len(jobs)
     # Hydra resolves the sweep folder for each job too: one of the job's keys (s${seed})
     # parts the jobs as a subdir would; ${now:...} is the same for all
     per_job = "${" in str(subdir) or re.search(r"\$\{(?!now:)", folder) is not None
-    if jobs > 1 and subdir is not None and not per_job:
+    if count > 1 and subdir is not None and not per_job:
         raise UserError(
-            f"hydra.sweep.subdir={subdir} is one folder for all {jobs} jobs of the sweep, each "
+            f"hydra.sweep.subdir={subdir} is one folder for all {count} jobs of the sweep, each "
             "overwriting the one before; give each job its own, e.g. "
             "'hydra.sweep.subdir=${hydra.job.num}' (the default) or "
             "'hydra.sweep.subdir=${hydra.job.override_dirname}'"
         )
+    if subdir is None:
+        return
+    shared = keys_one_folder_ignores(sweep, f"{folder}/{subdir}", jobs)
+    if shared:
+        raise UserError(
+            f"hydra.sweep.subdir={subdir} (in hydra.sweep.dir={folder}) is one folder for jobs "
+            f"that differ only in {', '.join(shared)}, each overwriting the one before; name "
+            f"{'it' if len(shared) == 1 else 'them'} in it too, or use the default "
+            "'hydra.sweep.subdir=${hydra.job.num}'"
+        )
+
+
+# What names each job's folder apart whatever its keys (hydra.job.override_dirname: every
+# override but its exclude_keys, handled below).
+JOB_UNIQUE = ("job.num", "job.id")
+REFERENCE = re.compile(r"\$\{([^${}]+)\}")  # the innermost ${...}
+
+
+def keys_one_folder_ignores(
+    sweep: DictConfig, path: str, jobs: Sequence[Sequence[str]]
+) -> list[str]:
+    """The keys two jobs differ in whose folder `path` (sweep.dir/sweep.subdir, unresolved)
+    is nonetheless the same, sorted; [] where every job has its own folder or where it cannot
+    be told from the overrides alone (a key of the folder set by an interpolation or a config
+    group's option: an `approach` may set the `seed` the folder names)."""
+    from omegaconf import OmegaConf
+
+    root = cast(DictConfig, sweep._get_root())  # the composed config: as the jobs start
+    named: set[str] = set()
+    every_but: set[str] | None = None  # hydra.job.override_dirname: all keys but these
+    for ref in REFERENCE.findall(path):
+        ref = ref.strip()
+        hydra_key = ref.removeprefix("hydra:").removeprefix("hydra.")
+        if hydra_key in JOB_UNIQUE:
+            return []
+        if hydra_key == "job.override_dirname":
+            excluded = OmegaConf.select(root, "hydra.job.config.override_dirname.exclude_keys")
+            every_but = {str(k) for k in excluded or ()}
+        elif hydra_key.startswith("runtime.choices."):
+            named.add(hydra_key.removeprefix("runtime.choices."))
+        elif ref.startswith(("now:", "hydra:", "hydra.")):
+            continue  # the same for every job of the sweep
+        elif ":" in ref or derived(root, ref):
+            return []  # another resolver, or an interpolation: its value is not in the overrides
+        else:
+            named.add(ref)
+    groups = set(OmegaConf.select(root, "hydra.runtime.choices") or {}) | config_groups(jobs)
+
+    def may_set(group: str) -> bool:
+        """Whether a group's option may set a key of the folder: one of _global_ package (no
+        node of its own: approach) may set any; one with its node (selector) that node and,
+        through its defaults list, another group's, but no top-level value (seed)."""
+        if not isinstance(root.get(group), DictConfig):
+            return True
+        return any("." in key for key in named) or every_but is not None
+
+    def in_folder(key: str) -> bool:
+        if every_but is not None and key not in every_but:
+            return True
+        return any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for k in named)
+
+    seen: dict[tuple[tuple[str, str], ...], set[tuple[str, str]]] = {}
+    for job in jobs:
+        pairs = {(k.lstrip("+~"), v) for k, _, v in (o.partition("=") for o in job)}
+        folder = tuple(sorted(p for p in pairs if in_folder(p[0])))
+        other = seen.setdefault(folder, pairs)
+        differ = sorted({k for k, _ in other ^ pairs})
+        if differ and not any(may_set(k) for k in differ if k in groups):
+            return differ
+    return []
+
+
+def config_groups(jobs: Sequence[Sequence[str]]) -> set[str]:
+    """The keys of the jobs' overrides that may choose a config group's option beyond those
+    the composed config chose (hydra.runtime.choices): one added (+approach=...), a group's
+    path (hydra/launcher) or package (group@pkg). A top-level value added so (+tag=a) is
+    taken for one too: a folder is refused only where the overrides tell."""
+    lines = {o.partition("=")[0] for job in jobs for o in job}
+    return {
+        line.lstrip("+~")
+        for line in lines
+        if "/" in line or "@" in line or (line.startswith("+") and "." not in line)
+    }
+
+
+def derived(root: DictConfig, key: str) -> bool:
+    """Whether `key`'s value in the composed config is an interpolation (${...}) of others."""
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(root, parent) if parent else root
+    return isinstance(node, DictConfig) and leaf in node and OmegaConf.is_interpolation(node, leaf)

@@ -18,8 +18,9 @@ import torch
 from torch import Tensor
 
 from lipt.core.errors import UserError
+from lipt.core.finite import nonfinite_rows
 from lipt.core.seeding import torch_threads
-from lipt.selection.types import PoolOutputs, Selection, SelectionInputs, nonfinite_rows
+from lipt.selection.types import PoolOutputs, Selection, SelectionInputs
 
 
 class Selector(Protocol):
@@ -46,14 +47,15 @@ def check_budget(inputs: SelectionInputs, budget: int) -> int:
                 f"extra_pools[{i}] has {len(extra)} rows x {extra.num_classes} classes, "
                 f"the pool has {n} x {inputs.pool.num_classes}"
             )
-    check_finite_outputs(inputs)
+    if not inputs.outputs_checked:
+        check_finite_outputs(inputs)
     return int(budget)
 
 
 def check_finite_outputs(inputs: SelectionInputs) -> None:
     """UserError for a NaN or infinite logit or embedding: CRAIG's lazy greedy would never
-    finish on one, the score selectors would rank it silently (lipt.selection.api checks a
-    model's outputs once; a selector called on its own is checked here)."""
+    finish on one, the score selectors would rank it silently. Inputs of rank_pool were
+    checked as it scored them (`outputs_checked`); a selector called on others checks here."""
     named = [("the pool", inputs.pool), ("the validation split", inputs.val)]
     named += [(f"extra_pools[{i}]", extra) for i, extra in enumerate(inputs.extra_pools)]
     for where, outputs in named:
@@ -209,6 +211,7 @@ def select_balanced(
             pool=inputs.pool.take(pos),
             val=val,
             extra_pools=tuple(p.take(pos) for p in inputs.extra_pools),
+            outputs_checked=True,  # check_budget above checked every class's rows
         )
         chosen = fn(sub, share, generator=generator)
         rows.append(pos.cpu()[chosen.rows])

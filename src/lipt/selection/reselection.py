@@ -32,12 +32,11 @@ from lipt.data.contract import check_subset_data
 from lipt.selection.api import (
     Selector,
     budget_of,
-    check_held_out,
     seed_of,
     select,
-    selector_of,
 )
 from lipt.selection.gradients import resolve_head
+from lipt.selection.selectors import check_held_out, selector_of
 
 # (the LightningModule being trained, epoch, profile to fill) -> indices, weights; the profile
 # stays empty when the selector ranks nothing (random)

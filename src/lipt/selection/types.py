@@ -12,20 +12,6 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import Tensor
 
-# Rows checked at a time for non-finite values: a bounded bool buffer on a large tensor.
-CHUNK_ROWS = 4096
-
-
-def nonfinite_rows(values: Tensor) -> Tensor:
-    """[K] int64, ascending: the rows of `values` [N, ...] holding a NaN or an infinity (none
-    for an integer tensor)."""
-    if not (values.is_floating_point() or values.is_complex()) or values.shape[0] == 0:
-        return torch.empty(0, dtype=torch.int64)
-    finite = torch.cat(
-        [chunk.reshape(len(chunk), -1).isfinite().all(1) for chunk in values.split(CHUNK_ROWS)]
-    )  # [N]
-    return torch.nonzero(~finite).flatten().cpu()
-
 
 @dataclass(frozen=True)
 class PoolOutputs:
@@ -101,6 +87,9 @@ class SelectionInputs:
     # The jigsaw learners' heads, for selectors that use the learners' ensemble (coverage);
     # they fit `pool.embeddings` when `pool` comes from the soup. None without jigsaw learners.
     learner_heads: LearnerHeads | None = None
+    # True once every logit and embedding above was found finite (rank_pool checks each model's
+    # outputs as it scores them): the selectors then skip their own check, one scan per selection.
+    outputs_checked: bool = False
 
     @property
     def head_has_bias(self) -> bool:

@@ -31,8 +31,9 @@ from lipt.cleaning.inputs import (
     pool_labels,
 )
 from lipt.cleaning.issues import probe_issues, score_pool
-from lipt.jigsaw.api import check_jigsaw_keywords, head_name, jigsaw_pretrain
+from lipt.jigsaw.api import check_jigsaw_keywords, jigsaw_pretrain
 from lipt.jigsaw.context import Pretrained
+from lipt.jigsaw.inputs import head_name
 from lipt.selection.api import seed_of
 
 

@@ -110,8 +110,9 @@ def choose_subset(
             )
     else:
         idx = dm.pool_indices  # labels and positions: a selector that needs no model
-        inputs = SelectionInputs(
-            pool=PoolOutputs.labels_only(dm.train_source.labels[idx], idx, dm.num_classes)
+        inputs = SelectionInputs(  # no model's outputs to check: zeros of lipt's own
+            pool=PoolOutputs.labels_only(dm.train_source.labels[idx], idx, dm.num_classes),
+            outputs_checked=True,
         )
     with console.progress(f"selecting: {selector.name} picks", budget) as step:
         picking = console.counting_selector(fn, step)

@@ -1,0 +1,21 @@
+"""An ImageFolder tree's `val/` is the test split. One that is `train/` (a link, as a quick
+way to "have a val folder") tested the run on its own training images without a word."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from lipt.core.errors import UserError
+from lipt.data.sources import load_image_folder
+from tests.test_data import image_tree
+
+
+def test_a_val_folder_that_is_the_train_folder_is_refused(tmp_path):
+    root = image_tree(tmp_path / "tree")
+    load_image_folder(str(root), 36, 32)  # its own val/: read
+    shutil.rmtree(root / "val")
+    (root / "val").symlink_to(root / "train", target_is_directory=True)
+    with pytest.raises(UserError, match=r"val is .*train \(a link\): val/ is the test split"):
+        load_image_folder(str(root), 36, 32)
