@@ -179,6 +179,23 @@ def eval_positions(eval_size: int | None, dm: LearnerData, seed: int) -> Tensor:
     return positions
 
 
+def check_shards_held_out(learners: Sequence[Learner], dm: LearnerData) -> None:
+    """UserError for learners that trained on rows of the validation split the soup is scored
+    on: saved learners (pretrain.merge_from, a pretrain.learner_dir) made under another split,
+    which their recipe does not tell apart where the pool's labels read the same (class-sorted
+    labels, as an ImageFolder tree's, with the same count of each class held out)."""
+    held_out = [le for le in learners if bool(torch.isin(le.shard, dm.val_indices).any())]
+    if not held_out:
+        return
+    rows = int(torch.isin(torch.cat([le.shard for le in held_out]), dm.val_indices).sum())
+    raise UserError(
+        f"jigsaw learners {[le.id for le in held_out]} trained on {rows} rows of this run's "
+        "validation split, which the soup is scored on (saved under another "
+        "dataset.split_seed or dataset.val_size); merge learners of this split, or train them "
+        "again in another pretrain.learner_dir"
+    )
+
+
 def bn_positions(settings: JigsawSettings, merge: Merge, dm: LearnerData, seed: int) -> Tensor:
     """`merge.bn_batches` minibatches drawn (seeded) from the union of ALL learners' shards:
     data already sent out, so the soup reads nothing new, and the same set whichever learners
@@ -236,6 +253,7 @@ def merge_learners(
             f"jigsaw learners {strangers} did not start from this run's initial model (seed "
             f"{seed}); a soup needs one common init: re-train them with the same seed and model"
         )
+    check_shards_held_out(usable, dm)
     if evaluate is None:
         positions = bn_positions(settings, ctx.merge, dm, seed)
         evaluate = HeldOut(ctx.merge, ctx.device, dm, init, seed, positions)

@@ -132,6 +132,8 @@ class Classifier(L.LightningModule):
         self.last_loss: Tensor | None = None  # the loss trained on, detached (NaN: diverged)
         # Batches done in the current epoch, and its batch count (schedule_over="epochs").
         self.epoch_batches_done, self.epoch_batches = 0, 1
+        # The optimizer step the weights were last validated at (None: not yet in this process)
+        self.validated_at_step: int | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
@@ -235,6 +237,10 @@ class Classifier(L.LightningModule):
         self.val_acc(logits, y)
         self.log("val/loss", F.cross_entropy(logits, y), sync_dist=True)
         self.log("val/acc", self.val_acc, prog_bar=True)
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.validated_at_step = self.trainer.global_step
 
     def test_step(self, batch: tuple[Tensor, ...], batch_idx: int) -> None:
         x, y, _ = batch

@@ -93,14 +93,13 @@ def fit_and_test(run: Run, dm: DataModule, plan: TrainingPlan, resume: str | Non
     # module's own clock starts after the set-up, under DDP after the other processes started.
     seconds = module.seconds_before + time.perf_counter() - started
     samples = module.total_samples_seen()
-    # The last epoch's validation accuracy: what hyper-parameters are chosen on (never test).
+    # The trained weights' validation accuracy: what hyper-parameters are chosen on (never
+    # test). A fit whose last validation came before its last step validates them again:
+    # check_val_every_n_epoch > 1, a stop mid-epoch, a resumed fit with nothing left to run.
+    if len(dm.val_indices) and module.validated_at_step != trainer.global_step:
+        trainer.validate(module, datamodule=dm, verbose=False)
     val_metric = trainer.callback_metrics.get("val/acc")
     val_accuracy = None if val_metric is None else float(val_metric)
-    if val_accuracy is None and resume is not None and len(dm.val_indices):
-        # A resumed fit with nothing left to run (killed before summary.json) validated
-        # nothing: the trained weights' number, as the fit's last epoch had it.
-        validated = trainer.validate(module, datamodule=dm, verbose=False)
-        val_accuracy = validated[0].get("val/acc") if validated else None
     test_accuracy = float(trainer.test(module, datamodule=dm, verbose=False)[0]["test/acc"])
     # Without re-selection an epoch is a shuffled pass over the subset without repeats: a step
     # budget under one epoch sees `samples` distinct images (exactly so on one device).

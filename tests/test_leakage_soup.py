@@ -1,0 +1,90 @@
+"""The jigsaw soup is chosen on the validation split, so no learner merged into it may have
+trained on that split: saved learners of another split are refused (lipt.jigsaw.merge)."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lipt.data import DataModule
+from lipt.data.sources import make_synthetic
+from tests.helpers import run_entry
+
+# configs/dataset/synthetic.yaml's sizes (600 training items, 100 held out), in 2 classes.
+ITEMS, CLASSES, VAL = 600, 2, 100
+JIGSAW = [
+    "dataset=synthetic",
+    f"dataset.num_classes={CLASSES}",
+    "trainer.accelerator=cpu",
+    "model.width=8",
+    "batch_size=32",
+    "logger=none",
+    "pretrain=jigsaw",
+    "pretrain.num_learners=4",
+    "pretrain.batches_per_learner=2",
+    "pretrain.local_epochs=1",
+    "merge.ratios=5",
+]
+
+
+def split_of(labels: Path, split_seed: int) -> DataModule:
+    load = partial(make_synthetic, ITEMS, 200, CLASSES, 1, 12, seed=0)
+    dm = DataModule(load, CLASSES, 1, 12, [0.5], [0.25], val_size=VAL, split_seed=split_seed,
+                    train_labels=str(labels))  # fmt: skip
+    dm.setup()
+    return dm
+
+
+def held_out_counts(dm: DataModule) -> list[int]:
+    """How many items of each class the validation split holds."""
+    return torch.bincount(dm.train_source.labels[dm.val_indices], minlength=CLASSES).tolist()
+
+
+def test_learners_of_another_split_are_not_merged(tmp_path: Path) -> None:
+    # Class-sorted labels, as an ImageFolder tree reads them: two splits that hold out as many
+    # items of each class leave pools whose labels read the same, in order.
+    labels = tmp_path / "labels.npy"
+    np.save(labels, np.repeat(np.arange(CLASSES), ITEMS // CLASSES))
+    first = split_of(labels, 0)
+    held = held_out_counts(first)
+    other = next(s for s in range(1, 200) if held_out_counts(split_of(labels, s)) == held)
+    data = [*JIGSAW, f"dataset.train_labels={labels}"]
+    saved = run_entry("pretrain.py", [*data, f"dataset.split_seed={other}",
+                                      f"hydra.run.dir={tmp_path / 'other'}"])  # fmt: skip
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    shards = [
+        torch.load(path, weights_only=True)["shard"]
+        for path in sorted((tmp_path / "other" / "learners").glob("learner_*.ckpt"))
+    ]
+    trained_on_val = torch.isin(torch.cat(shards), first.val_indices).sum()
+    assert len(shards) == 4 and trained_on_val > 0  # split 0 holds out rows they trained on
+    merged = run_entry(
+        "pretrain.py",
+        [*data, "dataset.split_seed=0", f"pretrain.merge_from={tmp_path / 'other' / 'learners'}",
+         f"hydra.run.dir={tmp_path / 'merged'}"],
+    )  # fmt: skip
+    assert merged.returncode == 2, merged.stdout[-2000:]
+    error = merged.stderr.strip().splitlines()[-1]
+    assert f"trained on {int(trained_on_val)} rows of this run's validation split" in error
+    assert not (tmp_path / "merged" / "pretrain.ckpt").exists()
+    # The same learners found in a shared pretrain.learner_dir are reused, then refused alike.
+    reused = run_entry(
+        "pretrain.py",
+        [*data, "dataset.split_seed=0", f"pretrain.learner_dir={tmp_path / 'other' / 'learners'}",
+         f"hydra.run.dir={tmp_path / 'reused'}"],
+    )  # fmt: skip
+    assert reused.returncode == 2, reused.stdout[-2000:]
+    assert "rows of this run's validation split" in reused.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "reused" / "pretrain.ckpt").exists()
+    # Their own split merges them.
+    again = run_entry(
+        "pretrain.py",
+        [*data, f"dataset.split_seed={other}",
+         f"pretrain.merge_from={tmp_path / 'other' / 'learners'}",
+         f"hydra.run.dir={tmp_path / 'same'}"],
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (tmp_path / "same" / "pretrain.ckpt").is_file()
