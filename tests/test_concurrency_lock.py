@@ -22,6 +22,7 @@ from lipt.core.lock import (
     release_run_dir,
 )
 from lipt.run.cli import claim_given_folder
+from lipt.run.precheck import check_given_folders
 from tests.helpers import FAST, run_entry
 
 CLAIMER = """
@@ -120,10 +121,37 @@ def test_an_extra_ddp_rank_claims_nothing_in_its_rank_0s_folder(tmp_path, monkey
     try:
         monkeypatch.setenv("SLURM_PROCID", "1")
         claim_given_folder([f"hydra.run.dir={folder}"], multirun=False)  # no refusal
+        check_given_folders([f"hydra.run.dir={folder}"])  # precheck's probe: none either
         assert lock_holder(folder) == holder.pid
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_quoted_folder_is_claimed_as_hydra_reads_it(tmp_path, monkeypatch):
+    """Split at '=', "hydra.run.dir='<path>'" claimed a folder named with the quotes, under
+    the working directory, and left the run's own folder unclaimed."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "runs" / "with space"
+    try:
+        claim_given_folder([f"+hydra.run.dir='{folder}'", "seed=1"], multirun=False)
+        assert lock_holder(folder) == os.getpid()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    finally:
+        release_run_dir(folder)
+
+
+def test_a_sweep_whose_jobs_run_in_its_folder_is_not_claimed_by_the_sweep(tmp_path):
+    """hydra.sweep.subdir=. : the one job's folder is the sweep folder; held by the sweep's
+    process, a joblib worker's job was refused as if another run held it."""
+    folder = tmp_path / "sweep"
+    claim_given_folder([f"hydra.sweep.dir={folder}", "hydra.sweep.subdir=."], multirun=True)
+    assert lock_holder(folder) is None
+    claim_given_folder([f"hydra.sweep.dir={folder}", "seed=0,1"], multirun=True)
+    try:
+        assert lock_holder(folder) == os.getpid()
+    finally:
+        release_run_dir(folder)
 
 
 def test_a_sweep_job_on_a_held_folder_is_refused_naming_the_sweeps_setting(tmp_path):

@@ -123,7 +123,11 @@ def claim_run_dir(path: Path, setting: str = "hydra.run.dir") -> None:
     key = folder.resolve()
     if not key.is_dir() or key in _held:
         return
-    _take(key, setting)
+    try:
+        _take(key, setting)
+    except FileNotFoundError:  # another run's claim let go of it and removed it just now
+        claim_run_dir(path, setting)
+        return
     if made:
         atexit.register(_remove_if_empty, key, made)
 

@@ -127,19 +127,28 @@ def claim_given_folder(overrides: list[str], multirun: bool) -> None:
     """Hold the run folder (a multirun: the sweep folder) named on the command line before
     Hydra writes .hydra/, multirun.yaml and the log into it (lipt.core.lock.claim_run_dir): two
     runs started together on one folder both pass precheck's probe of its lock."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     from lipt.core.job import is_ddp_child
     from lipt.core.lock import claim_run_dir
 
     if is_ddp_child():  # shares its rank 0's folder, which holds it
         return
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    for arg in overrides:
-        name, _, value = arg.partition("=")
-        if name == key and "$" not in value:  # an interpolation: Hydra resolves it later
-            try:
-                claim_run_dir(Path(value), key)
-            except UserError as e:
-                fail(one_line(e))
+    given = {
+        o.key_or_group: o.value()
+        for o in OverridesParser.create().parse_overrides(overrides)  # as Hydra reads them
+        if o.key_or_group in (key, "hydra.sweep.subdir")
+    }
+    folder = given.get(key)
+    if not isinstance(folder, str) or "$" in folder:  # an interpolation: Hydra resolves it later
+        return
+    if multirun and not Path(str(given.get("hydra.sweep.subdir", "x"))).parts:
+        return  # the jobs run in the sweep folder itself (subdir=.), each holding it
+    try:
+        claim_run_dir(Path(folder), key)
+    except UserError as e:
+        fail(one_line(e))
 
 
 class RunStopped(BaseException):

@@ -9,7 +9,6 @@ and so does the run folder, checked here since the stage makes it only once the 
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Generator, Iterable
 from pathlib import Path
@@ -151,9 +150,10 @@ def precheck(
 def check_given_folders(args: list[str]) -> None:
     """The run or sweep folder given on the command line: writable, and not a running run's
     (checked before Hydra writes .hydra/ into it)."""
+    from lipt.core.job import is_ddp_child
     from lipt.core.lock import check_unlocked
 
-    ddp_child = os.environ.get("LOCAL_RANK", "0") != "0"  # shares its rank 0's folder
+    ddp_child = is_ddp_child()  # shares its rank 0's folder (srun: SLURM_PROCID too)
     for arg in args:
         if arg.startswith("hydra.run.dir=") and not ddp_child:
             check_unlocked(Path(arg.split("=", 1)[1]))
