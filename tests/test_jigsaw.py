@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import TensorDataset
 
 import lipt
+import lipt.jigsaw.checkpoints
 import lipt.stages.build
 from lipt.core.errors import UserError
 from lipt.data import DataModule
@@ -526,6 +527,32 @@ def test_a_learner_job_refuses_another_settings_learner_in_its_shared_folder(jig
     with pytest.raises(UserError, match=r"shares the folder; give each setting its own"):
         pretrain_model(build_parts(run_of(in_process)), seed=1)
     assert (tmp_path / "shared" / "learner_0.ckpt").read_bytes() == before
+
+
+def test_a_learner_another_run_wrote_while_this_one_trained_it_is_not_replaced(
+    jigsaw_cfg, tmp_path, monkeypatch
+):
+    """Two runs of other seeds sharing a learner folder both found learner 0 missing and both
+    trained it; the later write replaced the other's, which then failed at its merge after all
+    its training. The one finishing second now finds the other's and stops, replacing nothing."""
+    theirs = tmp_path / "theirs"
+    jigsaw_stage.run_learner_job(
+        run_of(jigsaw_cfg("pretrain.learners=[0]", f"pretrain.learner_dir={theirs}"))
+    )
+    shared = tmp_path / "shared"
+    train_learner = lipt.jigsaw.checkpoints.train_learner
+
+    def the_other_run_finishes_first(*args, **kwargs):  # type: ignore[no-untyped-def]
+        trained = train_learner(*args, **kwargs)
+        shared.mkdir(exist_ok=True)
+        (shared / "learner_0.ckpt").write_bytes((theirs / "learner_0.ckpt").read_bytes())
+        return trained
+
+    monkeypatch.setattr(lipt.jigsaw.checkpoints, "train_learner", the_other_run_finishes_first)
+    ours = jigsaw_cfg("pretrain.learners=[0]", f"pretrain.learner_dir={shared}", "seed=1")
+    with pytest.raises(UserError, match=r"learner_0\.ckpt was trained with other settings \(seed"):
+        jigsaw_stage.run_learner_job(run_of(ours))
+    assert (shared / "learner_0.ckpt").read_bytes() == (theirs / "learner_0.ckpt").read_bytes()
 
 
 def _soup_without_training(make_cfg: Callable[..., DictConfig], *overrides: str) -> DictConfig:

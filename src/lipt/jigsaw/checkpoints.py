@@ -195,28 +195,51 @@ def train_or_reuse(
     """
     path = folder / learner_file(learner)
     if path.is_file():
-        try:
-            saved = load_learner(path, learner, shard, recipe(ctx, settings, dm, seed))
-        except OtherRecipeError as e:
-            if shared:
-                raise UserError(
-                    f"{path} was trained with other settings ({', '.join(e.diff)}) than this "
-                    "run's, by another run or job that shares the folder; give each setting "
-                    "its own pretrain.learner_dir (or hydra.sweep.dir), and in a learner "
-                    "multirun sweep only pretrain.learners"
-                ) from e
-            log.warning("jigsaw learner %d is trained again: %s", learner, e)
-            saved = Learner(learner, shard, status="missing")
+        saved = saved_learner(ctx, settings, dm, seed, learner, shard, path, shared)
         if saved.status != "missing":
             log.info("jigsaw learner %d (%s) reused from %s", learner, saved.status, path)
             saved.reused = True
             return saved
     trained = train_learner(ctx, settings, dm, init, seed, learner, shard)
+    if shared and path.is_file():  # another run sharing the folder wrote it as this one trained
+        saved = saved_learner(ctx, settings, dm, seed, learner, shard, path, shared)
+        if saved.status != "missing":
+            return trained  # the same recipe's: this run's is the same learner; theirs is kept
     if trained.state_dict is not None:  # diverged ones too: the merge reports them
         save_checkpoint(path, learner_payload(ctx, settings, dm, seed, trained))
         # (the log file only: the terminal has the learners' bar and the soup's line)
         console.detail.info("jigsaw learner %d (%s) written to %s", learner, trained.status, path)
     return trained
+
+
+def saved_learner(
+    ctx: PretrainContext,
+    settings: JigsawSettings,
+    dm: DataModule,
+    seed: int,
+    learner: int,
+    shard: Tensor,
+    path: Path,
+    shared: bool,
+) -> Learner:
+    """The learner saved at `path` if this recipe's; a "missing" one where another recipe's
+    is to be replaced (a run's own folder).
+
+    Raises:
+        UserError: `shared`, and `path` holds another recipe's learner: other runs' work.
+    """
+    try:
+        return load_learner(path, learner, shard, recipe(ctx, settings, dm, seed))
+    except OtherRecipeError as e:
+        if shared:
+            raise UserError(
+                f"{path} was trained with other settings ({', '.join(e.diff)}) than this "
+                "run's, by another run or job that shares the folder; give each setting "
+                "its own pretrain.learner_dir (or hydra.sweep.dir), and in a learner "
+                "multirun sweep only pretrain.learners"
+            ) from e
+        log.warning("jigsaw learner %d is trained again: %s", learner, e)
+        return Learner(learner, shard, status="missing")
 
 
 def learner_dir(ctx: PretrainContext, settings: JigsawSettings, shared: bool) -> Path:
