@@ -608,7 +608,9 @@ def test_a_run_folder_that_cannot_be_written_is_refused_before_any_work(
     assert precheck("train", [*FAST, "seed=0,1", runs], multirun=True) is None
     # a job folder named by a key the job sets (scripts/same_bits.sh's): its sweep folder stands
     # for it, written or refused as that is
-    by_approach = ["+approach=random,coverage", "hydra.sweep.subdir=${approach}"]
+    # (one job per approach: a subdir that parts no other swept key is refused)
+    by_approach = ["+approach=random,coverage", "fraction=0.1", "seed=0"]
+    by_approach += ["hydra.sweep.subdir=${approach}"]
     sweep = ["+experiment=frontier_small", *by_approach]
     assert precheck("train", [*sweep, f"hydra.sweep.dir={tmp_path}/sweep"], multirun=True) is None
     assert refusal([*sweep, f"hydra.sweep.dir={blocker}/sweep"], True, capsys).startswith(
