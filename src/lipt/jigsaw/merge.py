@@ -184,12 +184,12 @@ def check_shards_held_out(learners: Sequence[Learner], dm: LearnerData) -> None:
     on: saved learners (pretrain.merge_from, a pretrain.learner_dir) made under another split,
     which their recipe does not tell apart where the pool's labels read the same (class-sorted
     labels, as an ImageFolder tree's, with the same count of each class held out)."""
-    held_out = [le for le in learners if bool(torch.isin(le.shard, dm.val_indices).any())]
+    rows = {le.id: int(torch.isin(le.shard, dm.val_indices).sum()) for le in learners}
+    held_out = [learner for learner, count in rows.items() if count]
     if not held_out:
         return
-    rows = int(torch.isin(torch.cat([le.shard for le in held_out]), dm.val_indices).sum())
     raise UserError(
-        f"jigsaw learners {[le.id for le in held_out]} trained on {rows} rows of this run's "
+        f"jigsaw learners {held_out} trained on {sum(rows.values())} rows of this run's "
         "validation split, which the soup is scored on (saved under another "
         "dataset.split_seed or dataset.val_size); merge learners of this split, or train them "
         "again in another pretrain.learner_dir"
