@@ -154,6 +154,25 @@ def test_a_sweep_whose_jobs_run_in_its_folder_is_not_claimed_by_the_sweep(tmp_pa
         release_run_dir(folder)
 
 
+@pytest.mark.parametrize("subdir", [".", "3", "f0.1/s3"])
+def test_the_sweep_folder_of_a_job_is_above_its_subdir(monkeypatch, tmp_path, subdir):
+    """sweep_dir_of_job, which a sweep's learner jobs share their learners under: with
+    hydra.sweep.subdir=. it gave the file system's root, `/learners` for the learners."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from lipt.core.job import sweep_dir_of_job
+
+    sweep = tmp_path / "sweep"
+    output = sweep / subdir if subdir != "." else sweep
+    hydra = OmegaConf.create({"sweep": {"subdir": subdir}, "runtime": {"output_dir": str(output)}})
+    hydra.mode = RunMode.MULTIRUN  # an enum, as Hydra sets it
+    monkeypatch.setattr(HydraConfig, "initialized", staticmethod(lambda: True))
+    monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: hydra))
+    assert sweep_dir_of_job() == sweep
+
+
 def test_a_sweep_job_on_a_held_folder_is_refused_naming_the_sweeps_setting(tmp_path):
     """Two multiruns on one hydra.sweep.dir: the second's job finds the first's job folder
     held. It was told to pass another hydra.run.dir, which a multirun's job folders ignore."""

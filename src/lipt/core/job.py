@@ -110,8 +110,9 @@ def sweep_dir_of_job() -> Path | None:
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return None
-    depth = len(Path(str(hc.sweep.subdir)).parts)
-    return Path(str(hc.runtime.output_dir)).parents[depth - 1]
+    output = Path(str(hc.runtime.output_dir))
+    depth = len(Path(str(hc.sweep.subdir)).parts)  # 0 for subdir=.: the job's folder is the sweep's
+    return output.parents[depth - 1] if depth else output
 
 
 def logged_before_this_process(out: Path) -> bool:
