@@ -77,11 +77,11 @@ def end_with_launcher() -> None:
 
 def is_ddp_child() -> bool:
     """True in the extra processes Lightning's DDP launcher starts by re-running the script,
-    and in the tasks of an `srun` other than its first (Lightning's SLURM environment)."""
-    return (
-        os.environ.get("LOCAL_RANK", "0") != "0"
-        or os.environ.get("NODE_RANK", "0") != "0"
-        or os.environ.get("SLURM_PROCID", "0") != "0"
+    in the tasks of an `srun` other than its first (Lightning's SLURM environment), and in
+    torchrun's ranks other than 0 (RANK: on a second node its first rank has LOCAL_RANK=0)."""
+    return any(
+        os.environ.get(key, "0") != "0"
+        for key in ("LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "RANK")
     )
 
 
