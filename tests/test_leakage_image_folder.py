@@ -19,3 +19,13 @@ def test_a_val_folder_that_is_the_train_folder_is_refused(tmp_path):
     (root / "val").symlink_to(root / "train", target_is_directory=True)
     with pytest.raises(UserError, match=r"val is .*train \(a link\): val/ is the test split"):
         load_image_folder(str(root), 36, 32)
+
+
+def test_a_val_class_folder_that_is_a_train_class_folder_is_refused(tmp_path):
+    """The same link one level down: val/<class> -> train/<class> (or another class's)."""
+    root = image_tree(tmp_path / "tree")
+    first, second = sorted(p.name for p in (root / "val").iterdir())[:2]
+    shutil.rmtree(root / "val" / second)
+    (root / "val" / second).symlink_to(root / "train" / first, target_is_directory=True)
+    with pytest.raises(UserError, match=rf"val/{second} is .*train/{first} \(a link\)"):
+        load_image_folder(str(root), 36, 32)

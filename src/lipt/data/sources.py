@@ -328,6 +328,15 @@ def image_folder_dirs(data_dir: str | None) -> tuple[Path, Path]:
             f"{val_dir} is {train_dir} (a link): val/ is the test split, which must hold "
             "images the run does not train on; put held-out images in val/"
         )
+    # a class folder linked the same way (val/cat -> train/cat) leaks that class alone
+    train_classes = {os.stat(p)[1:3]: p for p in train_dir.iterdir() if p.is_dir()}  # (ino, dev)
+    for folder in sorted(p for p in val_dir.iterdir() if p.is_dir()):
+        same = train_classes.get(os.stat(folder)[1:3])
+        if same is not None:
+            raise UserError(
+                f"{folder} is {same} (a link): val/ is the test split, which must hold images "
+                "the run does not train on; put held-out images in that class's val/ folder"
+            )
     return train_dir, val_dir
 
 
