@@ -79,6 +79,23 @@ def test_learners_of_another_split_are_not_merged(tmp_path: Path) -> None:
     assert reused.returncode == 2, reused.stdout[-2000:]
     assert "rows of this run's validation split" in reused.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "reused" / "pretrain.ckpt").exists()
+    # A part of them (a killed run's) is refused at the first one reused, before the missing
+    # learner trains: it used to train, and be written there, before the merge refused them all.
+    part = tmp_path / "part"
+    part.mkdir()
+    for i in range(3):
+        (part / f"learner_{i}.ckpt").write_bytes(
+            (tmp_path / "other" / "learners" / f"learner_{i}.ckpt").read_bytes()
+        )
+    assert torch.isin(shards[0], first.val_indices).any()  # learner 0, the first reused
+    partial_run = run_entry(
+        "pretrain.py",
+        [*data, "dataset.split_seed=0", f"pretrain.learner_dir={part}",
+         f"hydra.run.dir={tmp_path / 'partial'}"],
+    )  # fmt: skip
+    assert partial_run.returncode == 2, partial_run.stdout[-2000:]
+    assert "jigsaw learners [0] trained on" in partial_run.stderr.strip().splitlines()[-1]
+    assert not (part / "learner_3.ckpt").exists()
     # Their own split merges them.
     again = run_entry(
         "pretrain.py",

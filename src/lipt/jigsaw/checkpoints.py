@@ -19,6 +19,7 @@ from lipt.core.job import sweep_dir_of_job
 from lipt.data import DataModule
 from lipt.jigsaw.context import PretrainContext, pool_labels_digest
 from lipt.jigsaw.learner import Learner, learner_shards, train_learner
+from lipt.jigsaw.merge import check_shards_held_out
 from lipt.jigsaw.parts import JigsawSettings
 from lipt.jigsaw.weights import is_finite_state_dict
 from lipt.models.classifier import QUIET_TRAINER
@@ -197,6 +198,7 @@ def train_or_reuse(
     if path.is_file():
         saved = saved_learner(ctx, settings, dm, seed, learner, shard, path, shared)
         if saved.status != "missing":
+            check_shards_held_out([saved], dm)  # now, not at the merge after training the rest
             log.info("jigsaw learner %d (%s) reused from %s", learner, saved.status, path)
             saved.reused = True
             return saved
