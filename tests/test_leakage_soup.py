@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,6 +39,11 @@ def split_of(labels: Path, split_seed: int) -> DataModule:
     return dm
 
 
+def pretrain(data: list[str], folder: Path, *overrides: str) -> Any:
+    """`pretrain.py` on `data` with `overrides`, in run folder `folder`."""
+    return run_entry("pretrain.py", [*data, *overrides, f"hydra.run.dir={folder}"])
+
+
 def held_out_counts(dm: DataModule) -> list[int]:
     """How many items of each class the validation split holds."""
     return torch.bincount(dm.train_source.labels[dm.val_indices], minlength=CLASSES).tolist()
@@ -52,8 +58,7 @@ def test_learners_of_another_split_are_not_merged(tmp_path: Path) -> None:
     held = held_out_counts(first)
     other = next(s for s in range(1, 200) if held_out_counts(split_of(labels, s)) == held)
     data = [*JIGSAW, f"dataset.train_labels={labels}"]
-    saved = run_entry("pretrain.py", [*data, f"dataset.split_seed={other}",
-                                      f"hydra.run.dir={tmp_path / 'other'}"])  # fmt: skip
+    saved = pretrain(data, tmp_path / "other", f"dataset.split_seed={other}")
     assert saved.returncode == 0, saved.stderr[-2000:]
     shards = [
         torch.load(path, weights_only=True)["shard"]
@@ -61,21 +66,18 @@ def test_learners_of_another_split_are_not_merged(tmp_path: Path) -> None:
     ]
     trained_on_val = torch.isin(torch.cat(shards), first.val_indices).sum()
     assert len(shards) == 4 and trained_on_val > 0  # split 0 holds out rows they trained on
-    merged = run_entry(
-        "pretrain.py",
-        [*data, "dataset.split_seed=0", f"pretrain.merge_from={tmp_path / 'other' / 'learners'}",
-         f"hydra.run.dir={tmp_path / 'merged'}"],
-    )  # fmt: skip
+    learners = tmp_path / "other" / "learners"
+    merged = pretrain(
+        data, tmp_path / "merged", "dataset.split_seed=0", f"pretrain.merge_from={learners}"
+    )
     assert merged.returncode == 2, merged.stdout[-2000:]
     error = merged.stderr.strip().splitlines()[-1]
     assert f"trained on {int(trained_on_val)} rows of this run's validation split" in error
     assert not (tmp_path / "merged" / "pretrain.ckpt").exists()
     # The same learners found in a shared pretrain.learner_dir are reused, then refused alike.
-    reused = run_entry(
-        "pretrain.py",
-        [*data, "dataset.split_seed=0", f"pretrain.learner_dir={tmp_path / 'other' / 'learners'}",
-         f"hydra.run.dir={tmp_path / 'reused'}"],
-    )  # fmt: skip
+    reused = pretrain(
+        data, tmp_path / "reused", "dataset.split_seed=0", f"pretrain.learner_dir={learners}"
+    )
     assert reused.returncode == 2, reused.stdout[-2000:]
     assert "rows of this run's validation split" in reused.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "reused" / "pretrain.ckpt").exists()
@@ -84,24 +86,17 @@ def test_learners_of_another_split_are_not_merged(tmp_path: Path) -> None:
     part = tmp_path / "part"
     part.mkdir()
     for i in range(3):
-        (part / f"learner_{i}.ckpt").write_bytes(
-            (tmp_path / "other" / "learners" / f"learner_{i}.ckpt").read_bytes()
-        )
+        (part / f"learner_{i}.ckpt").write_bytes((learners / f"learner_{i}.ckpt").read_bytes())
     assert torch.isin(shards[0], first.val_indices).any()  # learner 0, the first reused
-    partial_run = run_entry(
-        "pretrain.py",
-        [*data, "dataset.split_seed=0", f"pretrain.learner_dir={part}",
-         f"hydra.run.dir={tmp_path / 'partial'}"],
-    )  # fmt: skip
+    partial_run = pretrain(
+        data, tmp_path / "partial", "dataset.split_seed=0", f"pretrain.learner_dir={part}"
+    )
     assert partial_run.returncode == 2, partial_run.stdout[-2000:]
     assert "jigsaw learners [0] trained on" in partial_run.stderr.strip().splitlines()[-1]
     assert not (part / "learner_3.ckpt").exists()
     # Their own split merges them.
-    again = run_entry(
-        "pretrain.py",
-        [*data, f"dataset.split_seed={other}",
-         f"pretrain.merge_from={tmp_path / 'other' / 'learners'}",
-         f"hydra.run.dir={tmp_path / 'same'}"],
-    )  # fmt: skip
+    again = pretrain(
+        data, tmp_path / "same", f"dataset.split_seed={other}", f"pretrain.merge_from={learners}"
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     assert (tmp_path / "same" / "pretrain.ckpt").is_file()
