@@ -137,6 +137,11 @@ def test_a_finished_run_stands_for_a_resume_only_with_its_own_settings(make_cfg,
     for changed, words in (
         ("seed=1", "seed=0, this run has seed=1"),
         ("budget.ratio=0.3", "budget.ratio=0.5, this run has budget.ratio=0.3"),
+        # where the fit would end: returned the run that early stopping never cut short
+        (
+            "callbacks.early_stopping.patience=0",
+            "callbacks.early_stopping.patience=1, this run has callbacks.early_stopping.patience=0",
+        ),
     ):
         with pytest.raises(UserError, match=re.escape(words)):
             train_stage.run(validate(make_cfg([*FAST, "ckpt_path=last", changed])))
@@ -197,12 +202,13 @@ def test_a_whole_pool_run_resumed_with_another_lr_is_refused_before_any_work(
         "start a new run"
     )
     # Up to 3 keys named, old and new values, in one line: the epochs too (lipt's budgets and
-    # schedules count main training's epochs), the seed, the validation split.
+    # schedules count main training's epochs; early stopping's patience follows them), the
+    # seed, the validation split.
     others = ["seed=1", "trainer.max_epochs=3", "dataset.val_size=50", "optimizer.lr=0.5"]
     with pytest.raises(UserError, match=r"^ckpt_path=last: .* is of a run with ") as e:
         train_stage.run(validate(make_cfg([*WHOLE, *others, "ckpt_path=last"])))
     message = str(e.value)
-    assert "\n" not in message and "(1 more differ); resume with the original settings" in message
+    assert "\n" not in message and "(2 more differ); resume with the original settings" in message
     was = {"seed=0", "trainer.max_epochs=2", "dataset.val_size=100", "optimizer.lr=0.1"}
     assert sum(f"{key}," in message or f"{key} " in message for key in was) == 3
     assert sum(f"{key}," in message or f"{key} " in message for key in others) == 3

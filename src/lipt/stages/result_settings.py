@@ -53,6 +53,9 @@ RESULT_SETTINGS = (
     "optimizer",
     "scheduler",
     "trainer.max_epochs",
+    # where the fit ends (patience, min_delta, what it watches); a run with callbacks=none has
+    # no such keys, which the comparison passes over
+    "callbacks.early_stopping",
     *(f"trainer.{key}" for key in TRAINER_DEFAULTS),
     PROCESSES,
     # The data set's every key: its split and labels, and what main training's images are
