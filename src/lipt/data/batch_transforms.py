@@ -15,6 +15,7 @@ rounding back to uint8 after each, unlike torchvision on uint8 images).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,11 +67,29 @@ class RandAugmentSettings:
         )
 
 
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """`t`, made on the host, on `device` without the host waiting for it: a blocking copy to a
+    GPU first waits for every kernel queued before it, once per batch; one from pinned memory
+    is queued behind them. (Not on MPS, whose non-blocking copies race: the blocking one.)"""
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=device.type != "mps")
+
+
+@functools.lru_cache(maxsize=32)
+def _statistics(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """mean and std as float32 [1, C, 1, 1] on `device`, copied there once, not every batch."""
+    m = torch.tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    return m, s
+
+
 def normalize(x: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
     """uint8 (or float in [0, 255]) [B, C, H, W] -> normalised float32, as
     `ToDtype(float32, scale=True)` then `Normalize(mean, std)`."""
-    m = torch.tensor(mean, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+    m, s = _statistics(tuple(map(float, mean)), tuple(map(float, std)), x.device)
     return (x.float() / 255.0 - m) / s
 
 
@@ -80,8 +99,8 @@ def random_crop(x: Tensor, padding: int, generator: torch.Generator) -> Tensor:
         return x
     b, _, h, w = x.shape
     padded = F.pad(x, (padding, padding, padding, padding))  # [B, C, H+2p, W+2p]
-    top = torch.randint(0, 2 * padding + 1, (b,), generator=generator).to(x.device)
-    left = torch.randint(0, 2 * padding + 1, (b,), generator=generator).to(x.device)
+    top = to_device(torch.randint(0, 2 * padding + 1, (b,), generator=generator), x.device)
+    left = to_device(torch.randint(0, 2 * padding + 1, (b,), generator=generator), x.device)
     rows = top[:, None] + torch.arange(h, device=x.device)  # [B, H]
     cols = left[:, None] + torch.arange(w, device=x.device)  # [B, W]
     batch = torch.arange(b, device=x.device)[:, None, None]
@@ -91,7 +110,7 @@ def random_crop(x: Tensor, padding: int, generator: torch.Generator) -> Tensor:
 
 def random_flip(x: Tensor, generator: torch.Generator) -> Tensor:
     """Mirror each sample left-right with probability 1/2."""
-    flip = (torch.rand(x.shape[0], generator=generator) < 0.5).to(x.device)
+    flip = to_device(torch.rand(x.shape[0], generator=generator) < 0.5, x.device)
     return torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
 
 
@@ -140,8 +159,8 @@ def rand_augment(x: Tensor, settings: RandAugmentSettings, generator: torch.Gene
             m = torch.full((len(rows),), magnitudes(op, settings, h, w))
             if op in _SIGNED:
                 m = m * signs[rows]
-            rows_dev = rows.to(x.device)
-            out[rows_dev] = apply_op(op, x[rows_dev], m.to(x.device))
+            rows_dev = to_device(rows, x.device)
+            out[rows_dev] = apply_op(op, x[rows_dev], to_device(m, x.device))
         x = out
     return x
 

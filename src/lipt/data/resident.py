@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from lipt.data.batch_transforms import RandAugmentSettings, augment_batch, normalize
+from lipt.data.batch_transforms import RandAugmentSettings, augment_batch, normalize, to_device
 from lipt.data.sources import TensorImages
 
 
@@ -126,8 +126,8 @@ class ResidentBatches:
         epoch, self.epoch = self.epoch, self.epoch + 1
         images, labels = self.images.on(self.device)
         rows = self.order(epoch)
-        positions = self.positions[rows].to(self.device)
-        weights = None if self.weights is None else self.weights[rows].to(self.device)
+        positions = to_device(self.positions[rows], self.device)
+        weights = None if self.weights is None else to_device(self.weights[rows], self.device)
         # Augmentation parameters: their own stream per (seed, epoch, rank), drawn on the CPU.
         g = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 4099 + self.rank)
         for start in range(0, len(rows), self.batch_size):

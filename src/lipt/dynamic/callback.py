@@ -43,6 +43,13 @@ def epoch_number(item: tuple[str, float]) -> int:
     return int(item[0])
 
 
+def on_device(t: Tensor, device: torch.device) -> Tensor:
+    """`t` on `device`: itself where it is there already (batches and scores are on the
+    module's device), so a step moves nothing, and a copy that waits for the device only
+    where a tensor was elsewhere."""
+    return t if t.device == device else t.to(device)
+
+
 def audit_path(out_dir: Path, epoch: int, rank: int) -> Path:
     return Path(out_dir) / AUDIT_DIR / f"epoch_{epoch}.rank{rank}.npz"
 
@@ -150,8 +157,8 @@ class DynamicPruning(L.Callback):
             positions = trainer.strategy.all_gather(positions).flatten()  # [W * B]
             losses = trainer.strategy.all_gather(losses).flatten()
         # Loaders yield the plan only, so every row is in the pool (not asserted: a GPU sync).
-        rows = self.row_of[positions.to(self.row_of.device)]
-        self.scores[rows] = losses.float().to(self.scores.device)
+        rows = self.row_of[on_device(positions, self.row_of.device)]
+        self.scores[rows] = on_device(losses.float(), self.scores.device)
         self.fed[rows] = True
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

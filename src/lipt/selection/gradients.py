@@ -341,9 +341,9 @@ def model_outputs(
         ValueError: no final linear layer, one that runs other than once per forward, or a
             loader that is empty or repeats an index.
     """
-    if device is None:
-        device = _default_device(model)
+    device = _default_device(model) if device is None else torch.device(device)
     logits, embeddings, targets, indices = [], [], [], []
+    copies = _HostCopies()
     with (
         _embeddings_and_logits(model, head) as forward,
         _evaluating(model, channels_last),
@@ -351,15 +351,39 @@ def model_outputs(
     ):
         for batch in loader:
             x, y, idx = batch[0], batch[1], batch[2]
-            x = x.to(device)
+            if getattr(x, "device", None) != device:  # one there already (resident) stays
+                x = x.to(device, non_blocking=device.type == "cuda")
             if channels_last and x.dim() == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
             h, z = forward(x)
-            embeddings.append(h.float().cpu())
-            logits.append(z.float().cpu())
-            targets.append(torch.as_tensor(y).long().cpu())
-            indices.append(torch.as_tensor(idx).long().cpu())
+            embeddings.append(copies.of(h.float()))
+            logits.append(copies.of(z.float()))
+            targets.append(copies.of(torch.as_tensor(y).long()))
+            indices.append(copies.of(torch.as_tensor(idx).long()))
+    copies.wait()
     return _in_index_order(logits, embeddings, targets, indices)
+
+
+class _HostCopies:
+    """Copies of a pass's outputs to the host that do not wait for the device: a blocking
+    copy from a GPU waits for every kernel queued before it, once per batch, where the pass
+    could have queued the next batch's; a non-blocking one (into pinned memory) is queued
+    behind them. `wait` before reading any: it waits once for all of them."""
+
+    def __init__(self) -> None:
+        self.devices: set[torch.device] = set()
+
+    def of(self, t: Tensor) -> Tensor:
+        if t.device.type == "cpu":
+            return t
+        if t.device.type != "cuda":
+            return t.cpu()
+        self.devices.add(t.device)
+        return t.to("cpu", non_blocking=True)
+
+    def wait(self) -> None:
+        for device in self.devices:
+            torch.cuda.synchronize(device)
 
 
 def errors_of(pool: PoolOutputs) -> Tensor:
