@@ -51,8 +51,10 @@ def test_fashion_mnist_idx_files_load_with_seeded_split(make_cfg, fashion_mnist_
 
 
 def test_loaders_give_normalised_tensors_and_original_positions(make_cfg, fashion_mnist_dir):
+    # On the CPU: compared with CPU tensors below (accelerator auto keeps them on a GPU).
+    cpu = "trainer.accelerator=cpu"
     dm = build_datamodule(
-        run_of(make_cfg(["dataset.val_size=50", f"dataset.data_dir={fashion_mnist_dir}"]))
+        run_of(make_cfg(["dataset.val_size=50", f"dataset.data_dir={fashion_mnist_dir}", cpu]))
     )
     x, y, idx = next(iter(dm.pool_dataloader()))
     assert x.dtype == torch.float32 and x.shape[1:] == (1, 28, 28)

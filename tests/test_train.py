@@ -422,10 +422,11 @@ def test_a_step_budget_counts_the_steps_of_an_accumulating_trainer(make_cfg, tmp
         assert schedule["T_max"] == steps and schedule["_last_lr"][0] == pytest.approx(0)
 
 
+# Several devices on the CPU: `auto` would ask a machine with one GPU for two (Lightning refuses).
 LIGHTNING_DEVICES = [
     {"devices": 1},
-    {"devices": "2", "strategy": "ddp"},
-    {"devices": 2, "num_nodes": 2, "strategy": "ddp"},
+    {"devices": "2", "strategy": "ddp", "accelerator": "cpu"},
+    {"devices": 2, "num_nodes": 2, "strategy": "ddp", "accelerator": "cpu"},
     {"devices": "auto", "accelerator": "cpu"},
     {"devices": "auto", "accelerator": "auto"},
 ]
