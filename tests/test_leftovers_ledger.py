@@ -42,3 +42,19 @@ def test_a_run_that_trains_its_schedule_cut_nothing(tmp_path):
     ledger, samples = _ledger(tmp_path, ["budget.epochs=all", "trainer.max_epochs=3"])
     assert ledger["samples_cut"] == 0
     assert ledger["samples_saved"] == 3 * POOL - samples > 0  # what the plans left out
+
+
+def test_the_samples_a_run_trained_are_counted_exactly_past_float32s_integers():
+    """summary.json's samples (and the ledger's arithmetic on them): the count went through a
+    float32 tensor, which holds every integer only up to 2**24, passed by ImageNet's pool of
+    1.28M images in 14 epochs; 2**24 + 1 came back as 2**24."""
+    import lightning as L
+    from torch import nn
+
+    from lipt.models.classifier import QUIET_TRAINER, Classifier
+
+    module = Classifier(nn.Sequential(nn.Flatten(), nn.Linear(4, 2)), num_classes=2)
+    module.trainer = L.Trainer(accelerator="cpu", devices=1, **QUIET_TRAINER)
+    for seen in (2**24 + 1, 115_315_713):  # 90 epochs of ImageNet's 1,281,167, and one more
+        module.samples_seen = seen
+        assert module.total_samples_seen() == seen

@@ -293,5 +293,6 @@ class Classifier(L.LightningModule):
 
     def total_samples_seen(self) -> int:
         """Samples over all ranks (call on every rank: it is a collective under DDP)."""
-        count = torch.tensor(float(self.samples_seen), device=self.device)
+        # int64: a float32 count rounds past 2**24 (ImageNet's pool, 14 epochs); MPS has no float64
+        count = torch.tensor(self.samples_seen, dtype=torch.int64, device=self.device)
         return int(self.trainer.strategy.reduce(count, reduce_op="sum").item())
