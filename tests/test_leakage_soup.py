@@ -49,15 +49,20 @@ def held_out_counts(dm: DataModule) -> list[int]:
     return torch.bincount(dm.train_source.labels[dm.val_indices], minlength=CLASSES).tolist()
 
 
-def test_learners_of_another_split_are_not_merged(tmp_path: Path) -> None:
-    # Class-sorted labels, as an ImageFolder tree reads them: two splits that hold out as many
-    # items of each class leave pools whose labels read the same, in order.
+def two_splits(tmp_path: Path) -> tuple[DataModule, int, list[str]]:
+    """Class-sorted labels, as an ImageFolder tree reads them: split 0, another split seed that
+    holds out as many items of each class (pools whose labels read the same, in order), and the
+    jigsaw overrides on those labels."""
     labels = tmp_path / "labels.npy"
     np.save(labels, np.repeat(np.arange(CLASSES), ITEMS // CLASSES))
     first = split_of(labels, 0)
     held = held_out_counts(first)
     other = next(s for s in range(1, 200) if held_out_counts(split_of(labels, s)) == held)
-    data = [*JIGSAW, f"dataset.train_labels={labels}"]
+    return first, other, [*JIGSAW, f"dataset.train_labels={labels}"]
+
+
+def test_learners_of_another_split_are_not_merged(tmp_path: Path) -> None:
+    first, other, data = two_splits(tmp_path)
     saved = pretrain(data, tmp_path / "other", f"dataset.split_seed={other}")
     assert saved.returncode == 0, saved.stderr[-2000:]
     shards = [
@@ -100,3 +105,28 @@ def test_learners_of_another_split_are_not_merged(tmp_path: Path) -> None:
     )
     assert again.returncode == 0, again.stderr[-2000:]
     assert (tmp_path / "same" / "pretrain.ckpt").is_file()
+
+
+def test_a_diverged_learner_of_another_split_is_left_out_as_the_merge_leaves_it(
+    tmp_path: Path,
+) -> None:
+    """The merge checks the learners it merges ("ok" ones) against the validation split, and
+    leaves a diverged one out with a warning. The check where a saved learner is reused ran on
+    a diverged one too, and refused a run the merge would have finished without it: no row of
+    a learner left out of the soup is trained on."""
+    first, other, data = two_splits(tmp_path)
+    for folder, seed in (("other", other), ("own", 0)):
+        done = pretrain(data, tmp_path / folder, f"dataset.split_seed={seed}")
+        assert done.returncode == 0, done.stderr[-2000:]
+    # learner 0: another split's, diverged (saved as the merge reports it); 1-3: this split's
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    payload = torch.load(tmp_path / "other" / "learners" / "learner_0.ckpt", weights_only=True)
+    assert torch.isin(payload["shard"], first.val_indices).any()  # it trained on split 0's val
+    torch.save({**payload, "status": "diverged"}, mixed / "learner_0.ckpt")
+    for i in range(1, 4):
+        name = f"learner_{i}.ckpt"
+        (mixed / name).write_bytes((tmp_path / "own" / "learners" / name).read_bytes())
+    run = pretrain(data, tmp_path / "run", "dataset.split_seed=0", f"pretrain.learner_dir={mixed}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert (tmp_path / "run" / "pretrain.ckpt").is_file()

@@ -328,15 +328,6 @@ def image_folder_dirs(data_dir: str | None) -> tuple[Path, Path]:
             f"{val_dir} is {train_dir} (a link): val/ is the test split, which must hold "
             "images the run does not train on; put held-out images in val/"
         )
-    # a class folder linked the same way (val/cat -> train/cat) leaks that class alone
-    train_classes = {os.stat(p)[1:3]: p for p in train_dir.iterdir() if p.is_dir()}  # (ino, dev)
-    for folder in sorted(p for p in val_dir.iterdir() if p.is_dir()):
-        same = train_classes.get(os.stat(folder)[1:3])
-        if same is not None:
-            raise UserError(
-                f"{folder} is {same} (a link): val/ is the test split, which must hold images "
-                "the run does not train on; put held-out images in that class's val/ folder"
-            )
     return train_dir, val_dir
 
 
@@ -377,9 +368,18 @@ def load_image_folder(
     # (imagefolder::3:...), not which it is; links are not resolved (their name is chosen).
     folder = Path(os.path.abspath(root)).name
     name = f"imagefolder:{folder}:{len(classes)}:{files_digest(train_dir, train.paths)}"
+    test = FolderImages(val_dir, classes, resize, size, channels)
+    inside = Path(os.path.realpath(train_dir))
+    for path in test.paths:  # a link at any depth (a folder's or a file's) into train/
+        real = Path(os.path.realpath(path))
+        if real.is_relative_to(inside):
+            raise UserError(
+                f"{path} is {real} (a link): val/ is the test split, which must hold images "
+                "the run does not train on; put held-out images in val/"
+            )
     return Splits(
         train,
-        FolderImages(val_dir, classes, resize, size, channels),
+        test,
         name + (":grey" if channels == 1 else ""),
         classes,
     )

@@ -198,7 +198,8 @@ def train_or_reuse(
     if path.is_file():
         saved = saved_learner(ctx, settings, dm, seed, learner, shard, path, shared)
         if saved.status != "missing":
-            check_shards_held_out([saved], dm)  # now, not at the merge after training the rest
+            if saved.status == "ok":  # as the merge: a diverged one is left out of it
+                check_shards_held_out([saved], dm)
             log.info("jigsaw learner %d (%s) reused from %s", learner, saved.status, path)
             saved.reused = True
             return saved

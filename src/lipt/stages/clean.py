@@ -63,11 +63,13 @@ def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | Non
     method.check_pool(dm.train_source.labels[dm.pool_indices])  # before any pre-training
     saved, costs = out / ISSUES_FILE, out / CLEAN_FILE
     settings = cleaning_settings(run, dm)
-    if is_ddp_child():  # srun starts every task at once: rank 0 may still be finding them,
-        # where an earlier run of other settings may have left its own
+    # an older lipt's record stands for a resume, in rank 0 and srun's other tasks alike
+    older = resume and older_cleaning(costs) is not None
+    if is_ddp_child() and not older:  # srun starts every task at once: rank 0 may still be
+        # finding them, where an earlier run of other settings may have left its own
         wait_for_file(costs, ready=functools.partial(cleaned_with, settings))
     earlier = recorded_cleaning(costs, settings)  # None: no attempt with these settings
-    if earlier is None and resume and not is_ddp_child():
+    if earlier is None and older:
         # An older lipt's record, of no settings: what it found stands, as it did then (its
         # subset records no cleaning either: lipt.stages.resume.with_cleaning)
         earlier = older_cleaning(costs)
@@ -110,6 +112,7 @@ NOT_FOR_CLEANING = (
     "reselect_every",
     "init_from",
     "subset_path",
+    "callbacks",
     "trainer.max_epochs",
     "trainer.min_epochs",
     "trainer.max_steps",
