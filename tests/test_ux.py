@@ -447,14 +447,20 @@ def test_a_summary_without_the_optimized_metric_is_one_line_not_a_traceback():
 
 
 @pytest.mark.parametrize(
-    "rank", [{"LOCAL_RANK": "1"}, {"SLURM_PROCID": "1"}, {"RANK": "4", "LOCAL_RANK": "0"}]
+    "rank",
+    [
+        {"LOCAL_RANK": "1"},
+        {"SLURM_PROCID": "1"},
+        {"RANK": "4", "LOCAL_RANK": "0"},
+        {"JSM_NAMESPACE_RANK": "2"},
+    ],
 )
 def test_an_extra_rank_prints_no_stage_lines_nor_closing_block(monkeypatch, rank):
     """srun starts every task of a job itself: its tasks after the first are extra ranks as
     Lightning's own launcher's are, and printed every stage line and the closing block again.
     So did torchrun's first rank on a second node (RANK=4, LOCAL_RANK=0), which also wrote the
     run's files beside node 0's."""
-    for key in ("LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "RANK"):
+    for key in ("LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "RANK", "JSM_NAMESPACE_RANK"):
         monkeypatch.delenv(key, raising=False)
     for key, value in rank.items():
         monkeypatch.setenv(key, value)

@@ -78,10 +78,11 @@ def end_with_launcher() -> None:
 def is_ddp_child() -> bool:
     """True in the extra processes Lightning's DDP launcher starts by re-running the script,
     in the tasks of an `srun` other than its first (Lightning's SLURM environment), and in
-    torchrun's ranks other than 0 (RANK: on a second node its first rank has LOCAL_RANK=0)."""
+    torchrun's ranks other than 0 (RANK: on a second node its first rank has LOCAL_RANK=0) and
+    LSF's (jsrun's JSM_NAMESPACE_RANK, which Lightning's LSF environment reads)."""
     return any(
         os.environ.get(key, "0") != "0"
-        for key in ("LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "RANK")
+        for key in ("LOCAL_RANK", "NODE_RANK", "SLURM_PROCID", "RANK", "JSM_NAMESPACE_RANK")
     )
 
 
