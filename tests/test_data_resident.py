@@ -241,6 +241,19 @@ def test_augment_batch_is_the_same_on_any_device_given_the_seed(fashion_mnist):
 @pytest.mark.gpu  # skipped without CUDA (conftest)
 def test_resident_batches_on_cuda_equal_the_cpu_ones(fashion_mnist):
     _same_batches_on(torch.device("cuda"), fashion_mnist)
+    images = ResidentImages(fashion_mnist.train)
+    first = images.on(torch.device("cuda"))[0]
+    assert images.on(torch.device(f"cuda:{torch.cuda.current_device()}"))[0] is first
+
+
+def test_cuda_and_its_current_device_share_one_resident_copy(monkeypatch):
+    """The learners and the soup ask for "cuda", the trainer for "cuda:0": the split was copied
+    to the one GPU twice."""
+    from lipt.data.resident import copy_key
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert copy_key(torch.device("cuda")) == copy_key("cuda:1") == "cuda:1"
+    assert copy_key("cuda:0") == "cuda:0" and copy_key(torch.device("cpu")) == "cpu"
 
 
 def _same_batches_on(device: torch.device, fashion_mnist) -> None:

@@ -32,7 +32,7 @@ from lipt.data.contract import (
     validation_rows,
     whole_number,
 )
-from lipt.data.resident import ResidentBatches
+from lipt.data.resident import ResidentBatches, copy_key
 
 
 class IndexedItems(Dataset):
@@ -71,7 +71,7 @@ class ResidentTensors:
     _copies: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)
 
     def on(self, device: torch.device) -> tuple[Tensor, Tensor]:
-        key = str(device)
+        key = copy_key(device)
         if key not in self._copies:
             self._copies[key] = (self.inputs.to(device), self.labels.long().to(device))
         return self._copies[key]

@@ -28,6 +28,16 @@ class DeviceCopies(Protocol):
     def on(self, device: torch.device) -> tuple[Tensor, Tensor]: ...
 
 
+def copy_key(device: torch.device | str) -> str:
+    """One key per device a copy lives on: "cuda" is the current CUDA device, the one
+    "cuda:0" names on a one-GPU machine (the learners ask for the one, the trainer the other:
+    two copies of the split on one GPU)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
+
+
 @dataclass
 class ResidentImages:
     """One split's images and labels, with a copy per device made on first use."""
@@ -37,7 +47,7 @@ class ResidentImages:
 
     def on(self, device: torch.device) -> tuple[Tensor, Tensor]:
         """images uint8 [N, C, H, W] and labels int64 [N] on `device` (copied once)."""
-        key = str(device)
+        key = copy_key(device)
         if key not in self._copies:
             images, labels = self.source.images, self.source.labels
             if device.type == "cuda":
