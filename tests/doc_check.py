@@ -184,8 +184,9 @@ def check_stage(stage: str, args: list[str], session: Session) -> str | None:
                 stand_in.touch()
     # A command for a SLURM cluster: its `hydra.launcher.*` keys must be the launcher's; the
     # rest is checked as on any launcher but what only a local launcher refuses (DDP under -m:
-    # srun starts a SLURM job's processes), the launcher itself running against a real
-    # scheduler in tests/test_slurm.py, which asks a cluster that CI starts after this suite.
+    # srun starts a SLURM job's processes; a GPU this machine lacks), the launcher itself
+    # running against a real scheduler in tests/test_slurm.py, which asks a cluster that CI
+    # starts after this suite.
     on_slurm = "hydra/launcher=slurm" in overrides
     if on_slurm:
         known = set((ROOT / "configs/hydra/launcher/slurm.yaml").read_text().split("\n"))
@@ -212,6 +213,10 @@ def check_stage(stage: str, args: list[str], session: Session) -> str | None:
         contextlib.chdir(session.workdir),
         contextlib.redirect_stderr(stderr),
         mock.patch(local_only) if on_slurm else contextlib.nullcontext(),
+        # its jobs' GPUs are the nodes', not this machine's
+        mock.patch("lipt.run.slurm.submits_to_slurm", return_value=True)
+        if on_slurm
+        else contextlib.nullcontext(),
     ):
         try:
             precheck(stage.removesuffix(".py"), overrides, multirun=bool(flags))

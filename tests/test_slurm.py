@@ -269,6 +269,11 @@ SLURM = ["hydra/launcher=slurm", "hydra.launcher.poll_s=1"]
             {"PATH": "/nonexistent"},
             ["no SLURM client (sinfo, sbatch) on this machine"],
         ),
+        (  # SLURM gives a job only the GPUs it asks for: each would fail on its node
+            ["-m", "hydra/launcher=slurm", "trainer.accelerator=gpu"],
+            {},
+            ["trainer.accelerator=gpu on SLURM jobs that ask for no GPU", "gpus_per_node=1"],
+        ),
     ],
     ids=[
         "no-multirun",
@@ -280,6 +285,7 @@ SLURM = ["hydra/launcher=slurm", "hydra.launcher.poll_s=1"]
         "signal-before-start",
         "partition-time-limit",
         "no-clients",
+        "gpu-jobs-without-gpus",
     ],
 )
 def test_bad_input_is_one_line_before_anything_is_submitted(
@@ -329,6 +335,27 @@ def test_time_limits_partitions_and_hydras_own_launcher_as_users_give_them(
     params = {"submitit_folder": str(tmp_path / "%j"), "timeout_min": "1-02:00:30"}
     executor = executor_for(params, "train")
     assert executor._executor.parameters["time"] == 1561  # 26 hours, 31 minutes (rounded up)
+
+
+def test_gpu_jobs_are_checked_for_the_nodes_not_the_login_node(slurm_env, tmp_path):
+    """A login node has no GPU, so trainer=gpu was refused there ("No supported gpu backend
+    found") and no GPU job could be submitted. The Trainer's other settings are still checked
+    there, on the CPU; the jobs ask SLURM for their GPUs, which this cluster has none of."""
+    cpu_free = [o for o in FAST if not o.startswith("trainer.accelerator=")]
+    gpu = ["-m", "hydra/launcher=slurm", "trainer=gpu", "hydra.launcher.gpus_per_node=1"]
+    for extra, words in (
+        ([], ["sbatch refused the train jobs", "gres"]),
+        (["trainer.strategy=sideways"], ["trainer settings are invalid", "sideways"]),
+    ):
+        sweep = tmp_path / f"sweep{len(extra)}"
+        out = run_entry(
+            "train.py",
+            [*gpu, *cpu_free, *extra, f"hydra.sweep.dir={sweep}"],
+            env=slurm_env,
+            timeout=120,
+        )
+        line = out.stderr.strip().splitlines()[-1]
+        assert out.returncode == 2 and all(w in line for w in words), out.stderr[-2000:]
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from lipt.run.frontier_sweep import (
     key_of,
     with_reference,
 )
-from lipt.run.slurm import check_slurm_launcher, is_slurm_launcher
+from lipt.run.slurm import check_job_gpus, check_slurm_launcher, is_slurm_launcher
 from lipt.run.sweep_settings import (
     check_ddp_in_multirun,
     check_job_folder,
@@ -134,6 +134,7 @@ def declared_sweep(
     if is_slurm_launcher(launcher):  # before anything is submitted
         if multirun:  # a single run is Hydra's, not the launcher's: check_slurm_launcher says
             check_job_folder(launcher, cfg)
+        check_job_gpus(launcher, cfg.get("trainer"))
         check_slurm_launcher(launcher, multirun)
     target = str(sweeper.get("_target_", ""))
     basic = target.endswith((".BasicSweeper", ".FrontierSweeper"))

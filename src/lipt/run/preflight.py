@@ -72,11 +72,21 @@ def refused_as(what: str, fix: str | None) -> Iterator[None]:
 
 
 def check_trainer(cfg: DictConfig) -> None:
-    """Build the Trainer of `cfg.trainer` (no logger, no checkpoints, in a scratch folder)."""
+    """Build the Trainer of `cfg.trainer` (no logger, no checkpoints, in a scratch folder).
+    Submitting to SLURM, a GPU this host lacks is the nodes' (a login node has none): the rest
+    of trainer.* is built on the CPU here, and the jobs' GPUs are held to what they ask of
+    SLURM (lipt.run.slurm.check_job_gpus)."""
+    import torch
     from hydra.utils import instantiate
 
+    from lipt.run.slurm import submits_to_slurm
+
+    node = cfg.trainer
+    gpu = str(node.get("accelerator")) in ("gpu", "cuda")
+    if gpu and not torch.cuda.is_available() and submits_to_slurm():
+        node = OmegaConf.merge(node, {"accelerator": "cpu", "devices": 1})
     with tempfile.TemporaryDirectory() as scratch, _quiet(), refused_as("trainer", "trainer"):
-        instantiate(cfg.trainer, logger=False, enable_checkpointing=False, default_root_dir=scratch)
+        instantiate(node, logger=False, enable_checkpointing=False, default_root_dir=scratch)
 
 
 def check_optimizer(cfg: DictConfig) -> None:

@@ -32,6 +32,40 @@ def is_slurm_launcher(launcher: Mapping[str, Any] | None) -> bool:
     return launcher is not None and str(launcher.get("_target_")) in SLURM_LAUNCHERS
 
 
+def submits_to_slurm() -> bool:
+    """Whether this process submits the run's jobs to SLURM nodes (a multirun with a SLURM
+    launcher, not from inside a job): the hardware they run on is not this host's."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or "SLURM_JOB_ID" in os.environ:
+        return False
+    hydra = HydraConfig.get()
+    return hydra.mode == RunMode.MULTIRUN and is_slurm_launcher(hydra.launcher)
+
+
+def check_job_gpus(launcher: Mapping[str, Any], trainer: Mapping[str, Any] | None) -> None:
+    """trainer.accelerator=gpu (or cuda) on SLURM jobs that ask for no GPU: SLURM gives a job
+    only the GPUs it asks for, so each job would wait in the queue, then fail on its node.
+    Passed over where the jobs ask for them another way (additional_parameters: gpus, gres,
+    a whole node with exclusive)."""
+    accelerator = None if trainer is None else str(trainer.get("accelerator"))
+    if accelerator not in ("gpu", "cuda"):
+        return
+    if any(launcher.get(key) for key in ("gpus_per_node", "gpus_per_task", "gres")):
+        return
+    extra = launcher.get("additional_parameters") or {}
+    if any("gpu" in str(key) or key in ("gres", "exclusive") for key in extra):
+        return
+    devices = trainer.get("devices") if trainer is not None else None
+    raise UserError(
+        f"trainer.accelerator={accelerator} on SLURM jobs that ask for no GPU (SLURM gives a "
+        "job only the GPUs it asks for: each would fail on its node); set "
+        f"hydra.launcher.gpus_per_node={devices if isinstance(devices, int) else '<GPUs>'}, "
+        "or gpus_per_task or gres"
+    )
+
+
 def slurm_client(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
     """A SLURM client's run (`args`: the tool, then its arguments), its output as text.
 
