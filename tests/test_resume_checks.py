@@ -147,6 +147,15 @@ def test_a_finished_run_stands_for_a_resume_only_with_its_own_settings(make_cfg,
             train_stage.run(validate(make_cfg([*FAST, "ckpt_path=last", changed])))
 
 
+def test_early_stopping_a_run_without_validation_leaves_out_is_not_compared(make_cfg, tmp_path):
+    """dataset.val_size=0: main training has no validation to stop on and leaves early stopping
+    out, so another patience on a resume changes nothing; it was refused."""
+    unvalidated = [*FAST, "dataset.val_size=0"]
+    first = train_stage.run(validate(make_cfg(unvalidated)))
+    again = [*unvalidated, "ckpt_path=last", "callbacks.early_stopping.patience=0"]
+    assert train_stage.run(validate(make_cfg(again))) == first
+
+
 @pytest.mark.slow
 def test_a_run_killed_before_its_first_checkpoint_resumes_by_starting_over(tmp_path):
     run_dir = tmp_path / "run"

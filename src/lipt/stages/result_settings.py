@@ -93,9 +93,12 @@ def settled(config: Mapping[str, Any]) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     dataset = config.get("dataset")
     resident = not isinstance(dataset, Mapping) or dataset.get("resident", True) is not False
+    unread = unvalidated_callbacks(config)
     for key, value in flatten(config).items():
         last = key.rpartition(".")[2]
         if key in PASSED_OVER or (last in HYDRA_KEYS and last != "_target_"):
+            continue
+        if any(key.startswith(f"{callback}.") for callback in unread):
             continue
         if key == WORKERS and resident:
             continue
@@ -113,6 +116,22 @@ def settled(config: Mapping[str, Any]) -> dict[str, Any]:
         processes = trainer_world_size(trainer)  # None: `auto` on an accelerator it cannot count
         settings[PROCESSES] = processes or f"{trainer.get('devices')} x {trainer.get('num_nodes')}"
     return settings
+
+
+def unvalidated_callbacks(config: Mapping[str, Any]) -> list[str]:
+    """`callbacks.<name>` of the callbacks that watch a validation metric in a run without a
+    validation split (dataset.val_size=0): main training leaves them out (build_callbacks), so
+    their settings change nothing it computes."""
+    dataset, callbacks = config.get("dataset"), config.get("callbacks")
+    if not isinstance(dataset, Mapping) or dataset.get("val_size") != 0:
+        return []
+    if not isinstance(callbacks, Mapping):
+        return []
+    return [
+        f"callbacks.{name}"
+        for name, node in callbacks.items()
+        if isinstance(node, Mapping) and str(node.get("monitor", "")).startswith("val/")
+    ]
 
 
 # Spellings Lightning takes for one setting: precision's aliases, and values that mean "off".
