@@ -50,9 +50,9 @@ def test_selector_quality_refuses_a_finished_run_of_other_settings(tmp_path: Pat
     (out / "summary.json").write_text(json.dumps(summary, default=str))
 
     assert sq["run_one"]("random", 0.1, 0, earlier)["test_accuracy"] == 0.5  # same settings
-    with pytest.raises(
-        UserError, match=re.escape("trainer.max_epochs=1, this run has trainer.max_epochs=3")
-    ):
+    # early stopping's patience follows the epochs (callbacks/default.yaml)
+    was = "trainer.max_epochs=1, callbacks.early_stopping.patience=1"
+    with pytest.raises(UserError, match=re.escape(f"{was}, this run has trainer.max_epochs=3")):
         sq["run_one"]("random", 0.1, 0, quality_args(tmp_path, epochs=3))
 
 

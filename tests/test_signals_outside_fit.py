@@ -19,6 +19,8 @@ from tests.helpers import FAST, ROOT, run_entry
 STOPPER = """
 import os, signal, sys
 import importlib
+# Ctrl-C as in a terminal: a shell's background job (`cmd &`) inherits SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 module, name, after, signame, script = sys.argv[1:6]
 sys.argv = [script, *sys.argv[6:]]
 owner = importlib.import_module(module)
