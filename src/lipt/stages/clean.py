@@ -64,15 +64,14 @@ def clean_pool(run: Run, parts: Parts, out: Path, resume: bool) -> Cleaned | Non
     saved, costs = out / ISSUES_FILE, out / CLEAN_FILE
     settings = cleaning_settings(run, dm)
     # an older lipt's record stands for a resume, in rank 0 and srun's other tasks alike
-    older = resume and older_cleaning(costs) is not None
-    if is_ddp_child() and not older:  # srun starts every task at once: rank 0 may still be
-        # finding them, where an earlier run of other settings may have left its own
+    older = older_cleaning(costs) if resume else None
+    if is_ddp_child() and older is None:  # srun starts every task at once: rank 0 may still
+        # be finding them, where an earlier run of other settings may have left its own
         wait_for_file(costs, ready=functools.partial(cleaned_with, settings))
-    earlier = recorded_cleaning(costs, settings)  # None: no attempt with these settings
-    if earlier is None and older:
-        # An older lipt's record, of no settings: what it found stands, as it did then (its
-        # subset records no cleaning either: lipt.stages.resume.with_cleaning)
-        earlier = older_cleaning(costs)
+    # None: no attempt with these settings; else an older lipt's record, of no settings: what
+    # it found stands, as it did then (its subset records no cleaning either:
+    # lipt.stages.resume.with_cleaning)
+    earlier = recorded_cleaning(costs, settings) or older
     reuse = is_ddp_child() or (resume and method.reuses_saved_issues)
     scored: Scored | None = None
     if reuse and earlier is not None and saved.is_file():
