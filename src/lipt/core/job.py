@@ -93,10 +93,12 @@ def wait_for_file(
     the folder): what an extra rank reads of rank 0's work. Lightning's launcher starts extra
     ranks once it is written; srun starts every task at once."""
     deadline = time.monotonic() + seconds
+    pause = 0.05  # doubled up to a second: a file written soon is read soon, a long wait idles
     while not path.is_file() or (ready is not None and not ready(path)):
         if time.monotonic() > deadline:
             raise TimeoutError(f"rank 0 did not write {path} in {seconds:.0f} s")
-        time.sleep(1.0)
+        time.sleep(pause)
+        pause = min(2 * pause, 1.0)
 
 
 def sweep_dir_of_job() -> Path | None:
