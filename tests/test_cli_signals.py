@@ -61,8 +61,9 @@ def test_sigterm_to_a_joblib_sweep_ends_its_workers_and_says_how_to_resume(tmp_p
             time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
-        time.sleep(3)
-        left = session_processes(proc.pid)
+        deadline = time.monotonic() + 3  # the workers' grace to end after the sweep did
+        while (left := session_processes(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert proc.returncode == 128 + signal.SIGTERM, err
         # (joblib's resource tracker, which outlives the sweep a moment, may warn after it)
         assert (

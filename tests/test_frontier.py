@@ -53,6 +53,10 @@ selector:
   name: hardest
   needs_model: true
 approach: hardest
+# a few small jigsaw learners: the sweep's control flow, not the soup's quality, is under test
+pretrain:
+  num_learners: 3
+  local_epochs: 2
 """
 
 

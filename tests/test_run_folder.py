@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,13 +31,17 @@ from lipt.core.lock import RunDirLockedError, lock_run_dir, released_after
 from lipt.run.config import run_of, validate
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
-from tests.helpers import FAST, ROOT, run_entry
+from tests.helpers import FAST, ROOT, finished, run_entry, start_entry
 
 HOLDER = """
 import sys
 from pathlib import Path
-from lipt.core.lock import lock_run_dir
-lock_run_dir(Path(sys.argv[1]))
+from lipt.core import lock
+folder = Path(sys.argv[1]).resolve()
+# taken as a run takes it; its clean-up of killed writes, which imports torch (seconds of a
+# Python that only holds a lock), marked done: the tests' folders have no temporaries to clean
+lock._cleaned.add(folder)
+lock.lock_run_dir(folder)
 print("locked", flush=True)
 sys.stdin.read()  # hold it until killed
 """
@@ -158,23 +163,28 @@ def test_a_signal_ends_a_run_with_one_line_on_how_to_resume_and_its_exit_code(tm
     checkpoint is kept."""
     folder = tmp_path / "run"
     args = [*FAST, "trainer.max_epochs=1000", f"hydra.run.dir={folder}"]
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *args],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # Python raises KeyboardInterrupt only where SIGINT was not ignored when it started (a
-        # job a shell ran in the background ignores it)
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    if stop == signal.SIGTERM:  # forked from the preloaded Python, as run_entry's runs
+        proc = start_entry("train.py", args, capture=True)
+    else:
+        proc = subprocess.Popen(
+            [sys.executable, "train.py", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            # Python raises KeyboardInterrupt only where SIGINT was not ignored when it started
+            # (a job a shell ran in the background ignores it, and so would the preloaded
+            # Python's forks): a new Python, with SIGINT's default
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     last = folder / "checkpoints" / "last.ckpt"  # an epoch done: the fit is under way
     deadline = time.monotonic() + 120
     while not last.is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
-    proc.send_signal(stop)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == code, stderr[-2000:]
+    os.kill(proc.pid, stop)
+    done = finished(proc, timeout=120)
+    stderr = done.stderr
+    assert done.returncode == code, stderr[-2000:]
     assert stderr.strip().splitlines()[-1] == (
         f"stopped by {stop.name}; resume with ckpt_path=last hydra.run.dir={folder}"
     )
@@ -191,15 +201,15 @@ import torch
 from lipt.core import artifacts
 
 said = threading.Lock()
+told = Path(sys.argv[1])  # the temporary files, a line each, as the writes made them
 
 def fsync(fd):  # each write stops on its way to the disk, its temporary file written and open
-    with said:
-        sys.stdout.write(os.readlink(f"/proc/self/fd/{fd}") + "\\n")
-        sys.stdout.flush()
+    with said, open(told, "a") as out:
+        out.write(os.readlink(f"/proc/self/fd/{fd}") + "\\n")
     threading.Event().wait()
 
 artifacts.os.fsync = fsync
-folder = Path(sys.argv[1])
+folder = Path(sys.argv[2])
 writes = {
     "checkpoints/last.ckpt": lambda p: artifacts.AtomicCheckpointIO().save_checkpoint(
         {"state_dict": {"w": torch.zeros(1 << 18)}}, p
@@ -208,28 +218,31 @@ writes = {
     "learners/learner_1.ckpt": lambda p: artifacts.save_checkpoint(p, {"state_dict": {}}),
     "summary.json": lambda p: artifacts.write_json(p, {"stage": "train"}),
 }
-for name in sys.argv[2:]:
+for name in sys.argv[3:]:
     threading.Thread(target=writes[name], args=(folder / name,), daemon=True).start()
-sys.stdin.read()  # writing until killed
+threading.Event().wait()  # writing until killed
 """
 
 
-def _writing(folder: Path, *names: str) -> tuple[subprocess.Popen, list[Path]]:
+def _writing(folder: Path, *names: str) -> tuple[Any, list[Path]]:
     """Another process in the middle of lipt's atomic writes of `names` in `folder` (a run, or
-    a learner job, that the test kills there); its temporary files, as it made them."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(folder), *names],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    temporaries = [Path(proc.stdout.readline().strip()) for _ in names]
+    a learner job, that the test kills there), forked from the preloaded Python (start_entry:
+    torch imported already); its temporary files, as it made them (listed beside `folder`)."""
+    script, told = folder.parent / "writer.py", folder.parent / "writes.txt"
+    script.write_text(WRITER)
+    proc = start_entry(str(script), [str(told), str(folder), *names])
+    deadline = time.monotonic() + 120
+    lines: list[str] = []
+    while len(lines) < len(names):  # whole lines only: a write may be under way
+        assert proc.poll() is None and time.monotonic() < deadline, "the writes did not start"
+        time.sleep(0.02)
+        lines = told.read_text().split("\n")[:-1] if told.is_file() else []
+    temporaries = [Path(line) for line in lines]
     assert all(p.is_file() for p in temporaries), temporaries
     return proc, temporaries
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: Any) -> None:
     os.kill(proc.pid, signal.SIGKILL)  # no clean-up runs in it
     proc.wait()
 
@@ -285,8 +298,7 @@ def test_a_temporary_being_written_now_is_left_to_its_writer(tmp_path):
         with released_after(folder):
             lock_run_dir(folder)
         assert all(p.is_file() for p in temporaries)
-        proc.stdin.write("\n")  # still writing
-        proc.stdin.flush()
+        assert proc.poll() is None  # still writing
     finally:
         _kill(proc)
     with released_after(folder):

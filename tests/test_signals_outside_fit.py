@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from lipt.run import cli
-from tests.helpers import FAST, ROOT, run_entry
+from tests.helpers import FAST, run_entry
 
 # Runs an entry script with one of lipt's functions patched to signal this process once it
 # returned `after` times: a stop at a known point outside a fit, as `kill` would send it there.
@@ -42,18 +41,15 @@ main[script]()
 
 
 def stop_at(
-    module: str, name: str, after: int, signame: str, script: str, args: list[str]
+    module: str, name: str, after: int, signame: str, script: str, args: list[str], where: Path
 ) -> subprocess.CompletedProcess:
     """`script` run with `module.name` patched to send `signame` to its process once it returned
-    `after` times (STOPPER), in a new Python: the signal reaches that process alone."""
-    return subprocess.run(
-        [sys.executable, "-c", STOPPER, module, name, str(after), signame, script, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    `after` times (STOPPER, written into `where`), in a process of its own forked from the
+    preloaded Python (run_entry): the signal reaches that process alone. The patch rebinds the
+    module's attribute, which its callers look up at each call, imported already or not."""
+    stopper = where / "stopper.py"
+    stopper.write_text(STOPPER)
+    return run_entry(str(stopper), [module, name, str(after), signame, script, *args], timeout=300)
 
 
 @pytest.mark.slow
@@ -63,8 +59,12 @@ def test_a_stop_between_jigsaw_learners_says_how_to_resume_and_the_resume_reuses
 ):
     # SIGTERM between two learners' fits killed pretrain.py without a word (exit -15)
     run = tmp_path / "run"
-    args = [*FAST, "pretrain=jigsaw", f"hydra.run.dir={run}"]
-    done = stop_at("lipt.jigsaw.strategy", "train_or_reuse", 3, signame, "pretrain.py", args)
+    # a fourth learner to train after the stop: as many as needed to stop between learners
+    jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=4", "pretrain.local_epochs=2"]
+    args = [*FAST, *jigsaw, f"hydra.run.dir={run}"]
+    done = stop_at(
+        "lipt.jigsaw.strategy", "train_or_reuse", 3, signame, "pretrain.py", args, tmp_path
+    )
     signum = getattr(signal, signame)
     assert done.returncode == 128 + signum, done.stderr
     assert done.stderr.splitlines()[-1:] == [
@@ -88,7 +88,7 @@ def test_sigterm_in_train_py_outside_its_fit_names_a_resume_that_works(tmp_path:
     # summary.json): SIGTERM there killed train.py without a word
     run = tmp_path / "run"
     args = [*FAST, "selector=el2n", "budget=subset", f"hydra.run.dir={run}"]
-    done = stop_at("lipt.stages.train", point, 1, "SIGTERM", "train.py", args)
+    done = stop_at("lipt.stages.train", point, 1, "SIGTERM", "train.py", args, tmp_path)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
     hint = f"stopped by SIGTERM; resume with ckpt_path=last hydra.run.dir={run}"
     assert done.stderr.splitlines()[-1:] == [hint]
@@ -104,7 +104,7 @@ def test_sigterm_to_a_sweep_job_run_in_the_sweeps_process_outside_its_fit(tmp_pa
     # selected killed the sweep without a word
     sweep = tmp_path / "sweep"
     args = ["-m", *FAST, "selector=el2n", "budget=subset", "seed=0,1", f"hydra.sweep.dir={sweep}"]
-    done = stop_at("lipt.stages.train", "training_set_of", 1, "SIGTERM", "train.py", args)
+    done = stop_at("lipt.stages.train", "training_set_of", 1, "SIGTERM", "train.py", args, tmp_path)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
     hint = f"stopped by SIGTERM; resume with ckpt_path=last hydra.sweep.dir={sweep}"
     assert done.stderr.splitlines()[-1:] == [hint]
@@ -117,7 +117,7 @@ def test_sigterm_to_a_sweep_job_run_in_the_sweeps_process_outside_its_fit(tmp_pa
 def test_sigterm_while_checking_is_one_line_and_exit_143(tmp_path: Path):
     # a dry run reads the data and builds every job: SIGTERM there killed it without a word
     args = [*FAST, "dry_run=true", f"hydra.run.dir={tmp_path / 'run'}"]
-    done = stop_at("lipt.run.cli", "precheck", 1, "SIGTERM", "train.py", args)
+    done = stop_at("lipt.run.cli", "precheck", 1, "SIGTERM", "train.py", args, tmp_path)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
     assert done.stderr == "stopped by SIGTERM before the run started; nothing was written\n"
 
