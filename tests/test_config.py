@@ -227,9 +227,22 @@ REFUSED = [
 ]
 
 
-def test_every_accepted_value_passes(make_cfg):
-    for overrides in ACCEPTED:
-        validate(make_cfg(overrides))
+def test_every_accepted_value_passes(tmp_path):
+    """Composed as the precheck composes a sweep of them (lipt.run.composition.compose_jobs):
+    the cases that choose the same groups share one composition, their plain values set by
+    Hydra's own function, key for key what composing each alone gives (tests/test_dry_run.py:
+    test_jobs_that_share_their_group_choices_compose_as_each_alone); ~0.3 s of CPU a case less."""
+    from lipt.run.composition import compose_jobs
+
+    jobs = [[f"paths.output_dir={tmp_path}", *overrides] for overrides in ACCEPTED]
+    checked = 0
+    for overrides, cfg in zip(ACCEPTED, compose_jobs("train", jobs), strict=True):
+        try:
+            validate(cfg)
+        except UserError as e:
+            raise AssertionError(f"{overrides} refused: {e}") from e
+        checked += 1
+    assert checked == len(ACCEPTED)
 
 
 @pytest.mark.parametrize(("overrides", "words"), REFUSED, ids=lambda v: str(v)[:60])

@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 from lipt.run.config_doc import render
-from tests.doc_check import SHELL, Session, blocks, check_doc, check_python, check_shell
+from tests.doc_check import (
+    PATH_KEYS,
+    RUN_DIR_KEYS,
+    SHELL,
+    Session,
+    blocks,
+    check_doc,
+    check_python,
+    check_shell,
+    shell_commands,
+)
 from tests.helpers import CONFIGS, ROOT
 
 README = ROOT / "README.md"
@@ -44,10 +54,64 @@ def run_by_test_api(command: str) -> bool:
     return command == "python examples/own_model.py"
 
 
+def prechecked_as_a_cpu_sweep(command: str) -> bool:
+    """`python train.py -m +experiment=table2_cpu` (README, USAGE): the very precheck call that
+    tests/test_experiments.py makes (test_the_cli_precheck_passes_each_sweep_with_the_experiments_
+    own_params), so it is not made again."""
+    from tests.test_experiments import CPU_SWEEPS
+
+    argv = words(command)
+    return argv[:3] == ["python", "train.py", "-m"] and argv[3:] in CPU_SWEEPS
+
+
+def words(command: str) -> list[str]:
+    try:
+        return shlex.split(command, comments=True)
+    except ValueError:  # an unclosed quote: the checker reports it
+        return []
+
+
+def on_its_own(argv: list[str]) -> bool:
+    """A command whose check reads and writes nothing of its doc's session: it neither reads a
+    path an earlier command wrote nor names a run folder a later one reads, so its check (in a
+    scratch folder of its own) is the same wherever it is shown."""
+    joined = " ".join(argv)  # `make run ARGS="..."` included
+    return bool(argv) and not any(f"{key}=" in joined for key in (*PATH_KEYS, *RUN_DIR_KEYS))
+
+
+def first_shown() -> dict[tuple[str, ...], Path]:
+    """Each command of a code block -> the first of USER_DOCS that shows it."""
+    first: dict[tuple[str, ...], Path] = {}
+    for doc in USER_DOCS:
+        for block in blocks(doc):
+            if block.lang in SHELL:
+                for command in shell_commands(block):
+                    first.setdefault(tuple(words(command.text)), doc)
+    return first
+
+
+FIRST_SHOWN = first_shown()
+
+
+def checked_in_an_earlier_doc(doc: Path, command: str) -> bool:
+    """A command that another doc shows first (the frontier's sweep: README and METHODS) is
+    checked there, by the same check: not again here (each sweep's precheck costs seconds)."""
+    argv = words(command)
+    return on_its_own(argv) and FIRST_SHOWN.get(tuple(argv), doc) != doc
+
+
 @pytest.mark.first
 @pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_command_in_the_doc_runs(doc, tmp_path):
-    elsewhere = {"RESULTS.md": prechecked_by_test_experiments}.get(doc.name, run_by_test_api)
+    own = {"RESULTS.md": prechecked_by_test_experiments}.get(doc.name, run_by_test_api)
+
+    def elsewhere(command: str) -> bool:
+        return (
+            own(command)
+            or prechecked_as_a_cpu_sweep(command)
+            or checked_in_an_earlier_doc(doc, command)
+        )
+
     problems = check_doc(doc, tmp_path, elsewhere)
     assert not problems, "\n".join(problems)
 
@@ -65,11 +129,26 @@ def inline_commands(doc: Path) -> list[str]:
 PROSE_DOCS = [d for d in USER_DOCS if d.name not in ("RELIABILITY.md", "RESULTS.md", "SLURM.md")]
 
 
+def shown_before(doc: Path) -> list[str]:
+    """The inline commands of the prose docs before `doc`."""
+    shown: list[str] = []
+    for earlier in PROSE_DOCS[: PROSE_DOCS.index(doc)]:
+        shown += inline_commands(earlier)
+    return shown
+
+
 @pytest.mark.parametrize("doc", PROSE_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_command_in_the_docs_prose_runs(doc, tmp_path):
     """A command written inline in a sentence passes the same checks as one in a code block."""
     problems = []
+    # what is checked elsewhere by the same check: an earlier sentence's command (of this doc or
+    # an earlier one) and a code block's (test_every_command_in_the_doc_runs)
+    checked = {*FIRST_SHOWN, *(tuple(words(c)) for c in shown_before(doc))}
     for command in inline_commands(doc):
+        argv = words(command)
+        if (on_its_own(argv) and tuple(argv) in checked) or prechecked_as_a_cpu_sweep(command):
+            continue
+        checked.add(tuple(argv))
         problem = check_shell(command, Session(tmp_path))
         if problem:
             problems.append(f"{doc.relative_to(ROOT)}: `{command}`: {problem}")

@@ -141,17 +141,27 @@ def test_a_rule_that_reads_the_epochs_leaves_an_ill_typed_one_to_its_check(make_
 
 def targetless_options() -> list[tuple[str, str]]:
     """The options under configs/ that name no `_target_` once composed: nothing is called,
-    so only their `name` label is read."""
-    found = []
+    so only their `name` label is read.
+
+    Each option is composed into train once, several groups' options in one composition (the
+    i-th option of every group): a group's node is the option the command line chooses for it,
+    which wins over another option's `override /group` in its defaults (a selector's budget), so
+    11 compositions (the largest group) read every option as composing each alone would."""
+    options: dict[str, list[str]] = {}
     for path in sorted(CONFIGS.glob("*/*.yaml")):
         group, text = path.parent.name, path.read_text()
         if "@package _global_" in text or group in ("hydra", "logger", "callbacks"):
             continue
-        with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-            cfg = compose("train", overrides=[f"{group}={path.stem}"])
-        if group in cfg and "_target_" not in cfg[group]:
-            found.append((group, path.stem))
-    return found
+        options.setdefault(group, []).append(path.stem)
+    found = []
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        for row in range(max(map(len, options.values()))):
+            chosen = {group: names[row] for group, names in options.items() if row < len(names)}
+            cfg = compose("train", overrides=[f"{g}={name}" for g, name in chosen.items()])
+            for group, name in chosen.items():
+                if group in cfg and "_target_" not in cfg[group]:
+                    found.append((group, name))
+    return sorted(found)
 
 
 def test_the_targetless_options_are_the_none_ones():
