@@ -543,37 +543,43 @@ def test_bad_arguments_are_refused_before_any_work(soup):
 # --------------------------------------------------------------------------- DDP and the example
 
 
-def ddp_main(out: Path, resident: bool) -> None:
-    """Two CPU ranks (gloo) prune with InfoBatch; each writes its scores and what it trained on."""
-    L.seed_everything(0, verbose=False)
-    data = data_module(resident, val_size=0.1, batch_size=40)
-    pruning = lipt.DynamicPruning(lipt.InfoBatch(ratio=0.5, delta=0.75), data, seed=1)
-    module = Model(norm="batch")
-    trainer(3, [pruning], strategy="ddp", devices=2).fit(module, datamodule=data)
-    rank = module.global_rank
-    record = {
-        "scores": pruning.scores.cpu().tolist(),
-        "fed": {str(e): module.fed_in(e).tolist() for e in range(3)},
-        "pruned_share": pruning.pruned_share,
-        "pool": len(data.pool_indices),
-    }
-    (out / f"rank{rank}.json").write_text(json.dumps(record))
+def ddp_main(out: Path) -> None:
+    """Two CPU ranks (gloo) prune with InfoBatch, a fit on each data path (one launch of the
+    two processes for both); each rank writes its scores and what it trained on."""
+    for resident in (False, True):
+        L.seed_everything(0, verbose=False)
+        data = data_module(resident, val_size=0.1, batch_size=40)
+        pruning = lipt.DynamicPruning(lipt.InfoBatch(ratio=0.5, delta=0.75), data, seed=1)
+        module = Model(norm="batch")
+        trainer(3, [pruning], strategy="ddp", devices=2).fit(module, datamodule=data)
+        rank = module.global_rank
+        record = {
+            "scores": pruning.scores.cpu().tolist(),
+            "fed": {str(e): module.fed_in(e).tolist() for e in range(3)},
+            "pruned_share": pruning.pruned_share,
+            "pool": len(data.pool_indices),
+        }
+        (out / f"{PATH_IDS[resident]}.rank{rank}.json").write_text(json.dumps(record))
+
+
+PATH_IDS = {False: "dataloader", True: "resident"}
 
 
 @pytest.mark.slow
 @pytest.mark.ddp
-@PATHS
-def test_ddp_ranks_prune_alike_and_split_each_plan(tmp_path, resident):
+def test_ddp_ranks_prune_alike_and_split_each_plan(tmp_path):
     env = {"PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
-    done = run_entry(str(Path(__file__)), [str(tmp_path), str(int(resident))], env=env)
+    done = run_entry(str(Path(__file__)), [str(tmp_path)], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
-    assert r0["scores"] == r1["scores"] and r0["pruned_share"] == r1["pruned_share"]
-    assert r0["pruned_share"]["1"] > 0.1
-    for epoch in ("0", "1", "2"):
-        a, b = set(r0["fed"][epoch]), set(r1["fed"][epoch])
-        kept = round((1 - r0["pruned_share"][epoch]) * r0["pool"])
-        assert len(a | b) == kept and abs(len(r0["fed"][epoch]) - len(r1["fed"][epoch])) == 0
+    for path in PATH_IDS.values():  # each data path's fit
+        r0, r1 = (json.loads((tmp_path / f"{path}.rank{r}.json").read_text()) for r in (0, 1))
+        assert r0["scores"] == r1["scores"] and r0["pruned_share"] == r1["pruned_share"], path
+        assert r0["pruned_share"]["1"] > 0.1, path
+        for epoch in ("0", "1", "2"):
+            a, b = set(r0["fed"][epoch]), set(r1["fed"][epoch])
+            kept = round((1 - r0["pruned_share"][epoch]) * r0["pool"])
+            assert len(a | b) == kept, (path, epoch)
+            assert abs(len(r0["fed"][epoch]) - len(r1["fed"][epoch])) == 0, (path, epoch)
 
 
 def test_the_readme_example_runs_as_written():
@@ -587,7 +593,7 @@ def test_the_readme_example_runs_as_written():
 
 
 if __name__ == "__main__":
-    ddp_main(Path(sys.argv[1]), bool(int(sys.argv[2])))
+    ddp_main(Path(sys.argv[1]))
 
 
 def test_lipts_packages_are_reached_from_import_lipt_alone():

@@ -7,16 +7,18 @@ other tasks alike (they waited for a clean.json rank 0 never writes)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
 from lipt.run.config import validate
 from lipt.stages import clean as clean_stage
 from lipt.stages.build import build_parts
-from tests.helpers import FAST
+from tests.helpers import CONFIGS, FAST
 
 # K-fold cleaning (2 folds) of a pool with 30% of its labels flipped: it reuses saved issues.
 NOISY = [*FAST, "dataset.label_noise.rate=0.3", "dataset.label_noise.seed=4"]
@@ -27,12 +29,24 @@ def _refind(*args: Any, **kwargs: Any) -> Any:
     raise AssertionError("the resume trained the K-fold models again")
 
 
-def _cleaned(make_cfg: Any, out: Path, *overrides: str) -> Any:
-    """A first attempt's K-fold cleaning in `out` (label_issues.csv, clean.json)."""
-    run = validate(make_cfg([*KFOLD, *overrides]))
+@pytest.fixture(scope="module")
+def first_attempt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """A first attempt's K-fold cleaning (label_issues.csv, clean.json in its folder), run
+    once for the module: every test resumes beside a copy of its folder (_cleaned)."""
+    root = tmp_path_factory.mktemp("first_attempt")
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        run = validate(compose("train", overrides=[f"paths.output_dir={root}", *KFOLD]))
+    out = root / "run"
     out.mkdir()
     cleaned = clean_stage.clean_pool(run, build_parts(run), out, resume=False)
     assert cleaned is not None and len(cleaned.issues) > 0
+    return cleaned, out
+
+
+def _cleaned(first_attempt: tuple[Any, Path], out: Path) -> Any:
+    """The first attempt's K-fold cleaning, its files copied into `out`."""
+    cleaned, folder = first_attempt
+    shutil.copytree(folder, out)
     return cleaned
 
 
@@ -45,13 +59,17 @@ def _cleaned(make_cfg: Any, out: Path, *overrides: str) -> Any:
     ],
 )
 def test_a_resume_with_other_early_stopping_reads_the_issues_back(
-    make_cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, changed: str
+    make_cfg: Any,
+    first_attempt: tuple[Any, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    changed: str,
 ) -> None:
     """Killed before main training saved an epoch, a run resumed with another patience (or
     another max_epochs, which the default patience follows) trained every fold again: the
     clean.json the first attempt wrote records its patience, which cleaning does not use."""
     out = tmp_path / "run"
-    first = _cleaned(make_cfg, out)
+    first = _cleaned(first_attempt, out)
     resumed = validate(make_cfg([*KFOLD, changed]))
     monkeypatch.setattr(clean_stage, "find_scored_issues", _refind)
     again = clean_stage.clean_pool(resumed, build_parts(resumed), out, resume=True)
@@ -60,13 +78,16 @@ def test_a_resume_with_other_early_stopping_reads_the_issues_back(
 
 
 def test_a_clean_json_of_before_early_stopping_was_recorded_is_read_back(
-    make_cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_cfg: Any,
+    first_attempt: tuple[Any, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """clean.json as lipt wrote it before callbacks.early_stopping joined the result settings
     (its `settings` lack those keys): a resume with the very same command trained every fold
     again, and rewrote it."""
     out = tmp_path / "run"
-    first = _cleaned(make_cfg, out)
+    first = _cleaned(first_attempt, out)
     path = out / clean_stage.CLEAN_FILE
     saved = json.loads(path.read_text())
     settings = saved[clean_stage.SETTINGS_KEY]
@@ -79,7 +100,10 @@ def test_a_clean_json_of_before_early_stopping_was_recorded_is_read_back(
 
 
 def test_an_extra_task_resuming_beside_an_older_lipts_clean_json_reads_it_back(
-    make_cfg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_cfg: Any,
+    first_attempt: tuple[Any, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A clean.json of no settings (an older lipt's) stands for a resume: rank 0 reads its
     issues back and leaves it as it is. srun's other tasks waited for a clean.json of this
@@ -90,7 +114,7 @@ def test_an_extra_task_resuming_beside_an_older_lipts_clean_json_reads_it_back(
     from lipt.core.job import wait_for_file
 
     out = tmp_path / "run"
-    first = _cleaned(make_cfg, out)
+    first = _cleaned(first_attempt, out)
     path = out / clean_stage.CLEAN_FILE
     older = json.loads(path.read_text())
     del older[clean_stage.SETTINGS_KEY]

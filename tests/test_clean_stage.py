@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
 from lipt.core.errors import UserError
 from lipt.run.config import validate
@@ -18,7 +20,7 @@ from lipt.stages import clean as clean_stage
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
 from lipt.stages.build import build_datamodule, build_parts
-from tests.helpers import FAST
+from tests.helpers import CONFIGS, FAST
 
 NOISY = [*FAST, "dataset.label_noise.rate=0.3", "dataset.label_noise.seed=4"]
 JIGSAW = ["pretrain=jigsaw", "pretrain.num_learners=4", "pretrain.local_epochs=3"]
@@ -96,10 +98,32 @@ def test_kfold_cleaning_applies_its_action_to_the_data_module(make_cfg, tmp_path
         )
 
 
-def test_a_resumed_kfold_cleaning_reads_its_issues_back(make_cfg, tmp_path, monkeypatch):
-    run = validate(make_cfg([*NOISY, "clean=cleanlab", "clean.folds=2"]))
-    first = clean_stage.clean_pool(run, build_parts(run), tmp_path, resume=False)
+KFOLD = [*NOISY, "clean=cleanlab", "clean.folds=2"]
+
+
+@pytest.fixture(scope="module")
+def first_kfold(tmp_path_factory):
+    """A first attempt's K-fold cleaning (KFOLD) and the folder it wrote, run once for the
+    tests that read it back: each copies the folder into its own (_first_in)."""
+    root = tmp_path_factory.mktemp("first_kfold")
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        run = validate(compose("train", overrides=[f"paths.output_dir={root}", *KFOLD]))
+    first = clean_stage.clean_pool(run, build_parts(run), root, resume=False)
     assert first is not None
+    return first, root
+
+
+def _first_in(first_kfold, out: Path):
+    first, root = first_kfold
+    shutil.copytree(root, out, dirs_exist_ok=True)
+    return first
+
+
+def test_a_resumed_kfold_cleaning_reads_its_issues_back(
+    make_cfg, first_kfold, tmp_path, monkeypatch
+):
+    run = validate(make_cfg(KFOLD))
+    first = _first_in(first_kfold, tmp_path)
 
     def no_training(*args, **kwargs):
         raise AssertionError("a resumed run trained the folds again")
@@ -114,12 +138,13 @@ def test_a_resumed_kfold_cleaning_reads_its_issues_back(make_cfg, tmp_path, monk
     assert len(dm.pool_indices) == len(build_datamodule(run).pool_indices) - len(first.issues)
 
 
-def test_an_extra_rank_reads_rank_0s_issues_and_finds_none_itself(make_cfg, tmp_path, monkeypatch):
+def test_an_extra_rank_reads_rank_0s_issues_and_finds_none_itself(
+    make_cfg, first_kfold, tmp_path, monkeypatch
+):
     """Under srun every task starts at once: an extra task found the pool's issues itself,
     pre-training and all, where rank 0 had not written them yet. It waits for rank 0's."""
-    run = validate(make_cfg([*NOISY, "clean=cleanlab", "clean.folds=2"]))
-    first = clean_stage.clean_pool(run, build_parts(run), tmp_path, resume=False)
-    assert first is not None
+    run = validate(make_cfg(KFOLD))
+    first = _first_in(first_kfold, tmp_path)
     costs = tmp_path / clean_stage.CLEAN_FILE
     costs.rename(tmp_path / "aside.json")  # as rank 0 is still at it
     waited: list[Path] = []

@@ -8,7 +8,6 @@ import functools
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from torch.utils.data import TensorDataset
 
 from lipt.core.artifacts import save_subset
 from lipt.run.config import run_of
+from lipt.stages import training_set
 from lipt.stages.build import build_parts, build_trainer, quiet_trainer
 from lipt.stages.resume import Resume
 from lipt.stages.select import SUBSET_FILE, subset_meta
@@ -150,13 +150,23 @@ def test_an_extra_rank_waits_for_this_runs_subset_not_an_earlier_runs(
     pool = dm.pool_indices
     earlier_meta = subset_meta(run_of(make_cfg([*selection, *earlier])), dm)
     save_subset(out / SUBSET_FILE, pool[:200], torch.ones(200), earlier_meta)
-    chosen = pool[-100:]  # what rank 0 selects, written a moment after the extra rank starts
+    chosen = pool[-100:]  # what rank 0 selects, written once the extra rank refused the earlier
     write = functools.partial(
         save_subset, out / SUBSET_FILE, chosen, torch.ones(100), subset_meta(run, dm)
     )
-    threading.Timer(1.5, write).start()
+    refused, check = [], training_set.selected_for
+
+    def selected_for(meta, path):  # the extra rank's check, which sees the earlier file first
+        ready = check(meta, path)
+        if not ready and not refused:
+            refused.append(path)
+            write()  # rank 0's subset lands while the extra rank waits (its next look reads it)
+        return ready
+
+    monkeypatch.setattr(training_set, "selected_for", selected_for)
     monkeypatch.setenv("SLURM_PROCID", "1")
     subset = obtain_subset(run, parts, out, Resume())
+    assert refused == [out / SUBSET_FILE]  # it waited past the earlier run's subset
     assert subset.subset is not None and torch.equal(subset.subset[0], chosen)
 
 

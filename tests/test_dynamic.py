@@ -29,6 +29,7 @@ from lipt.dynamic import (
 )
 from lipt.dynamic.callback import audit_path
 from lipt.models.classifier import Classifier
+from lipt.run.composition import compose_jobs
 from lipt.run.config import validate
 from lipt.run.precheck import precheck
 from lipt.selection import LearnerHeads
@@ -627,8 +628,24 @@ def lightning_fit(rows: int, batch_size: int, devices: int, accumulate: int, lim
     return steps, epochs
 
 
+STEP_BUDGETS = [  # (budget, fraction, max_epochs) x (batch_size, devices, accumulate)
+    (budget, batches)
+    for budget in [
+        ("full_schedule", 0.25, 10),
+        ("full_schedule", 0.1, 15),
+        ("full_steps", 0.1, 12),
+        ("full_steps", 0.3, 36),
+    ]
+    for batches in [(128, 1, 1), (256, 2, 1), (512, 1, 2)]
+]
+# The step budgets' compositions by their group choices (two: the budgets), kept for every
+# limit's case: compose_jobs sets each case's plain values on a copy, as the precheck composes a
+# sweep (tests/test_dry_run.py: the same config as composing each alone)
+STEP_BUDGET_COMPOSITIONS: dict = {}
+
+
 @pytest.mark.parametrize("limit", [None, 0.5, 0.25, 40, 7, 10.0, "overfit", "overfit_float"])
-def test_a_step_budgets_schedule_ends_where_the_trainer_stops(make_cfg, limit):
+def test_a_step_budgets_schedule_ends_where_the_trainer_stops(tmp_path, limit):
     """budget=full_schedule and full_steps on Fashion-MNIST's pool: the cosine runs over the
     budget's steps (Classifier's total_steps) and the fit stops at them, on the epochs planned.
     Under trainer.limit_train_batches the steps were counted on whole epochs while the epochs
@@ -641,22 +658,22 @@ def test_a_step_budgets_schedule_ends_where_the_trainer_stops(make_cfg, limit):
         limited, limit = ["+trainer.limit_train_batches=0.5", "+trainer.overfit_batches=9"], 9
     elif limit == "overfit_float":  # given to the limit as is: 10.0 is then no share, all
         limited, limit = ["+trainer.limit_train_batches=0.5", "+trainer.overfit_batches=10.0"], None
-    for budget, fraction, epochs in [
-        ("full_schedule", 0.25, 10),
-        ("full_schedule", 0.1, 15),
-        ("full_steps", 0.1, 12),
-        ("full_steps", 0.3, 36),
-    ]:
-        for batch_size, devices, accumulate in [(128, 1, 1), (256, 2, 1), (512, 1, 2)]:
-            args = [*FAST, f"budget={budget}", f"fraction={fraction}", f"batch_size={batch_size}"]
-            args += [f"trainer.max_epochs={epochs}", f"trainer.devices={devices}"]
-            args += [f"+trainer.accumulate_grad_batches={accumulate}", *limited]
-            schedule = schedule_of(validate(make_cfg(args)), POOL, POOL)
-            assert schedule.steps is not None
-            taken = lightning_fit(
-                POOL, batch_size, devices, accumulate, limit, schedule.epochs, schedule.steps
-            )
-            assert taken == (schedule.steps, schedule.epochs), (args, schedule, taken)
+    jobs = []
+    for (budget, fraction, epochs), (batch_size, devices, accumulate) in STEP_BUDGETS:
+        args = [*FAST, f"budget={budget}", f"fraction={fraction}", f"batch_size={batch_size}"]
+        args += [f"trainer.max_epochs={epochs}", f"trainer.devices={devices}"]
+        args += [f"+trainer.accumulate_grad_batches={accumulate}", *limited]
+        jobs.append([f"paths.output_dir={tmp_path}", *args])
+    composed = compose_jobs("train", jobs, STEP_BUDGET_COMPOSITIONS)
+    for (_, (batch_size, devices, accumulate)), args, cfg in zip(
+        STEP_BUDGETS, jobs, composed, strict=True
+    ):
+        schedule = schedule_of(validate(cfg), POOL, POOL)
+        assert schedule.steps is not None
+        taken = lightning_fit(
+            POOL, batch_size, devices, accumulate, limit, schedule.epochs, schedule.steps
+        )
+        assert taken == (schedule.steps, schedule.epochs), (args, schedule, taken)
 
 
 def test_a_limited_step_budget_anneals_its_schedule_to_the_end(tmp_path):

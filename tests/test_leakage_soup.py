@@ -3,11 +3,13 @@ trained on that split: saved learners of another split are refused (lipt.jigsaw.
 
 from __future__ import annotations
 
+import shutil
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from lipt.data import DataModule
@@ -61,17 +63,31 @@ def two_splits(tmp_path: Path) -> tuple[DataModule, int, list[str]]:
     return first, other, [*JIGSAW, f"dataset.train_labels={labels}"]
 
 
-def test_learners_of_another_split_are_not_merged(tmp_path: Path) -> None:
-    first, other, data = two_splits(tmp_path)
-    saved = pretrain(data, tmp_path / "other", f"dataset.split_seed={other}")
+@pytest.fixture(scope="module")
+def other_split(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[DataModule, int, list[str], Path]:
+    """two_splits, and the learners pretrain.py saved on the other split: one run both tests
+    start from (each copies the learners before using them, so neither sees the other's)."""
+    folder = tmp_path_factory.mktemp("other_split")
+    first, other, data = two_splits(folder)
+    saved = pretrain(data, folder / "other", f"dataset.split_seed={other}")
     assert saved.returncode == 0, saved.stderr[-2000:]
+    return first, other, data, folder / "other" / "learners"
+
+
+def test_learners_of_another_split_are_not_merged(
+    tmp_path: Path, other_split: tuple[DataModule, int, list[str], Path]
+) -> None:
+    first, other, data, saved = other_split
+    learners = tmp_path / "other" / "learners"
+    shutil.copytree(saved, learners)
     shards = [
         torch.load(path, weights_only=True)["shard"]
-        for path in sorted((tmp_path / "other" / "learners").glob("learner_*.ckpt"))
+        for path in sorted(learners.glob("learner_*.ckpt"))
     ]
     trained_on_val = torch.isin(torch.cat(shards), first.val_indices).sum()
     assert len(shards) == 4 and trained_on_val > 0  # split 0 holds out rows they trained on
-    learners = tmp_path / "other" / "learners"
     merged = pretrain(
         data, tmp_path / "merged", "dataset.split_seed=0", f"pretrain.merge_from={learners}"
     )
@@ -108,16 +124,16 @@ def test_learners_of_another_split_are_not_merged(tmp_path: Path) -> None:
 
 
 def test_a_diverged_learner_of_another_split_is_left_out_as_the_merge_leaves_it(
-    tmp_path: Path,
+    tmp_path: Path, other_split: tuple[DataModule, int, list[str], Path]
 ) -> None:
     """The merge checks the learners it merges ("ok" ones) against the validation split, and
     leaves a diverged one out with a warning. The check where a saved learner is reused ran on
     a diverged one too, and refused a run the merge would have finished without it: no row of
     a learner left out of the soup is trained on."""
-    first, other, data = two_splits(tmp_path)
-    for folder, seed in (("other", other), ("own", 0)):
-        done = pretrain(data, tmp_path / folder, f"dataset.split_seed={seed}")
-        assert done.returncode == 0, done.stderr[-2000:]
+    first, _, data, other_learners = other_split
+    shutil.copytree(other_learners, tmp_path / "other" / "learners")
+    done = pretrain(data, tmp_path / "own", "dataset.split_seed=0")
+    assert done.returncode == 0, done.stderr[-2000:]
     # learner 0: another split's, diverged (saved as the merge reports it); 1-3: this split's
     mixed = tmp_path / "mixed"
     mixed.mkdir()

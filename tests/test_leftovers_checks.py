@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
 from lipt.core.artifacts import save_subset
 from lipt.core.errors import UserError
@@ -22,7 +22,7 @@ from lipt.stages import clean as clean_stage
 from lipt.stages.build import build_datamodule, build_parts
 from lipt.stages.resume import kept_subset
 from lipt.stages.select import SUBSET_FILE, subset_meta
-from tests.helpers import FAST
+from tests.helpers import CONFIGS, FAST
 
 # --------------------------------------------------------------- merge_from beside repeats
 
@@ -144,14 +144,31 @@ def _issues(make_cfg, folder: Path, noise_seed: int):
     return run, cleaned
 
 
-@pytest.fixture
-def two_runs(make_cfg, tmp_path):
-    """This run's cleaning, and an earlier run's of other labels left in the folder `out`."""
-    run, mine = _issues(make_cfg, tmp_path / "mine", 4)
-    _, theirs = _issues(make_cfg, tmp_path / "theirs", 5)
+@pytest.fixture(scope="module")
+def cleanings(tmp_path_factory):
+    """The two K-fold cleanings two_runs starts from, run once for the module: this run's
+    (noise seed 4) and an earlier run's of other labels (5), in `root`/mine and /theirs."""
+    root = tmp_path_factory.mktemp("cleanings")
+
+    def make_cfg(overrides):
+        with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+            return compose("train", overrides=[f"paths.output_dir={root}", *overrides])
+
+    _, mine = _issues(make_cfg, root / "mine", 4)
+    _, theirs = _issues(make_cfg, root / "theirs", 5)
     assert not torch.equal(mine.issues.rows, theirs.issues.rows)
+    return mine, root
+
+
+@pytest.fixture
+def two_runs(cleanings, make_cfg, tmp_path):
+    """This run's cleaning, and an earlier run's of other labels left in the folder `out`:
+    copies of `cleanings`' folders, which a test may change."""
+    mine, root = cleanings
+    run = validate(make_cfg([*NOISY, "dataset.label_noise.seed=4"]))
+    shutil.copytree(root / "mine", tmp_path / "mine")
     out = tmp_path / "out"
-    shutil.copytree(tmp_path / "theirs", out)
+    shutil.copytree(root / "theirs", out)
     return run, mine, tmp_path / "mine", out
 
 
@@ -165,9 +182,19 @@ def test_an_extra_task_waits_for_this_runs_issues_not_an_earlier_runs(two_runs, 
             shutil.copy(folder / name, out / f"{name}.tmp")
             (out / f"{name}.tmp").rename(out / name)
 
-    threading.Timer(1.5, rank_0_writes).start()
+    refused, check = [], clean_stage.cleaned_with
+
+    def cleaned_with(settings, path):  # the extra task's check: the earlier run's files first
+        ready = check(settings, path)
+        if not ready and not refused:
+            refused.append(path)
+            rank_0_writes()  # while the extra task waits (its next look reads them)
+        return ready
+
+    monkeypatch.setattr(clean_stage, "cleaned_with", cleaned_with)
     monkeypatch.setenv("SLURM_PROCID", "1")
     again = clean_stage.clean_pool(run, build_parts(run), out, resume=False)
+    assert refused == [out / clean_stage.CLEAN_FILE]  # it waited past the earlier run's
     assert again is not None and torch.equal(again.issues.rows, mine.issues.rows)
     assert again.stats == mine.stats
 
