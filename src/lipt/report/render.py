@@ -8,7 +8,7 @@ import csv
 import io
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -226,12 +226,14 @@ def row_label(row: Row, keys: Sequence[str]) -> str:
     return ", ".join(parts) or "all runs"
 
 
-def new_figure(width: float, height: float) -> Any:
+def new_figure(
+    width: float, height: float, layout: Literal["constrained"] | None = "constrained"
+) -> Any:
     # An Agg canvas on a bare Figure: no pyplot, no global backend switch, no display needed.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(width, height), layout="constrained")
+    figure = Figure(figsize=(width, height), layout=layout)
     FigureCanvasAgg(figure)
     return figure
 
