@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from tests.helpers import CONFIGS, class_images, write_idx
+from tests.helpers import class_images, compose_train, write_idx
 from tests.parsed_configs import keep_parsed_configs
 
 # `make test` runs the suite as one pytest worker per core (pytest-xdist), each on one torch
@@ -47,8 +46,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def make_cfg(tmp_path: Path) -> Callable[..., DictConfig]:
     def _make(overrides: Sequence[str] = (), config_name: str = "train") -> DictConfig:
-        with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-            return compose(config_name, overrides=[f"paths.output_dir={tmp_path}", *overrides])
+        composed: DictConfig = compose_train(tmp_path, overrides, config_name)
+        return composed
 
     return _make
 

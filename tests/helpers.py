@@ -9,7 +9,7 @@ import os
 import struct
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,34 @@ from lipt.selection.selectors import SELECTORS as API_SELECTORS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+
+
+def compose_train(out: Path, overrides: Sequence[str] = (), config_name: str = "train") -> Any:
+    """The config `overrides` compose, writing into `out` (paths.output_dir): conftest's make_cfg,
+    for fixtures that outlive a test."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return compose(config_name, overrides=[f"paths.output_dir={out}", *overrides])
+
+
+def acting_on_first_refusal(
+    check: Callable[[Any, Path], bool], act: Callable[[], Any], refused: list[Path]
+) -> Callable[[Any, Path], bool]:
+    """A wait's readiness check `check(settings, path)` that, the first time it refuses a file
+    (an earlier run's), records the path in `refused` and runs `act` (rank 0's file lands while
+    the wait waits: its next look reads it). Not a timer, which could fire before the first look
+    and leave the wait untested."""
+
+    def checked(settings: Any, path: Path) -> bool:
+        ready = check(settings, path)
+        if not ready and not refused:
+            refused.append(path)
+            act()
+        return ready
+
+    return checked
+
 
 # The selectors under test, by the name of their config in configs/selector/ (the API's table).
 SELECTORS = API_SELECTORS

@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from lipt.run.config import validate
 from lipt.stages import clean as clean_stage
 from lipt.stages.build import build_parts
-from tests.helpers import CONFIGS, FAST
+from tests.helpers import FAST, compose_train
 
 # K-fold cleaning (2 folds) of a pool with 30% of its labels flipped: it reuses saved issues.
 NOISY = [*FAST, "dataset.label_noise.rate=0.3", "dataset.label_noise.seed=4"]
@@ -34,8 +33,7 @@ def first_attempt(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     """A first attempt's K-fold cleaning (label_issues.csv, clean.json in its folder), run
     once for the module: every test resumes beside a copy of its folder (_cleaned)."""
     root = tmp_path_factory.mktemp("first_attempt")
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        run = validate(compose("train", overrides=[f"paths.output_dir={root}", *KFOLD]))
+    run = validate(compose_train(root, KFOLD))
     out = root / "run"
     out.mkdir()
     cleaned = clean_stage.clean_pool(run, build_parts(run), out, resume=False)

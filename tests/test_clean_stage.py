@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from lipt.core.errors import UserError
 from lipt.run.config import validate
@@ -20,7 +19,7 @@ from lipt.stages import clean as clean_stage
 from lipt.stages import select as select_stage
 from lipt.stages import train as train_stage
 from lipt.stages.build import build_datamodule, build_parts
-from tests.helpers import CONFIGS, FAST
+from tests.helpers import FAST, compose_train
 
 NOISY = [*FAST, "dataset.label_noise.rate=0.3", "dataset.label_noise.seed=4"]
 JIGSAW = ["pretrain=jigsaw", "pretrain.num_learners=4", "pretrain.local_epochs=3"]
@@ -106,8 +105,7 @@ def first_kfold(tmp_path_factory):
     """A first attempt's K-fold cleaning (KFOLD) and the folder it wrote, run once for the
     tests that read it back: each copies the folder into its own (_first_in)."""
     root = tmp_path_factory.mktemp("first_kfold")
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        run = validate(compose("train", overrides=[f"paths.output_dir={root}", *KFOLD]))
+    run = validate(compose_train(root, KFOLD))
     first = clean_stage.clean_pool(run, build_parts(run), root, resume=False)
     assert first is not None
     return first, root

@@ -24,7 +24,7 @@ from lipt.stages.build import build_parts, build_trainer, quiet_trainer
 from lipt.stages.resume import Resume
 from lipt.stages.select import SUBSET_FILE, subset_meta
 from lipt.stages.training_set import obtain_subset
-from tests.helpers import FAST, ROOT, run_entry
+from tests.helpers import FAST, ROOT, acting_on_first_refusal, run_entry
 
 # Sizes two ranks do not divide: Lightning's DistributedSampler padded each rank's part.
 VAL, TEST = 101, 201
@@ -154,16 +154,9 @@ def test_an_extra_rank_waits_for_this_runs_subset_not_an_earlier_runs(
     write = functools.partial(
         save_subset, out / SUBSET_FILE, chosen, torch.ones(100), subset_meta(run, dm)
     )
-    refused, check = [], training_set.selected_for
-
-    def selected_for(meta, path):  # the extra rank's check, which sees the earlier file first
-        ready = check(meta, path)
-        if not ready and not refused:
-            refused.append(path)
-            write()  # rank 0's subset lands while the extra rank waits (its next look reads it)
-        return ready
-
-    monkeypatch.setattr(training_set, "selected_for", selected_for)
+    refused: list[Path] = []  # the extra rank's check sees the earlier file first
+    checked = acting_on_first_refusal(training_set.selected_for, write, refused)
+    monkeypatch.setattr(training_set, "selected_for", checked)
     monkeypatch.setenv("SLURM_PROCID", "1")
     subset = obtain_subset(run, parts, out, Resume())
     assert refused == [out / SUBSET_FILE]  # it waited past the earlier run's subset

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from lipt.budget import infobatch_epochs
 from lipt.core.errors import UserError
@@ -34,7 +33,7 @@ from lipt.run.config import validate
 from lipt.run.precheck import precheck
 from lipt.selection import LearnerHeads
 from lipt.stages import train as train_stage
-from tests.helpers import CONFIGS, FAST, run_entry
+from tests.helpers import FAST, compose_train, run_entry
 
 POOL = 55_000  # Fashion-MNIST's pool: 60,000 minus the 5,000 validation images
 
@@ -230,11 +229,6 @@ def test_bad_arguments_are_value_errors():
 # --- main training end to end --------------------------------------------------------------
 
 
-def compose_in(out: Path, overrides: list[str]):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=[f"paths.output_dir={out}", *overrides])
-
-
 # InfoBatch as published: every epoch of trainer.max_epochs.
 INFOBATCH = [*FAST, "budget.epochs=all", "trainer.max_epochs=4"]
 
@@ -244,7 +238,7 @@ def test_infobatch_trains_on_both_data_paths_and_feeds_exactly_each_plan(tmp_pat
     args = [*INFOBATCH, f"dataset.resident={resident}", "record_seen=true"]
     if resident == "true":
         args = [o for o in args if o != "logger=none"]  # the csv logger, for train/pruned_share
-    summary = train_stage.run(validate(compose_in(tmp_path, args)))
+    summary = train_stage.run(validate(compose_train(tmp_path, args)))
     ledger = summary["stages"]["train"]["dynamic"]
     fed = 0
     for epoch in range(4):
@@ -288,7 +282,7 @@ def test_the_default_trains_infobatch_for_the_epochs_its_fraction_buys(tmp_path)
     # budget=infobatch (FAST's): 30% of a 10-epoch run's cost, at InfoBatch's ~70% kept, buys
     # round(3 / 0.7) = 4 epochs of the whole pool, pruned as InfoBatch prunes.
     summary = train_stage.run(
-        validate(compose_in(tmp_path, [*FAST, "fraction=0.3", "trainer.max_epochs=10"]))
+        validate(compose_train(tmp_path, [*FAST, "fraction=0.3", "trainer.max_epochs=10"]))
     )
     ledger = summary["stages"]["train"]["dynamic"]
     assert ledger["method"] == "infobatch" and summary["config"]["budget"]["name"] == "infobatch"
@@ -323,10 +317,10 @@ def test_a_dynamic_run_resumes_bit_for_bit(tmp_path, monkeypatch, validation, cr
     killed = tmp_path / "killed"
     monkeypatch.setattr(Classifier, "training_step", crash_in_epoch_2)
     with pytest.raises(SimulatedCrashError):
-        train_stage.run(validate(compose_in(killed, args)))
+        train_stage.run(validate(compose_train(killed, args)))
     monkeypatch.setattr(Classifier, "training_step", real_step)
-    resumed = train_stage.run(validate(compose_in(killed, [*args, "ckpt_path=last"])))
-    clean = train_stage.run(validate(compose_in(tmp_path / "clean", args)))
+    resumed = train_stage.run(validate(compose_train(killed, [*args, "ckpt_path=last"])))
+    clean = train_stage.run(validate(compose_train(tmp_path / "clean", args)))
 
     def weights(out: Path) -> dict[str, torch.Tensor]:
         return torch.load(out / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
@@ -350,7 +344,7 @@ def test_lipt_prunes_from_epoch_0_with_the_jigsaw_ensemble_within_its_budget(tmp
     jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
     args = [*FAST, *jigsaw, "merge.ratios=3", "budget=lipt"]
     args += ["fraction=0.4", "trainer.max_epochs=5", "init_from=pretrained"]
-    summary = train_stage.run(validate(compose_in(tmp_path, args)))
+    summary = train_stage.run(validate(compose_train(tmp_path, args)))
     stages = summary["stages"]
     assert stages["pretrain"]["learners_merged"] >= 2 and stages["score"]["samples"] == 500
     ledger = stages["train"]["dynamic"]
@@ -372,7 +366,7 @@ def test_a_tiny_lipt_budget_trains_every_epoch_of_the_run(tmp_path):
     reporting the 2 epochs trained as the run; every epoch trains now, within the budget."""
     jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
     args = [*FAST, *jigsaw, "merge.ratios=3", "budget=lipt", "fraction=0.004"]
-    summary = train_stage.run(validate(compose_in(tmp_path, [*args, "trainer.max_epochs=15"])))
+    summary = train_stage.run(validate(compose_train(tmp_path, [*args, "trainer.max_epochs=15"])))
     shares = summary["stages"]["train"]["dynamic"]["pruned_share"]
     assert list(shares) == [str(e) for e in range(15)]  # in epoch order ("10" after "9")
     assert all(share < 1 for share in shares.values())  # each trained a sample at least
@@ -384,7 +378,7 @@ def test_infobatch_soup_pre_trains_and_prunes_from_epoch_0_for_infobatch_epochs(
     jigsaw = ["pretrain=jigsaw", "pretrain.num_learners=3", "pretrain.local_epochs=2"]
     args = [*FAST, *jigsaw, "merge.ratios=3", "budget=infobatch_soup"]
     args += ["fraction=0.42", "trainer.max_epochs=5"]
-    summary = train_stage.run(validate(compose_in(tmp_path, args)))
+    summary = train_stage.run(validate(compose_train(tmp_path, args)))
     stages = summary["stages"]
     assert stages["pretrain"]["learners_merged"] >= 2 and stages["score"]["samples"] == 500
     ledger = stages["train"]["dynamic"]
@@ -410,7 +404,7 @@ def test_a_lipt_run_resumes_bit_for_bit_without_pre_training_again(tmp_path, mon
     killed = tmp_path / "killed"
     monkeypatch.setattr(Classifier, "training_step", crash_in_epoch_2)
     with pytest.raises(SimulatedCrashError):
-        train_stage.run(validate(compose_in(killed, args)))
+        train_stage.run(validate(compose_train(killed, args)))
     first_attempt = json.loads((killed / "stages.json").read_text())
     monkeypatch.setattr(Classifier, "training_step", real_step)
 
@@ -418,9 +412,9 @@ def test_a_lipt_run_resumes_bit_for_bit_without_pre_training_again(tmp_path, mon
         raise AssertionError("a resumed run re-used the checkpoint's scores, not the ensemble")
 
     monkeypatch.setattr(dynamic_stage, "ranking_models", no_pretraining)
-    resumed = train_stage.run(validate(compose_in(killed, [*args, "ckpt_path=last"])))
+    resumed = train_stage.run(validate(compose_train(killed, [*args, "ckpt_path=last"])))
     monkeypatch.undo()
-    clean = train_stage.run(validate(compose_in(tmp_path / "clean", args)))
+    clean = train_stage.run(validate(compose_train(tmp_path / "clean", args)))
     assert resumed["stages"]["pretrain"] == first_attempt["pretrain"]
     assert resumed["stages"]["score"] == first_attempt["score"]
     assert resumed["stages"]["train"]["dynamic"] == clean["stages"]["train"]["dynamic"]
@@ -681,7 +675,7 @@ def test_a_limited_step_budget_anneals_its_schedule_to_the_end(tmp_path):
     # such epochs is 10 steps over 3 epochs, and the cosine's T_max is those 10.
     args = [*FAST, "budget=full_schedule", "fraction=0.25", "trainer.max_epochs=10"]
     args += ["+trainer.limit_train_batches=0.5", "+trainer.accumulate_grad_batches=2"]
-    summary = train_stage.run(validate(compose_in(tmp_path, args)))
+    summary = train_stage.run(validate(compose_train(tmp_path, args)))
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     cosine = checkpoint["lr_schedulers"][0]
     assert checkpoint["global_step"] == cosine["T_max"] == cosine["last_epoch"] == 10

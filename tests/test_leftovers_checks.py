@@ -5,13 +5,13 @@ read back by a resume or by srun's extra tasks."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from lipt.core.artifacts import save_subset
 from lipt.core.errors import UserError
@@ -22,7 +22,7 @@ from lipt.stages import clean as clean_stage
 from lipt.stages.build import build_datamodule, build_parts
 from lipt.stages.resume import kept_subset
 from lipt.stages.select import SUBSET_FILE, subset_meta
-from tests.helpers import CONFIGS, FAST
+from tests.helpers import FAST, acting_on_first_refusal, compose_train
 
 # --------------------------------------------------------------- merge_from beside repeats
 
@@ -149,11 +149,7 @@ def cleanings(tmp_path_factory):
     """The two K-fold cleanings two_runs starts from, run once for the module: this run's
     (noise seed 4) and an earlier run's of other labels (5), in `root`/mine and /theirs."""
     root = tmp_path_factory.mktemp("cleanings")
-
-    def make_cfg(overrides):
-        with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-            return compose("train", overrides=[f"paths.output_dir={root}", *overrides])
-
+    make_cfg = functools.partial(compose_train, root)
     _, mine = _issues(make_cfg, root / "mine", 4)
     _, theirs = _issues(make_cfg, root / "theirs", 5)
     assert not torch.equal(mine.issues.rows, theirs.issues.rows)
@@ -182,16 +178,9 @@ def test_an_extra_task_waits_for_this_runs_issues_not_an_earlier_runs(two_runs, 
             shutil.copy(folder / name, out / f"{name}.tmp")
             (out / f"{name}.tmp").rename(out / name)
 
-    refused, check = [], clean_stage.cleaned_with
-
-    def cleaned_with(settings, path):  # the extra task's check: the earlier run's files first
-        ready = check(settings, path)
-        if not ready and not refused:
-            refused.append(path)
-            rank_0_writes()  # while the extra task waits (its next look reads them)
-        return ready
-
-    monkeypatch.setattr(clean_stage, "cleaned_with", cleaned_with)
+    refused: list[Path] = []  # the extra task's check sees the earlier run's files first
+    checked = acting_on_first_refusal(clean_stage.cleaned_with, rank_0_writes, refused)
+    monkeypatch.setattr(clean_stage, "cleaned_with", checked)
     monkeypatch.setenv("SLURM_PROCID", "1")
     again = clean_stage.clean_pool(run, build_parts(run), out, resume=False)
     assert refused == [out / clean_stage.CLEAN_FILE]  # it waited past the earlier run's
